@@ -1,0 +1,33 @@
+# csmd: `make run` (the main job) and `make test` work on a fresh machine with only Python.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+# The benchmark datasets live beside the repo (../shared/datasets); `make run` uses the shipped sample.
+DATASETS ?= ../shared/datasets
+
+.PHONY: setup run test test-full bench clean
+
+setup: $(STAMP)
+
+# Re-installs only when the dependency list changes: a second `make setup` is instant.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/csmd match --data samples/yeast/data.graph --query samples/yeast/queries
+
+test: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-full: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python bench/static_cpu.py --datasets $(DATASETS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Sources and sinks: Kafka (confluent-kafka), files, the embedded broker."""

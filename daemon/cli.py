@@ -1,0 +1,94 @@
+"""The `csmd` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .backend import BACKENDS, resolve_backend
+from .errors import CsmdError
+
+
+def _positive_int(text: str) -> int:
+    val = int(text)
+    if val < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return val
+
+
+def _positive_float(text: str) -> float:
+    val = float(text)
+    if not val > 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return val
+
+
+def cmd_match(args) -> int:
+    from .arrow_writer import MatchFile
+    from .formats import query_files, read_graph, read_query
+    from .progress import Progress
+    from .static_query import run_query
+
+    backend = resolve_backend(args.backend)
+    g = read_graph(args.data)
+    paths = query_files(args.query)
+    queries = [(p, read_query(p)) for p in paths]  # refuse bad queries before any work
+    writer = MatchFile(args.output, g.ext_ids) if args.output else None
+    progress = Progress(len(queries), "queries", enabled=None if len(queries) > 1 else False)
+    if not args.json:
+        print(f"{'query':<32} {'matches':>20} {'complete':>9} {'seconds':>10}")
+    total = 0
+    try:
+        for path, q in queries:
+            res = run_query(g, q, path.stem, backend=backend, distinct=args.distinct,
+                            limit=args.limit, time_limit=args.time_limit, writer=writer)
+            total += res["matches"]
+            progress.step(note=path.stem)
+            if args.json:
+                print(json.dumps(res), flush=True)
+            else:
+                print(f"{res['query']:<32} {res['matches']:>20} {str(res['complete']).lower():>9} {res['seconds']:>10.4f}", flush=True)
+    finally:
+        progress.close()
+        if writer is not None:
+            writer.close()
+    if not args.json and len(queries) > 1:
+        print(f"{'total':<32} {total:>20}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="csmd", description="Streaming continuous subgraph matching.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("match", help="one-shot static query: count or list the matches of queries in a graph")
+    m.add_argument("--data", required=True, type=Path, help="data graph (text format, .arrow or .parquet)")
+    m.add_argument("--query", required=True, nargs="+", type=Path, help="query files or directories of them")
+    m.add_argument("--backend", choices=BACKENDS, default="auto", help="engine (default auto: GPU if CuPy sees one)")
+    m.add_argument("--distinct", action="store_true", help="count each subgraph instance once (symmetry breaking)")
+    m.add_argument("--limit", type=_positive_int, help="stop after N matches per query (complete: false)")
+    m.add_argument("--time-limit", type=_positive_float, help="stop a query after S seconds (complete: false)")
+    m.add_argument("--output", type=Path, help="write the matches to this Arrow IPC file")
+    m.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
+    m.set_defaults(func=cmd_match)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CsmdError as exc:
+        print(f"csmd {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"csmd {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

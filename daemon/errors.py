@@ -1,0 +1,14 @@
+"""Errors users see: every bad input names its file, line (or record) and reason."""
+
+
+class CsmdError(Exception):
+    """An error reported to the user as one line, without a traceback."""
+
+
+class InputError(CsmdError):
+    """Malformed input: `source` is a file name or record id, `line` is 1-based or None."""
+
+    def __init__(self, source, line, reason):
+        self.source, self.line, self.reason = str(source), line, reason
+        where = self.source if line is None else f"{self.source}:{line}"
+        super().__init__(f"{where}: {reason}")

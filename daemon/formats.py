@@ -1,0 +1,301 @@
+"""Readers and writers for graphs, queries and update streams.
+
+Text formats (both accept `#` comments and blank lines):
+  * `t N M` header, `v id label degree`, `e u v [elabel]`  (SubgraphMatching, EGSM, gMatch)
+  * `v id label`, `e u v [elabel]`                         (RapidFlow, the CSM benchmark)
+Update streams: `e u v [elabel]`, `-e u v [elabel]`, `v id label`, `-v id`.
+Tables: Arrow IPC (file or stream) or Parquet edge tables with columns
+`src`, `dst` and optional `label`; vertex labels come from a sibling table
+`<stem>.vertices<suffix>` with columns `id`, `label` (all 0 when it is absent).
+
+Every malformed input raises InputError(file, line, reason).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+from .graph import Graph, scalar
+
+MAX_QUERY_VERTICES = 32
+TABLE_SUFFIXES = (".arrow", ".ipc", ".feather", ".parquet")
+
+
+def _int(tok: str, path, lineno, what: str) -> int:
+    try:
+        return int(tok)
+    except ValueError:
+        raise InputError(path, lineno, f"bad integer {tok!r} for {what}") from None
+
+
+def _label(tok: str, path, lineno, what: str) -> int:
+    val = _int(tok, path, lineno, what)
+    if val < 0 or val >= 2**31:
+        raise InputError(path, lineno, f"{what} {val} out of range (0 .. 2^31-1)")
+    return val
+
+
+# ---- text graphs -----------------------------------------------------------------
+def _read_text_graph(path: Path) -> Graph:
+    ids: dict[int, int] = {}
+    labels: list[int] = []
+    src: list[int] = []
+    dst: list[int] = []
+    els: list[int] = []
+    header = None
+    try:
+        f = open(path, encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise InputError(path, None, exc.strerror or str(exc)) from None
+    with f:
+        for lineno, line in enumerate(f, 1):
+            parts = line.split()
+            if not parts or parts[0].startswith("#"):
+                continue
+            tag = parts[0]
+            if tag == "v":
+                if len(parts) == 2:
+                    raise InputError(path, lineno, f"vertex {parts[1]}: label missing")
+                if len(parts) not in (3, 4):
+                    raise InputError(path, lineno, f"wrong field count: 'v' takes id label [degree], got {len(parts) - 1} fields")
+                vid = _int(parts[1], path, lineno, "vertex id")
+                if vid in ids:
+                    raise InputError(path, lineno, f"duplicate vertex id {vid}")
+                ids[vid] = len(labels)
+                labels.append(_label(parts[2], path, lineno, "vertex label"))
+                if len(parts) == 4:
+                    _int(parts[3], path, lineno, "degree")
+            elif tag == "e":
+                if len(parts) not in (3, 4):
+                    raise InputError(path, lineno, f"wrong field count: 'e' takes u v [label], got {len(parts) - 1} fields")
+                u = _int(parts[1], path, lineno, "vertex id")
+                v = _int(parts[2], path, lineno, "vertex id")
+                for x in (u, v):
+                    if x not in ids:
+                        raise InputError(path, lineno, f"edge ({u}, {v}) names unknown vertex {x}")
+                src.append(ids[u])
+                dst.append(ids[v])
+                els.append(_label(parts[3], path, lineno, "edge label") if len(parts) == 4 else 0)
+            elif tag == "t":
+                if header is not None or labels or src:
+                    raise InputError(path, lineno, "'t' header must be the first record")
+                if len(parts) != 3:
+                    raise InputError(path, lineno, f"wrong field count: 't' takes N M, got {len(parts) - 1} fields")
+                header = (lineno, _int(parts[1], path, lineno, "N"), _int(parts[2], path, lineno, "M"))
+            else:
+                raise InputError(path, lineno, f"unknown record type {tag!r} (expected t, v or e)")
+    if not labels:
+        raise InputError(path, None, "no vertices")
+    if header is not None:
+        lineno, n, m = header
+        if n != len(labels) or m != len(src):
+            raise InputError(path, lineno, f"header says {n} vertices and {m} edges, file has {len(labels)} and {len(src)}")
+    ext = np.fromiter(ids.keys(), np.int64, len(ids))
+    ext_ids = None if np.array_equal(ext, np.arange(len(ext))) else ext
+    return Graph.from_edges(labels, src, dst, els, ext_ids)
+
+
+# ---- tables ------------------------------------------------------------------------
+def _read_table(path: Path):
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    try:
+        if path.suffix == ".parquet":
+            return pq.read_table(path)
+        try:
+            return ipc.open_file(path).read_all()
+        except pa.ArrowInvalid:
+            return ipc.open_stream(path).read_all()
+    except OSError as exc:
+        raise InputError(path, None, str(exc)) from None
+    except pa.ArrowInvalid as exc:
+        raise InputError(path, None, f"not a readable Arrow/Parquet table: {exc}") from None
+
+
+def _column(table, name, path, required=True):
+    if name not in table.column_names:
+        if required:
+            raise InputError(path, None, f"missing column {name!r} (has {', '.join(table.column_names)})")
+        return None
+    col = table.column(name)
+    if col.null_count:
+        row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise InputError(path, f"row {row}", f"null in column {name!r}")
+    return col.to_numpy(zero_copy_only=False)
+
+
+def _ints(values, path, name):
+    if values.dtype.kind not in "iu":
+        raise InputError(path, None, f"column {name!r} must be integers, is {values.dtype}")
+    if len(values) and (values.min() < 0 or values.max() >= 2**31):
+        row = int(np.flatnonzero((values < 0) | (values >= 2**31))[0])
+        raise InputError(path, f"row {row}", f"{name} {scalar(values[row])} out of range (0 .. 2^31-1)")
+    return values.astype(np.int32)
+
+
+def vertices_path(path: Path) -> Path:
+    """Where the vertex table of edge table `path` lives."""
+    return path.with_name(path.stem + ".vertices" + path.suffix)
+
+
+def _read_table_graph(path: Path) -> Graph:
+    edges = _read_table(path)
+    src = _column(edges, "src", path)
+    dst = _column(edges, "dst", path)
+    el = _column(edges, "label", path, required=False)
+    el = np.zeros(len(src), np.int32) if el is None else _ints(el, path, "label")
+    vpath = vertices_path(path)
+    if vpath.exists():
+        verts = _read_table(vpath)
+        ext = _column(verts, "id", vpath)
+        labels = _ints(_column(verts, "label", vpath), vpath, "label")
+        uniq, first = np.unique(ext, return_index=True)
+        if len(uniq) != len(ext):
+            dup = np.setdiff1d(np.arange(len(ext)), first)[0]
+            raise InputError(vpath, f"row {dup}", f"duplicate vertex id {scalar(ext[dup])}")
+    else:
+        ext = np.unique(np.concatenate([src, dst]))
+        labels = np.zeros(len(ext), np.int32)
+    # map external ids to dense ids through the sorted unique ids
+    order = np.argsort(ext, kind="stable")
+    sorted_ext = ext[order]
+    internal = []
+    for name, col in (("src", src), ("dst", dst)):
+        pos = np.minimum(np.searchsorted(sorted_ext, col), max(len(ext) - 1, 0))
+        bad = np.flatnonzero(sorted_ext[pos] != col) if len(ext) else np.arange(len(col))
+        if len(bad):
+            raise InputError(path, f"row {bad[0]}", f"edge names unknown vertex {scalar(col[bad[0]])!r} in {name}")
+        internal.append(order[pos])
+    if not len(ext):
+        raise InputError(path, None, "no vertices")
+    ext_ids = None if ext.dtype.kind in "iu" and np.array_equal(ext, np.arange(len(ext))) else ext
+    return Graph.from_edges(labels, internal[0], internal[1], el, ext_ids)
+
+
+def write_graph_tables(graph: Graph, path) -> None:
+    """Write `graph` as an edge table at `path` (.parquet or Arrow IPC) plus its vertex table."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    s, d, e = graph.edge_list()
+    ext = graph.ext_ids
+    edges = pa.table({"src": ext[s], "dst": ext[d], "label": e})
+    verts = pa.table({"id": ext, "label": graph.labels})
+    for table, p in ((edges, path), (verts, vertices_path(path))):
+        if p.suffix == ".parquet":
+            pq.write_table(table, p)
+        else:
+            with ipc.new_file(p, table.schema) as w:
+                w.write_table(table)
+
+
+# ---- public entry points -------------------------------------------------------------
+def read_graph(path) -> Graph:
+    """Load a data graph from any supported format (chosen by the file suffix)."""
+    path = Path(path)
+    if path.suffix in TABLE_SUFFIXES:
+        return _read_table_graph(path)
+    return _read_text_graph(path)
+
+
+def read_query(path) -> Graph:
+    """Load a query graph and refuse what no engine accepts (too large, disconnected)."""
+    path = Path(path)
+    q = read_graph(path)
+    if q.n > MAX_QUERY_VERTICES:
+        raise InputError(path, None, f"query has {q.n} vertices; at most {MAX_QUERY_VERTICES} are supported")
+    seen = np.zeros(q.n, bool)
+    stack = [0]
+    seen[0] = True
+    while stack:
+        for w in q.neighbors(stack.pop()):
+            if not seen[w]:
+                seen[w] = True
+                stack.append(int(w))
+    if not seen.all():
+        lost = scalar(q.ext_ids[np.flatnonzero(~seen)[0]])
+        raise InputError(path, None, f"query is disconnected (vertex {lost} is not reachable from vertex {scalar(q.ext_ids[0])})")
+    return q
+
+
+def query_files(paths) -> list[Path]:
+    """Expand directories into their query files (sorted naturally: Q_2 before Q_10)."""
+    import re
+
+    def natural(p: Path):
+        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name)]
+
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files = [f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")]
+            if not files:
+                raise InputError(p, None, "directory holds no query files")
+            out.extend(sorted(files, key=natural))
+        elif p.exists():
+            out.append(p)
+        else:
+            raise InputError(p, None, "no such file or directory")
+    return out
+
+
+# ---- update streams --------------------------------------------------------------------
+INSERT_EDGE, DELETE_EDGE, INSERT_VERTEX, DELETE_VERTEX = "e", "-e", "v", "-v"
+_UPDATE_FIELDS = {INSERT_EDGE: (2, 3), DELETE_EDGE: (2, 3), INSERT_VERTEX: (2, 2), DELETE_VERTEX: (1, 1)}
+_UPDATE_USAGE = {INSERT_EDGE: "u v [label]", DELETE_EDGE: "u v [label]", INSERT_VERTEX: "id label", DELETE_VERTEX: "id"}
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """One update record. `u`, `v` are external ids (v unused for vertex ops);
+    `label` is the edge label or the new vertex's label; `source` says where it came from."""
+
+    op: str
+    u: int
+    v: int = -1
+    label: int = 0
+    source: str = ""
+
+
+def parse_update(line: str, path, lineno) -> Update | None:
+    """Parse one stream line; None for blanks and comments."""
+    parts = line.split()
+    if not parts or parts[0].startswith("#"):
+        return None
+    op = parts[0]
+    if op not in _UPDATE_FIELDS:
+        raise InputError(path, lineno, f"unknown op {op!r} (expected e, -e, v or -v)")
+    lo, hi = _UPDATE_FIELDS[op]
+    nf = len(parts) - 1
+    if not lo <= nf <= hi:
+        raise InputError(path, lineno, f"wrong field count: {op!r} takes {_UPDATE_USAGE[op]}, got {nf} fields")
+    src = f"{path}:{lineno}"
+    u = _int(parts[1], path, lineno, "vertex id")
+    if op == INSERT_VERTEX:
+        return Update(op, u, -1, _label(parts[2], path, lineno, "vertex label"), src)
+    if op == DELETE_VERTEX:
+        return Update(op, u, -1, 0, src)
+    v = _int(parts[2], path, lineno, "vertex id")
+    return Update(op, u, v, _label(parts[3], path, lineno, "edge label") if nf == 3 else 0, src)
+
+
+def read_updates(path):
+    """Yield the updates of a stream file in order (lazily: streams may be long)."""
+    path = Path(path)
+    try:
+        f = open(path, encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise InputError(path, None, exc.strerror or str(exc)) from None
+    with f:
+        for lineno, line in enumerate(f, 1):
+            upd = parse_update(line, path, lineno)
+            if upd is not None:
+                yield upd

@@ -1,0 +1,145 @@
+"""The static graph model: CSR with sorted neighbor arrays, vertex and edge labels.
+
+Vertices are dense internal ids 0..n-1; `ext_ids[i]` is the id the user gave
+(int64, or str for tables with string keys) and is what every output reports.
+Edges are undirected, at most one per vertex pair, self-loops dropped (GUIDE 1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def scalar(x):
+    """A numpy scalar as the plain Python value (for dict keys and messages)."""
+    return x.item() if hasattr(x, "item") else x
+
+
+class Graph:
+    """Immutable labeled undirected graph in CSR form.
+
+    indptr[v]..indptr[v+1] is v's slice of `indices` (neighbors, ascending) and
+    `elabels` (the label of each such edge). Derived indexes used by the matchers
+    (sorted edge keys, label-grouped adjacency) are built on first use.
+    """
+
+    def __init__(self, labels, indptr, indices, elabels, ext_ids=None):
+        self.labels = np.ascontiguousarray(labels, dtype=np.int32)
+        self.indptr = np.ascontiguousarray(indptr, dtype=np.int64)
+        self.indices = np.ascontiguousarray(indices, dtype=np.int32)
+        self.elabels = np.ascontiguousarray(elabels, dtype=np.int32)
+        self.n = len(self.labels)
+        self.ext_ids = np.arange(self.n, dtype=np.int64) if ext_ids is None else np.asarray(ext_ids)
+        self._index_of = None
+        self._edge_keys = None
+        self._grouped = None
+
+    # ---- construction -------------------------------------------------------
+    @classmethod
+    def from_edges(cls, labels, src, dst, elabels=None, ext_ids=None) -> "Graph":
+        """Build from internal-id edge lists; drops self-loops and repeated pairs (first wins)."""
+        labels = np.asarray(labels, dtype=np.int32)
+        n = len(labels)
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        elabels = np.zeros(len(src), np.int32) if elabels is None else np.asarray(elabels, np.int32)
+        keep = src != dst
+        lo, hi, el = np.minimum(src, dst)[keep], np.maximum(src, dst)[keep], elabels[keep]
+        _, first = np.unique(lo * n + hi, return_index=True)
+        lo, hi, el = lo[first], hi[first], el[first]
+        rows = np.concatenate([lo, hi])
+        cols = np.concatenate([hi, lo])
+        els = np.concatenate([el, el])
+        order = np.argsort(rows * n + cols, kind="stable")
+        rows, cols, els = rows[order], cols[order], els[order]
+        indptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
+        return cls(labels, indptr, cols, els, ext_ids)
+
+    # ---- basic accessors ----------------------------------------------------
+    @property
+    def num_edges(self) -> int:
+        return len(self.indices) // 2
+
+    @property
+    def degrees(self) -> np.ndarray:
+        return np.diff(self.indptr)
+
+    @property
+    def num_labels(self) -> int:
+        return int(self.labels.max()) + 1 if self.n else 0
+
+    def neighbors(self, v: int) -> np.ndarray:
+        return self.indices[self.indptr[v]:self.indptr[v + 1]]
+
+    def edge_list(self):
+        """(src, dst, elabel) with src < dst, one row per undirected edge."""
+        rows = np.repeat(np.arange(self.n, dtype=np.int64), self.degrees)
+        m = rows < self.indices
+        return rows[m], self.indices[m].astype(np.int64), self.elabels[m]
+
+    def index_of(self, ext) -> int:
+        """Internal id of an external id; KeyError if unknown."""
+        if self._index_of is None:
+            self._index_of = {scalar(x): i for i, x in enumerate(self.ext_ids)}
+        return self._index_of[ext]
+
+    def same_as(self, other: "Graph") -> bool:
+        """Same vertices (by external id), labels and labelled edges, whatever the internal numbering."""
+        if self.n != other.n or self.num_edges != other.num_edges:
+            return False
+        try:
+            perm = np.array([other.index_of(scalar(x)) for x in self.ext_ids], np.int64)
+        except KeyError:
+            return False
+        if not np.array_equal(self.labels, other.labels[perm]):
+            return False
+        s, d, e = self.edge_list()
+        a, b = np.minimum(perm[s], perm[d]), np.maximum(perm[s], perm[d])
+        mine = sorted(zip(a.tolist(), b.tolist(), e.tolist()))
+        return mine == sorted(zip(*(x.tolist() for x in other.edge_list())))
+
+    # ---- matcher indexes ----------------------------------------------------
+    @property
+    def edge_keys(self) -> np.ndarray:
+        """row * n + col for every adjacency entry; globally sorted because CSR rows are."""
+        if self._edge_keys is None:
+            rows = np.repeat(np.arange(self.n, dtype=np.int64), self.degrees)
+            self._edge_keys = rows * self.n + self.indices
+        return self._edge_keys
+
+    def edge_label_between(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Label of edge {u, v} for each pair, -1 where there is no edge (vectorized)."""
+        keys = u.astype(np.int64) * self.n + v
+        ek = self.edge_keys
+        out = np.full(len(keys), -1, np.int32)
+        if len(ek):
+            pos = np.minimum(np.searchsorted(ek, keys), len(ek) - 1)
+            found = ek[pos] == keys
+            out[found] = self.elabels[pos[found]]
+        return out
+
+    @property
+    def grouped(self):
+        """Adjacency regrouped by neighbor label: (group_keys, nbrs, elabels).
+
+        Within v's slice the neighbors are sorted by (label, id), and
+        group_keys = v * num_labels + label(neighbor) is globally sorted, so the
+        neighbors of v with label l are one contiguous range found by searchsorted.
+        """
+        if self._grouped is None:
+            nl = max(self.num_labels, 1)
+            rows = np.repeat(np.arange(self.n, dtype=np.int64), self.degrees)
+            gk = rows * nl + self.labels[self.indices]
+            order = np.lexsort((self.indices, gk))
+            self._grouped = (gk[order], self.indices[order], self.elabels[order])
+        return self._grouped
+
+    def label_range(self, v: np.ndarray, label: int):
+        """Start and end (into `grouped`) of the neighbors of each v that carry `label`."""
+        if not 0 <= label < self.num_labels:
+            z = np.zeros(len(v), np.int64)
+            return z, z
+        gk = self.grouped[0]
+        key = v.astype(np.int64) * self.num_labels + label
+        return np.searchsorted(gk, key, "left"), np.searchsorted(gk, key, "right")

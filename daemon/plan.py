@@ -1,0 +1,229 @@
+"""Query planning: candidate filters, matching orders, symmetry breaking.
+
+The plan is engine-independent: the CPU and GPU matchers consume the same
+`Plan` (order, backward neighbors with their edge labels, candidate masks,
+symmetry constraints), so they agree by construction on what they search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .graph import Graph
+
+REFINE_ROUNDS = 3  # arc-consistency rounds; later rounds rarely remove anything
+
+
+@dataclass
+class Plan:
+    """How to search for `query` in one data graph.
+
+    order[i] is the query vertex matched at depth i; backward[i] lists
+    (depth j < i, edge label) for the query edges from order[i] back to order[j];
+    same_label[i] lists earlier depths with the same vertex label that are not
+    adjacent (the only ones an injectivity check can fail on); less[i] lists
+    earlier depths j whose image must be smaller (symmetry breaking, --distinct);
+    greater[i] the earlier depths whose image must be larger.
+    """
+
+    query: Graph
+    order: list[int]
+    cand: list[np.ndarray]  # per query vertex: bool mask over data vertices
+    backward: list[list[tuple[int, int]]] = field(default_factory=list)
+    same_label: list[list[int]] = field(default_factory=list)
+    less: list[list[int]] = field(default_factory=list)
+    greater: list[list[int]] = field(default_factory=list)
+
+    @property
+    def depth(self) -> int:
+        return len(self.order)
+
+
+# ---- candidate filtering -------------------------------------------------------------
+def _neighbor_label_counts(q: Graph, u: int) -> dict[int, int]:
+    labels, counts = np.unique(q.labels[q.neighbors(u)], return_counts=True)
+    return dict(zip(labels.tolist(), counts.tolist()))
+
+
+def label_candidates(g: Graph, q: Graph) -> list[np.ndarray]:
+    """Label-only candidates: what incremental matching may use on a changing graph."""
+    return [g.labels == q.labels[u] for u in range(q.n)]
+
+
+def filter_candidates(g: Graph, q: Graph) -> list[np.ndarray]:
+    """LDF + NLF, then arc-consistency refinement over query edges (with edge labels)."""
+    deg = g.degrees
+    cand = []
+    for u in range(q.n):
+        c = (g.labels == q.labels[u]) & (deg >= q.degrees[u])
+        vs = np.flatnonzero(c)
+        for lab, k in _neighbor_label_counts(q, u).items():
+            start, end = g.label_range(vs, lab)
+            bad = vs[(end - start) < k]
+            c[bad] = False
+            vs = vs[(end - start) >= k]
+        cand.append(c)
+    rows = np.repeat(np.arange(g.n), deg)
+    qs, qd, qe = q.edge_list()
+    arcs = list(zip(qs.tolist(), qd.tolist(), qe.tolist())) + list(zip(qd.tolist(), qs.tolist(), qe.tolist()))
+    for _ in range(REFINE_ROUNDS):
+        changed = False
+        for u, w, el in arcs:
+            # v stays in C(u) only if some neighbor of v is in C(w) over an edge labelled el
+            ok = cand[w][g.indices] & (g.elabels == el)
+            has = np.zeros(g.n, bool)
+            has[rows[ok]] = True
+            new = cand[u] & has
+            if new.sum() != cand[u].sum():
+                cand[u] = new
+                changed = True
+        if not changed:
+            break
+    return cand
+
+
+# ---- ordering ------------------------------------------------------------------------
+def _greedy_order(q: Graph, sizes: np.ndarray, prefix: list[int]) -> list[int]:
+    """Extend `prefix` to a connected order: most edges back to the matched set first
+    (each is a filter), then the fewest candidates, then the highest degree."""
+    order = list(prefix)
+    placed = np.zeros(q.n, bool)
+    placed[order] = True
+    while len(order) < q.n:
+        best, best_key = -1, None
+        for u in range(q.n):
+            if placed[u]:
+                continue
+            back = int(placed[q.neighbors(u)].sum())
+            if back == 0:
+                continue
+            key = (-back, int(sizes[u]), -int(q.degrees[u]), u)
+            if best_key is None or key < best_key:
+                best, best_key = u, key
+        order.append(best)
+        placed[best] = True
+    return order
+
+
+def matching_order(q: Graph, cand: list[np.ndarray]) -> list[int]:
+    sizes = np.array([int(c.sum()) for c in cand])
+    start = min(range(q.n), key=lambda u: (sizes[u] / max(int(q.degrees[u]), 1), u))
+    return _greedy_order(q, sizes, [start])
+
+
+def anchor_order(q: Graph, sizes: np.ndarray, a: int, b: int) -> list[int]:
+    """Order for incremental matching seeded with query edge (a, b)."""
+    return _greedy_order(q, sizes, [a, b])
+
+
+def make_plan(q: Graph, cand: list[np.ndarray], order: list[int], sym: list[tuple[int, int]] = ()) -> Plan:
+    """Derive the per-depth checks from an order; `sym` holds (x, y) with f(x) < f(y)."""
+    pos = {u: i for i, u in enumerate(order)}
+    plan = Plan(q, order, cand)
+    for i, u in enumerate(order):
+        nbrs = q.neighbors(u)
+        els = q.elabels[q.indptr[u]:q.indptr[u + 1]]
+        back = sorted((pos[int(w)], int(e)) for w, e in zip(nbrs, els) if pos[int(w)] < i)
+        adjacent = {j for j, _ in back}
+        plan.backward.append(back)
+        plan.same_label.append([j for j in range(i) if j not in adjacent and q.labels[order[j]] == q.labels[u]])
+        plan.less.append(sorted(pos[x] for x, y in sym if y == u and pos[x] < i))
+        plan.greater.append(sorted(pos[y] for x, y in sym if x == u and pos[y] < i))
+    return plan
+
+
+def plan_query(g: Graph, q: Graph, distinct: bool = False) -> Plan:
+    """The static plan: filtered candidates, an order, and symmetry constraints if asked."""
+    cand = filter_candidates(g, q)
+    sym = symmetry_constraints(q)[0] if distinct else []
+    return make_plan(q, cand, matching_order(q, cand), sym)
+
+
+# ---- automorphisms and symmetry breaking ------------------------------------------------
+def _colors(q: Graph, fixed: list[int]) -> list[int]:
+    """Colour refinement (1-WL) with the vertices in `fixed` individualized."""
+    color = [(int(q.labels[u]), int(q.degrees[u]), fixed.index(u) if u in fixed else -1) for u in range(q.n)]
+    for _ in range(q.n):
+        sig = [
+            (color[u], tuple(sorted((color[int(w)], int(e)) for w, e in zip(q.neighbors(u), q.elabels[q.indptr[u]:q.indptr[u + 1]]))))
+            for u in range(q.n)
+        ]
+        ids = {s: i for i, s in enumerate(sorted(set(sig)))}
+        new = [ids[s] for s in sig]
+        if len(set(new)) == len(set(color)):
+            return new
+        color = new
+    return [ids[s] for s in sig]
+
+
+def _find_automorphism(q: Graph, colors: list[int], fixed: list[int], v: int, w: int) -> bool:
+    """Is there an automorphism fixing `fixed` pointwise that maps v to w?"""
+    adj = [dict(zip(q.neighbors(u).tolist(), q.elabels[q.indptr[u]:q.indptr[u + 1]].tolist())) for u in range(q.n)]
+    f = {s: s for s in fixed}
+    f[v] = w
+    if any(adj[a].get(b) != adj[f[a]].get(f[b]) for a in f for b in adj[a] if b in f):
+        return False
+    # visit in BFS order from the assigned vertices so every step is constrained
+    order, seen = [], set(f)
+    frontier = list(f)
+    while frontier:
+        nxt = []
+        for a in frontier:
+            for b in adj[a]:
+                if b not in seen:
+                    seen.add(b)
+                    order.append(b)
+                    nxt.append(b)
+        frontier = nxt
+    used = set(f.values())
+
+    def extend(i: int) -> bool:
+        if i == len(order):
+            return True
+        x = order[i]
+        for y in range(q.n):
+            if y in used or colors[y] != colors[x]:
+                continue
+            if all(adj[y].get(f[z]) == el for z, el in adj[x].items() if z in f):
+                f[x] = y
+                used.add(y)
+                if extend(i + 1):
+                    return True
+                del f[x]
+                used.discard(y)
+        return False
+
+    return extend(0)
+
+
+def symmetry_constraints(q: Graph) -> tuple[list[tuple[int, int]], int]:
+    """Grochow-Kellis symmetry breaking: constraints (v, w) meaning f(v) < f(w), and |Aut(q)|.
+
+    Walks the stabilizer chain: at each step the orbits of the pointwise
+    stabilizer of the chosen vertices are found by searching for single
+    automorphisms; |Aut| is the product of the chosen orbits' sizes.
+    """
+    fixed: list[int] = []
+    constraints: list[tuple[int, int]] = []
+    aut = 1
+    while True:
+        colors = _colors(q, fixed)
+        orbit_of: dict[int, list[int]] = {}
+        for v in range(q.n):
+            if v in fixed or v in orbit_of:
+                continue
+            orbit = [v]
+            for w in range(v + 1, q.n):
+                if w not in fixed and w not in orbit_of and colors[w] == colors[v] and _find_automorphism(q, colors, fixed, v, w):
+                    orbit.append(w)
+            for x in orbit:
+                orbit_of[x] = orbit
+        biggest = max(orbit_of.values(), key=len, default=[])
+        if len(biggest) <= 1:
+            return constraints, aut
+        v = biggest[0]
+        constraints.extend((v, w) for w in biggest[1:])
+        aut *= len(biggest)
+        fixed.append(v)

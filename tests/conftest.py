@@ -1,0 +1,24 @@
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATASETS = Path(os.environ.get("CSMD_DATASETS", REPO.parent / "shared" / "datasets"))
+
+
+def dataset(name: str) -> Path:
+    path = DATASETS / name
+    if not path.exists():
+        pytest.skip(f"dataset {path} not present (set CSMD_DATASETS)")
+    return path
+
+
+def read_expected(path: Path) -> dict[str, int]:
+    """`name:count` or `name: count` lines."""
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            name, count = line.split(":")
+            out[name.strip()] = int(count)
+    return out

@@ -1,0 +1,25 @@
+"""All 200 HPRD queries give exactly the published embedding counts on the CPU engine."""
+
+import pytest
+
+from conftest import dataset, read_expected
+from csmd.formats import read_graph, read_query
+from csmd.plan import plan_query
+from csmd.cpu_matcher import search
+
+
+@pytest.fixture(scope="module")
+def hprd():
+    root = dataset("hprd")
+    return root, read_graph(root / "data.graph"), read_expected(root / "expected_counts.txt")
+
+
+def test_all_hprd_queries_match_expected_counts(hprd):
+    root, g, expected = hprd
+    assert len(expected) == 200
+    wrong = {}
+    for name, count in expected.items():
+        res = search(g, plan_query(g, read_query(root / "queries" / f"{name}.graph")))
+        if res.count != count or not res.complete:
+            wrong[name] = (res.count, count)
+    assert wrong == {}
