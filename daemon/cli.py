@@ -18,6 +18,13 @@ def _positive_int(text: str) -> int:
     return val
 
 
+def _batch_size(text: str) -> int:
+    val = int(text)
+    if val < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return val
+
+
 def _positive_float(text: str) -> float:
     val = float(text)
     if not val > 0:
@@ -59,6 +66,32 @@ def cmd_match(args) -> int:
     return 0
 
 
+def cmd_replay(args) -> int:
+    from .formats import query_files, read_graph, read_query
+    from .replay import replay
+
+    if args.count_only and args.output:
+        raise CsmdError("--output writes the matches of each delta; it cannot be combined with --count-only")
+    backend = resolve_backend(args.backend)
+    if backend == "gpu":
+        raise CsmdError("--backend gpu: the GPU continuous engine is not built yet; use --backend cpu or auto")
+    g0 = read_graph(args.data)
+    queries = [(p.stem, read_query(p)) for p in query_files(args.query)]
+    if not args.stream.is_file():
+        raise CsmdError(f"{args.stream}: no such file")
+    results, _ = replay(g0, args.stream, queries, batch_size=args.batch_size, count_only=args.count_only,
+                        output=args.output)
+    if not args.json:
+        print(f"{'query':<32} {'positive':>14} {'negative':>14} {'updates':>9} {'seconds':>9}")
+    for res in results:
+        res["backend"] = backend
+        if args.json:
+            print(json.dumps(res))
+        else:
+            print(f"{res['query']:<32} {res['positive']:>14} {res['negative']:>14} {res['updates']:>9} {res['seconds']:>9.3f}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="csmd", description="Streaming continuous subgraph matching.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -73,6 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--output", type=Path, help="write the matches to this Arrow IPC file")
     m.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
     m.set_defaults(func=cmd_match)
+
+    r = sub.add_parser("replay", help="stream an update file through the continuous pipeline (no Kafka)")
+    r.add_argument("--data", required=True, type=Path, help="initial graph G0")
+    r.add_argument("--stream", required=True, type=Path, help="update stream: e/-e/v/-v lines")
+    r.add_argument("--query", required=True, nargs="+", type=Path, help="query files or directories of them")
+    r.add_argument("--backend", choices=BACKENDS, default="auto", help="engine (default auto)")
+    r.add_argument("--batch-size", type=_batch_size, default=64, help="updates per graph-updater batch (default 64)")
+    r.add_argument("--count-only", action="store_true", help="count deltas, do not materialize matches")
+    r.add_argument("--output", type=Path, help="write every delta to this Arrow IPC file")
+    r.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
+    r.set_defaults(func=cmd_replay)
     return p
 
 

@@ -35,72 +35,84 @@ class SearchResult:
     count: int
     complete: bool
     seconds: float
+    per_ts: np.ndarray | None = None  # matches per timestamp, index ts - ts_base (timestamped seeds)
+    ts_base: int = 0
 
 
 class _Search:
-    def __init__(self, g: Graph, plan: Plan, limit, deadline, sink, budget_bytes):
+    def __init__(self, g, plan: Plan, limit, deadline, sink, budget_bytes):
         self.g, self.plan = g, plan
         self.limit, self.deadline, self.sink = limit, deadline, sink
         self.count = 0
-        _, self.nbrs, self.nels = g.grouped
-        self.check_elabels = bool(g.elabels.any()) or bool(plan.query.elabels.any())
+        self.per_ts = None  # with timestamped rows: matches per timestamp - ts_base
+        self.ts_base = 0
+        self.nbrs, self.nels, self.lifetimes = g.nbrs, g.nels, g.lifetimes
+        # a changing graph may gain labelled edges at any time: always check there
+        self.check_elabels = g.lifetimes is not None or bool(self.nels.any()) or bool(plan.query.elabels.any())
         # every depth may hold one chunk at a time: share the budget between depths
         per_depth = budget_bytes // max(plan.depth, 1)
-        self.cap = [max(1024, per_depth // (40 + 4 * (i + 1))) for i in range(plan.depth)]
+        self.cap = [max(1024, per_depth // (48 + 4 * (i + 1))) for i in range(plan.depth)]
         self.qlabels = [int(plan.query.labels[u]) for u in plan.order]
 
     # -- driving ------------------------------------------------------------------------
-    def run(self, frontier: np.ndarray) -> None:
+    def run(self, frontier: np.ndarray, ts) -> None:
+        if ts is not None:
+            self.ts_base = int(ts.min()) if len(ts) else 0
+            self.per_ts = np.zeros(int(ts.max()) - self.ts_base + 1 if len(ts) else 0, np.int64)
         if frontier.shape[1] == self.plan.depth:
-            self._emit(frontier)
+            self._emit(frontier, ts)
         else:
-            self._descend(frontier)
+            self._descend(frontier, ts)
 
-    def _descend(self, M: np.ndarray) -> None:
+    def _descend(self, M: np.ndarray, ts) -> None:
         i = M.shape[1]
-        start, size, piv = self._ranges(M, i)
+        start, size, piv = self._ranges(M, ts, i)
         last = i + 1 == self.plan.depth
         for rows, s, z in _chunks(start, size, self.cap[i]):
             if self.deadline is not None and time.monotonic() > self.deadline:
                 raise _Stop
-            parent, cand = self._expand(M, i, rows, s, z, piv)
+            parent, cand = self._expand(M, ts, i, rows, s, z, piv)
             if not len(cand):
                 continue
+            cts = None if ts is None else ts[parent]
             if last and self.sink is None:
-                self._add(len(cand))
+                self._add(len(cand), cts)
                 continue
             child = np.empty((len(cand), i + 1), np.int32)
             child[:, :i] = M[parent]
             child[:, i] = cand
             if last:
-                self._emit(child)
+                self._emit(child, cts)
             else:
-                self._descend(child)
+                self._descend(child, cts)
 
-    def _add(self, k: int) -> None:
+    def _add(self, k: int, ts) -> None:
+        if ts is not None:
+            self.per_ts += np.bincount(ts - self.ts_base, minlength=len(self.per_ts))
         if self.limit is not None and self.count + k >= self.limit:
             self.count = self.limit
             raise _Stop
         self.count += k
 
-    def _emit(self, rows: np.ndarray) -> None:
+    def _emit(self, rows: np.ndarray, ts) -> None:
         if self.limit is not None:
             rows = rows[: self.limit - self.count]
+            ts = None if ts is None else ts[: len(rows)]
         if self.sink is not None and len(rows):
             out = np.empty_like(rows)
             out[:, self.plan.order] = rows  # columns back in query-vertex order
-            self.sink(out)
-        self._add(len(rows))
+            self.sink(out) if ts is None else self.sink(out, ts)
+        self._add(len(rows), ts)
 
     # -- one level ----------------------------------------------------------------------
-    def _ranges(self, M: np.ndarray, i: int):
+    def _ranges(self, M: np.ndarray, ts, i: int):
         """Per row: the label-grouped neighbor range of the cheapest backward neighbor."""
         back = self.plan.backward[i]
         label = self.qlabels[i]
         starts = np.empty((len(back), len(M)), np.int64)
         sizes = np.empty((len(back), len(M)), np.int64)
         for k, (j, _) in enumerate(back):
-            s, e = self.g.label_range(M[:, j], label)
+            s, e = self.g.ranges(M[:, j], label, ts)
             starts[k], sizes[k] = s, e - s
         if len(back) == 1:
             return starts[0], sizes[0], np.zeros(len(M), np.int8)
@@ -108,7 +120,7 @@ class _Search:
         cols = np.arange(len(M))
         return starts[piv, cols], sizes[piv, cols], piv
 
-    def _expand(self, M, i, rows, start, size, piv):
+    def _expand(self, M, ts, i, rows, start, size, piv):
         plan = self.plan
         back = plan.backward[i]
         total = int(size.sum())
@@ -116,7 +128,11 @@ class _Search:
         parent = np.repeat(rows, size)
         offs = np.repeat(start - (ends - size), size) + np.arange(total)
         cand = self.nbrs[offs]
-        keep = plan.cand[plan.order[i]][cand]
+        mask = plan.cand[plan.order[i]] if plan.cand is not None else None
+        keep = mask[cand] if mask is not None else np.ones(total, bool)
+        if self.lifetimes is not None:
+            t = ts[parent]
+            keep &= (self.lifetimes[0][offs] < t) & (t <= self.lifetimes[1][offs])
         if self.check_elabels:
             want = np.array([el for _, el in back], np.int32)
             keep &= self.nels[offs] == want[piv[parent]]
@@ -134,7 +150,8 @@ class _Search:
                 test = np.flatnonzero(piv[parent] != k)
                 if not len(test):
                     continue
-                found = self.g.edge_label_between(M[parent[test], j], cand[test]) == el
+                tts = None if ts is None else ts[parent[test]]
+                found = self.g.edge_label_between(M[parent[test], j], cand[test], tts) == el
                 if found.all():
                     continue
                 keep = np.ones(len(cand), bool)
@@ -173,14 +190,16 @@ def _chunks(start: np.ndarray, size: np.ndarray, cap: int):
             lo = hi
 
 
-def search(g: Graph, plan: Plan, seeds: np.ndarray | None = None, *, limit=None, time_limit=None,
-           sink=None, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> SearchResult:
+def search(g, plan: Plan, seeds: np.ndarray | None = None, ts: np.ndarray | None = None, *, limit=None,
+           time_limit=None, sink=None, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> SearchResult:
     """Count (and, with `sink`, stream) the matches of `plan` in `g`.
 
+    g: a Graph, or a MultiVersionGraph read at per-row timestamps `ts`.
     seeds: partial matches to start from (rows x k, columns in plan order);
-    default: every candidate of plan.order[0]. sink(rows) receives matches as
-    int32 arrays, columns in query-vertex order, internal data ids.
-    limit / time_limit stop the search early with complete=False.
+    default: every candidate of plan.order[0]. ts: one timestamp per seed row;
+    then per_ts counts the matches of each timestamp.
+    sink(rows[, ts]) receives matches as int32 arrays, columns in query-vertex
+    order, internal data ids. limit / time_limit stop early with complete=False.
     """
     t0 = time.monotonic()
     deadline = None if time_limit is None else t0 + time_limit
@@ -191,7 +210,7 @@ def search(g: Graph, plan: Plan, seeds: np.ndarray | None = None, *, limit=None,
     try:
         if limit is not None and limit <= 0:
             raise _Stop
-        s.run(seeds)
+        s.run(seeds, ts)
     except _Stop:
         complete = False
-    return SearchResult(s.count, complete, time.monotonic() - t0)
+    return SearchResult(s.count, complete, time.monotonic() - t0, s.per_ts, s.ts_base)

@@ -108,7 +108,7 @@ class Graph:
             self._edge_keys = rows * self.n + self.indices
         return self._edge_keys
 
-    def edge_label_between(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    def edge_label_between(self, u: np.ndarray, v: np.ndarray, ts=None) -> np.ndarray:
         """Label of edge {u, v} for each pair, -1 where there is no edge (vectorized)."""
         keys = u.astype(np.int64) * self.n + v
         ek = self.edge_keys
@@ -135,8 +135,19 @@ class Graph:
             self._grouped = (gk[order], self.indices[order], self.elabels[order])
         return self._grouped
 
-    def label_range(self, v: np.ndarray, label: int):
-        """Start and end (into `grouped`) of the neighbors of each v that carry `label`."""
+    # The matcher's read interface, shared with the multi-version graph (which uses `ts`).
+    lifetimes = None
+
+    @property
+    def nbrs(self) -> np.ndarray:
+        return self.grouped[1]
+
+    @property
+    def nels(self) -> np.ndarray:
+        return self.grouped[2]
+
+    def ranges(self, v: np.ndarray, label: int, ts=None):
+        """Start and end (into `nbrs`) of the neighbors of each v that carry `label`."""
         if not 0 <= label < self.num_labels:
             z = np.zeros(len(v), np.int64)
             return z, z

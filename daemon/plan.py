@@ -60,7 +60,7 @@ def filter_candidates(g: Graph, q: Graph) -> list[np.ndarray]:
         c = (g.labels == q.labels[u]) & (deg >= q.degrees[u])
         vs = np.flatnonzero(c)
         for lab, k in _neighbor_label_counts(q, u).items():
-            start, end = g.label_range(vs, lab)
+            start, end = g.ranges(vs, lab)
             bad = vs[(end - start) < k]
             c[bad] = False
             vs = vs[(end - start) >= k]

@@ -1,0 +1,228 @@
+"""The continuous pipeline against brute force: every update's delta, any batching, GC, bad streams."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pyarrow.ipc as ipc
+import pytest
+
+from brute import embeddings
+from csmd.formats import read_graph, read_query
+from csmd.replay import replay
+
+
+# ---- a random model graph and stream, with the truth computed on the model --------------------
+class Model:
+    def __init__(self, rng: random.Random, n: int, labels: int, elabels: int, p: float):
+        self.rng = rng
+        self.vlabel = {100 + 3 * i: rng.randrange(labels) for i in range(n)}
+        self.edges: dict[frozenset, int] = {}
+        ids = list(self.vlabel)
+        for i, a in enumerate(ids):
+            for b in ids[i + 1:]:
+                if rng.random() < p:
+                    self.edges[frozenset((a, b))] = rng.randrange(elabels)
+        self.labels, self.elabels, self.next_id = labels, elabels, 100 + 3 * n
+
+    def text(self) -> str:
+        lines = [f"v {v} {lab}" for v, lab in self.vlabel.items()]
+        lines += [f"e {min(e)} {max(e)} {lab}" for e, lab in self.edges.items()]
+        return "\n".join(lines) + "\n"
+
+    def matches(self, q) -> set:
+        ids = list(self.vlabel)
+        pos = {v: i for i, v in enumerate(ids)}
+        adj = [dict() for _ in ids]
+        for e, lab in self.edges.items():
+            a, b = (pos[x] for x in e)
+            adj[a][b] = lab
+            adj[b][a] = lab
+        return {tuple(ids[i] for i in m) for m in embeddings(adj, [self.vlabel[v] for v in ids], q)}
+
+    def random_record(self) -> str:
+        rng, ids = self.rng, list(self.vlabel)
+        if len(ids) < 3:
+            return f"v {self.next_id} {rng.randrange(self.labels)}"
+        r = rng.random()
+        if r < 0.45 or len(self.edges) < 3:
+            a, b = rng.sample(ids, 2)
+            if rng.random() < 0.08 and self.edges:  # insert an existing edge: ignored
+                a, b = tuple(rng.choice(list(self.edges)))
+            return f"e {a} {b} {rng.randrange(self.elabels)}"
+        if r < 0.85:
+            if rng.random() < 0.1:  # delete a missing edge: ignored
+                a, b = rng.sample(ids, 2)
+                return f"-e {a} {b}"
+            a, b = tuple(rng.choice(list(self.edges)))
+            return f"-e {b} {a}"
+        if r < 0.92:
+            vid = self.next_id if rng.random() < 0.8 else rng.choice(ids)
+            return f"v {vid} {rng.randrange(self.labels)}"
+        if r < 0.96 and len(ids) > 4:
+            return f"-v {rng.choice(ids)}"
+        return f"e {rng.choice(ids)} {self.next_id + 1} 0"  # an edge to an unseen vertex creates it
+
+    def apply(self, line: str) -> None:
+        op, *f = line.split()
+        if op == "e":
+            a, b, lab = int(f[0]), int(f[1]), int(f[2])
+            for x in (a, b):
+                if x not in self.vlabel:
+                    self.vlabel[x] = 0
+                    self.next_id = max(self.next_id, x + 3)
+            self.edges.setdefault(frozenset((a, b)), lab)
+        elif op == "-e":
+            self.edges.pop(frozenset((int(f[0]), int(f[1]))), None)
+        elif op == "v":
+            vid = int(f[0])
+            if vid not in self.vlabel:
+                self.vlabel[vid] = int(f[1])
+                self.next_id = max(self.next_id, vid + 3)
+        else:
+            vid = int(f[0])
+            self.vlabel.pop(vid, None)
+            self.edges = {e: lab for e, lab in self.edges.items() if vid not in e}
+
+
+def random_query(rng: random.Random, model: Model, k: int) -> str:
+    """A connected query, usually the labels of a random walk in the model (so it matches)."""
+    labels = [rng.randrange(model.labels) for _ in range(k)]
+    edges = {}
+    for i in range(1, k):
+        edges[(rng.randrange(i), i)] = rng.randrange(model.elabels)
+    for _ in range(rng.randrange(2) if k >= 3 else 0):
+        a, b = sorted(rng.sample(range(k), 2))
+        edges.setdefault((a, b), rng.randrange(model.elabels))
+    return "".join(f"v {i} {lab}\n" for i, lab in enumerate(labels)) + "".join(f"e {a} {b} {l}\n" for (a, b), l in edges.items())
+
+
+def make_case(tmp_path, seed: int, steps: int = 50):
+    rng = random.Random(seed)
+    model = Model(rng, n=rng.randrange(6, 14), labels=rng.randrange(1, 3), elabels=rng.choice([1, 1, 2]),
+                  p=rng.uniform(0.2, 0.5))
+    (tmp_path / "g0.graph").write_text(model.text())
+    qpaths = []
+    for i in range(2):
+        p = tmp_path / f"q{i}.graph"
+        p.write_text(random_query(rng, model, rng.randrange(1 if i else 2, 5)))
+        qpaths.append(p)
+    truth = {p.stem: Counter() for p in qpaths}
+    queries = {p.stem: read_query(p) for p in qpaths}
+    lines = []
+    for lineno in range(1, steps + 1):
+        line = model.random_record()
+        before = {name: model.matches(q) for name, q in queries.items()}
+        model.apply(line)
+        for name, q in queries.items():
+            after = model.matches(q)
+            for m in after - before[name]:
+                truth[name][(lineno, +1, m)] += 1
+            for m in before[name] - after:
+                truth[name][(lineno, -1, m)] += 1
+        lines.append(line)
+    (tmp_path / "stream.txt").write_text("\n".join(lines) + "\n")
+    return qpaths, truth
+
+
+def run_replay(tmp_path, qpaths, batch_size, threaded=True, name="out.arrow"):
+    g0 = read_graph(tmp_path / "g0.graph")
+    out = tmp_path / name
+    results, pipe = replay(g0, tmp_path / "stream.txt", [(p.stem, read_query(p)) for p in qpaths],
+                           batch_size=batch_size, count_only=False, output=out, threaded=threaded, show_progress=False)
+    return ipc.open_file(out).read_all(), results, pipe
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_every_delta_equals_brute_force(tmp_path, seed):
+    qpaths, truth = make_case(tmp_path, seed)
+    table, results, _ = run_replay(tmp_path, qpaths, batch_size=random.Random(seed).choice([1, 3, 64]))
+    got = {name: Counter() for name in truth}
+    for row in table.to_pylist():
+        line = int(row["source"].rsplit(":", 1)[1])
+        got[row["query"]][(line, row["sign"], tuple(row["vertices"]))] += 1
+    for name in truth:
+        assert got[name] == truth[name], (seed, name)
+    for res in results:
+        assert res["positive"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s > 0)
+        assert res["negative"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s < 0)
+
+
+@pytest.mark.parametrize("seed", range(100, 112))
+def test_deltas_do_not_depend_on_batching_or_scheduling(tmp_path, seed):
+    qpaths, _ = make_case(tmp_path, seed, steps=80)
+    reference, _, _ = run_replay(tmp_path, qpaths, batch_size=1, threaded=False, name="ref.arrow")
+    for b, threaded in ((1, True), (7, True), (64, True), (7, False), (64, False)):
+        table, _, _ = run_replay(tmp_path, qpaths, batch_size=b, threaded=threaded, name=f"b{b}{threaded}.arrow")
+        assert table.equals(reference), (b, threaded)
+
+
+def test_count_only_equals_materialized(tmp_path):
+    qpaths, truth = make_case(tmp_path, 7, steps=80)
+    g0 = read_graph(tmp_path / "g0.graph")
+    queries = [(p.stem, read_query(p)) for p in qpaths]
+    counted, _ = replay(g0, tmp_path / "stream.txt", queries, batch_size=5, count_only=True, show_progress=False)
+    for res in counted:
+        assert res["positive"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s > 0)
+        assert res["negative"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s < 0)
+
+
+def test_gc_keeps_versions_and_memory_bounded(tmp_path):
+    rng = random.Random(5)
+    n = 300
+    (tmp_path / "g0.graph").write_text("".join(f"v {i} {i % 3}\n" for i in range(n)))
+    live: set = set()
+    lines = []
+    for _ in range(20000):
+        if live and (len(live) > 1500 or rng.random() < 0.45):
+            a, b = live.pop()
+            lines.append(f"-e {a} {b}")
+        else:
+            a, b = sorted(rng.sample(range(n), 2))
+            if (a, b) not in live:
+                live.add((a, b))
+                lines.append(f"e {a} {b}")
+    (tmp_path / "stream.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / "q.graph").write_text("v 0 0\nv 1 1\nv 2 2\ne 0 1\ne 1 2\n")
+    g0 = read_graph(tmp_path / "g0.graph")
+    _, pipe = replay(g0, tmp_path / "stream.txt", [("q", read_query(tmp_path / "q.graph"))], batch_size=16,
+                     count_only=True, show_progress=False)
+    mvg = pipe.mvg
+    assert mvg.live_versions <= n  # one current version per vertex once drained
+    assert pipe.gc.released > 1000
+    assert mvg.compactions > 0
+    # the arena holds the live edges (twice, one entry per endpoint) plus bounded garbage
+    assert mvg.e_nbr.n <= 2 * 2 * len(live) + (1 << 16) + 4 * n
+
+
+def test_bad_stream_line_stops_replay_with_file_line_reason(tmp_path):
+    (tmp_path / "g0.graph").write_text("v 1 0\nv 2 0\nv 3 0\ne 1 2 0\n")
+    (tmp_path / "q.graph").write_text("v 0 0\nv 1 0\ne 0 1\n")
+    cases = {
+        "e 1 3\nx 1 2\n": "stream.txt:2: unknown op 'x'",
+        "e 1 3\n-e 1 zz\n": "stream.txt:2: bad integer 'zz' for vertex id",
+        "# c\n\ne 1 3 0 9\n": "stream.txt:3: wrong field count: 'e' takes u v [label], got 4 fields",
+        "v 7\n": "stream.txt:1: wrong field count: 'v' takes id label, got 1 fields",
+    }
+    for text, message in cases.items():
+        (tmp_path / "stream.txt").write_text(text)
+        proc = subprocess.run([sys.executable, "-m", "csmd.cli", "replay", "--data", str(tmp_path / "g0.graph"),
+                               "--stream", str(tmp_path / "stream.txt"), "--query", str(tmp_path / "q.graph")],
+                              capture_output=True, text=True)
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_ignored_updates_are_counted_not_fatal(tmp_path):
+    (tmp_path / "g0.graph").write_text("v 1 0\nv 2 0\nv 3 0\ne 1 2 0\n")
+    (tmp_path / "q.graph").write_text("v 0 0\nv 1 0\ne 0 1\n")
+    (tmp_path / "stream.txt").write_text("e 1 2\n-e 2 3\nv 1 0\n-v 9\ne 3 3\ne 2 3\n")
+    g0 = read_graph(tmp_path / "g0.graph")
+    res, pipe = replay(g0, tmp_path / "stream.txt", [("q", read_query(tmp_path / "q.graph"))], batch_size=4,
+                       count_only=True, show_progress=False)
+    assert dict(pipe.updater.ignored) == {"duplicate_insert": 1, "missing_delete": 1, "duplicate_vertex": 1,
+                                          "missing_vertex": 1, "self_loop": 1}
+    assert res[0]["positive"] == 2 and res[0]["negative"] == 0 and res[0]["updates"] == 6
