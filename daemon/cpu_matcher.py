@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .graph import Graph
+from .graph import Graph, gather_ranges
 from .plan import Plan
 
 DEFAULT_BUDGET_BYTES = 256 << 20
@@ -123,10 +123,9 @@ class _Search:
     def _expand(self, M, ts, i, rows, start, size, piv):
         plan = self.plan
         back = plan.backward[i]
-        total = int(size.sum())
-        ends = np.cumsum(size)
         parent = np.repeat(rows, size)
-        offs = np.repeat(start - (ends - size), size) + np.arange(total)
+        offs = gather_ranges(start, size)
+        total = len(offs)
         cand = self.nbrs[offs]
         mask = plan.cand[plan.order[i]] if plan.cand is not None else None
         keep = mask[cand] if mask is not None else np.ones(total, bool)

@@ -10,6 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 
+def gather_ranges(start: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """The concatenated index ranges [start, start + size) as one array."""
+    ends = np.cumsum(size)
+    return np.repeat(start - (ends - size), size) + np.arange(int(ends[-1]) if len(ends) else 0)
+
+
 def scalar(x):
     """A numpy scalar as the plain Python value (for dict keys and messages)."""
     return x.item() if hasattr(x, "item") else x

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .graph import Graph, scalar
+from .graph import Graph, gather_ranges, scalar
 
 INF = np.iinfo(np.int64).max
 SHIFT = np.int64(31)
@@ -140,11 +140,15 @@ class MultiVersionGraph:
 
     def edge_label_between(self, a: np.ndarray, b: np.ndarray, ts: np.ndarray) -> np.ndarray:
         """Label of the edge {a, b} visible at ts, -1 where there is none."""
-        start, end = self.ranges(a, self.labels.a[b], ts) if len(a) else (a, a)
-        return self._find(start, end, b, ts)
+        start, end = self.ranges(a, self.labels.a[b], ts)
+        pos = self._find(start, end, b, ts)
+        out = np.full(len(b), -1, np.int32)
+        out[pos >= 0] = self.e_el.a[pos[pos >= 0]]
+        return out
 
     def _find(self, start, end, b, ts):
-        out = np.full(len(b), -1, np.int32)
+        """Position of the entry for neighbor b inside [start, end) visible at ts, -1 if none."""
+        out = np.full(len(b), -1, np.int64)
         rows = np.flatnonzero(end > start)
         if not len(rows):
             return out
@@ -159,7 +163,7 @@ class MultiVersionGraph:
             rows, pos, lim = rows[has], pos[has], lim[has]
             t = ts[rows]
             vis = (self.e_ct.a[pos] < t) & (t <= self.e_dt.a[pos])
-            out[rows[vis]] = self.e_el.a[pos[vis]]
+            out[rows[vis]] = pos[vis]
             rows, pos, lim = rows[~vis], pos[~vis] + 1, lim[~vis]
         return out
 
@@ -187,72 +191,103 @@ class MultiVersionGraph:
         return self.e_nbr.a[s:e][self.e_dt.a[s:e] == INF]
 
     # ---- writes (the graph updater) ------------------------------------------------------------
-    def apply(self, ops: dict[int, list[tuple[int, int, int, int]]]):
-        """Apply one batch. ops[v] lists v's edge ops in order: (ts, +1/-1, neighbor, edge label).
+    def apply(self, seq, a, b, label, sign):
+        """Apply one batch of edge ops (arrays in update order, each op valid where it stands).
 
-        Returns the replaced versions as (version, replaced_at) for the GC graph.
+        Works on all touched vertices at once, as the GPU updater does: per vertex the
+        deletions before its first insertion set dt in place; from that insertion on,
+        its live entries are copied, merged with the inserted ones, the later deletions
+        closed, and the whole sorted into a new version. Returns the replaced versions
+        as (version, replaced_at) for the GC graph.
         """
-        replaced = []
-        for v, vops in ops.items():
-            first_ins = next((i for i, op in enumerate(vops) if op[1] > 0), len(vops))
-            old = int(self.cur.a[v])
-            for ts, _, nbr, _ in vops[:first_ins]:
-                self._delete_in_place(old, nbr, ts)
-            if first_ins < len(vops):
-                new = self._new_version(v, old, vops[first_ins:])
-                if old >= 0:
-                    replaced.append((old, vops[first_ins][0]))
-                self.cur.a[v] = new
-        return replaced
-
-    def _delete_in_place(self, vid: int, nbr: int, ts: int) -> None:
-        s, e = self.v_es.a[vid], self.v_ee.a[vid]
-        hit = np.flatnonzero((self.e_nbr.a[s:e] == nbr) & (self.e_dt.a[s:e] == INF))
-        self.e_dt.a[s + hit[0]] = ts  # the updater checked the edge exists
-
-    def _new_version(self, v: int, old: int, vops) -> int:
-        ts0 = vops[0][0]
-        if old >= 0:
-            s, e = self.v_es.a[old], self.v_ee.a[old]
-            keep = self.e_dt.a[s:e] > ts0  # entries dead for every T > ts0 are not copied
-            nbr = list(self.e_nbr.a[s:e][keep])
-            el = list(self.e_el.a[s:e][keep])
-            ct = list(self.e_ct.a[s:e][keep])
-            dt = list(self.e_dt.a[s:e][keep])
-            self.v_dt_max.a[old] = ts0
-        else:
-            nbr, el, ct, dt = [], [], [], []
-        alive = {int(x): i for i, (x, d) in enumerate(zip(nbr, dt)) if d == INF}
-        for ts, sign, x, lab in vops:
-            if sign > 0:
-                alive[x] = len(nbr)
-                nbr.append(x), el.append(lab), ct.append(ts), dt.append(INF)
-            else:
-                dt[alive.pop(x)] = ts
-        nbr = np.array(nbr, np.int32)
-        lab_of = self.labels.a[nbr]
-        order = np.lexsort((np.array(ct, np.int64), nbr, lab_of))
-        nbr, lab_of = nbr[order], lab_of[order]
-        vid = self.v_vertex.n
-        starts, ends = _runs(lab_of)
+        # each undirected op touches both endpoints; order by (vertex, time)
+        own = np.concatenate([a, b]).astype(np.int64)
+        nbr = np.concatenate([b, a]).astype(np.int32)
+        ts = np.concatenate([seq, seq]).astype(np.int64)
+        lab = np.concatenate([label, label]).astype(np.int32)
+        sgn = np.concatenate([sign, sign])
+        order = np.lexsort((ts, own))
+        own, nbr, ts, lab, sgn = own[order], nbr[order], ts[order], lab[order], sgn[order]
+        verts, first = np.unique(own, return_index=True)
+        # the first insertion of each touched vertex (INF: none)
+        ins_ts = np.where(sgn > 0, ts, INF)
+        first_ins = np.minimum.reduceat(ins_ts, first) if len(first) else np.zeros(0, np.int64)
+        split = np.repeat(first_ins, np.diff(np.r_[first, len(own)]))
+        early = ts < split  # deletions before the first insertion: in place
+        if early.any():
+            pos = self._live_entry(own[early], nbr[early])
+            self.e_dt.a[pos] = ts[early]
+        grow = first_ins < INF
+        if not grow.any():
+            return []
+        vs, ts0 = verts[grow], first_ins[grow]
+        old = self.cur.a[vs]
+        # live entries of the old versions (dt == INF: this batch's in-place deletions are excluded)
+        has_old = old >= 0
+        es = np.where(has_old, self.v_es.a[np.maximum(old, 0)], 0)
+        ee = np.where(has_old, self.v_ee.a[np.maximum(old, 0)], 0)
+        idx = gather_ranges(es, ee - es)
+        c_owner = np.repeat(np.arange(len(vs)), ee - es)
+        alive = self.e_dt.a[idx] == INF
+        idx, c_owner = idx[alive], c_owner[alive]
+        late = ~early
+        slot = np.searchsorted(vs, own[late])  # which new version an op belongs to
+        l_nbr, l_ts, l_lab, l_sgn = nbr[late], ts[late], lab[late], sgn[late]
+        ins = l_sgn > 0
+        # new entries: copied ones, then inserted ones (ct = their timestamp)
+        n_owner = np.concatenate([c_owner, slot[ins]])
+        n_nbr = np.concatenate([self.e_nbr.a[idx], l_nbr[ins]])
+        n_el = np.concatenate([self.e_el.a[idx], l_lab[ins]])
+        n_ct = np.concatenate([self.e_ct.a[idx], l_ts[ins]])
+        n_dt = np.full(len(n_nbr), INF, np.int64)
+        dele = np.flatnonzero(~ins)
+        if len(dele):
+            # per (vertex, neighbor) ops alternate: a deletion closes the entry just before it in time
+            ev_owner = np.concatenate([n_owner, slot[dele]])
+            ev_nbr = np.concatenate([n_nbr, l_nbr[dele]])
+            ev_t = np.concatenate([np.where(np.arange(len(n_nbr)) < len(idx), -1, n_ct), l_ts[dele]])
+            ev_id = np.concatenate([np.arange(len(n_nbr)), -1 - np.arange(len(dele))])
+            o = np.lexsort((ev_t, ev_nbr, ev_owner))
+            is_del = ev_id[o] < 0
+            closes = ev_id[o][np.flatnonzero(is_del) - 1]
+            n_dt[closes] = l_ts[dele][-1 - ev_id[o][is_del]]
+        lab_of = self.labels.a[n_nbr]
+        o = np.lexsort((n_ct, n_nbr, lab_of, n_owner))
+        n_owner, n_nbr, n_el, n_ct, n_dt, lab_of = n_owner[o], n_nbr[o], n_el[o], n_ct[o], n_dt[o], lab_of[o]
+        vid0 = self.v_vertex.n
+        vids = vid0 + np.arange(len(vs))
+        counts = np.bincount(n_owner, minlength=len(vs))
         base = self.e_nbr.n
-        g0 = self.g_key.extend((np.int64(vid) << SHIFT) | lab_of[starts].astype(np.int64))
+        v_es = base + np.r_[0, np.cumsum(counts)[:-1]]
+        gkey = (vids[n_owner] << SHIFT) | lab_of.astype(np.int64)
+        starts, ends = _runs(gkey)
+        g0 = self.g_key.extend(gkey[starts])
         self.g_start.extend(base + starts)
         self.g_end.extend(base + ends)
         group_of = g0 + np.repeat(np.arange(len(starts)), ends - starts)
-        self.e_nbr.extend(nbr)
-        self.e_el.extend(np.array(el, np.int32)[order])
-        self.e_ct.extend(np.array(ct, np.int64)[order])
-        self.e_dt.extend(np.array(dt, np.int64)[order])
-        self.e_key.extend((group_of.astype(np.int64) << SHIFT) | nbr)
-        self.v_vertex.extend([v])
-        self.v_ct_min.extend([ts0])
-        self.v_dt_max.extend([INF])
-        self.v_prev.extend([old])
-        self.v_es.extend([base])
-        self.v_ee.extend([base + len(nbr)])
-        self.v_live.extend([True])
-        return vid
+        self.e_nbr.extend(n_nbr)
+        self.e_el.extend(n_el)
+        self.e_ct.extend(n_ct)
+        self.e_dt.extend(n_dt)
+        self.e_key.extend((group_of.astype(np.int64) << SHIFT) | n_nbr)
+        self.v_vertex.extend(vs)
+        self.v_ct_min.extend(ts0)
+        self.v_dt_max.extend(np.full(len(vs), INF))
+        self.v_prev.extend(old)
+        self.v_es.extend(v_es)
+        self.v_ee.extend(v_es + counts)
+        self.v_live.extend(np.ones(len(vs), bool))
+        self.v_dt_max.a[old[has_old]] = ts0[has_old]
+        self.cur.a[vs] = vids
+        return list(zip(old[has_old].tolist(), ts0[has_old].tolist()))
+
+    def _live_entry(self, v: np.ndarray, nbr: np.ndarray) -> np.ndarray:
+        """Positions of the live (dt == INF) entries v -> nbr in v's newest version."""
+        t = np.full(len(v), INF - 1, np.int64)
+        start, end = self.ranges(v, self.labels.a[nbr], t)
+        pos = self._find(start, end, nbr, t)
+        assert (pos >= 0).all(), "the updater only deletes edges that exist"
+        return pos
 
     # ---- garbage collection ------------------------------------------------------------------------
     def free(self, versions) -> None:

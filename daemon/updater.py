@@ -62,6 +62,14 @@ class GraphUpdater:
         # this batch's view of the latest edges, over what the MVG holds
         overlay: dict[tuple[int, int], int] = {}
 
+        # one vectorized look-up for the pairs of every edge record whose vertices exist
+        known = [(mvg.index[r.u], mvg.index[r.v]) for r in records
+                 if r.op in (INSERT_EDGE, DELETE_EDGE) and r.u in mvg.index and r.v in mvg.index and r.u != r.v]
+        if known:
+            pa, pb = np.array(known, np.int64).T
+            for x, y, lab in zip(pa.tolist(), pb.tolist(), mvg.live_edge_label(pa, pb).tolist()):
+                overlay.setdefault((min(x, y), max(x, y)), lab)
+
         def live_label(a: int, b: int) -> int:
             key = (min(a, b), max(a, b))
             if key not in overlay:
@@ -119,14 +127,9 @@ class GraphUpdater:
                 mvg.retire_vertex(v)
             else:  # parse_update only makes the four ops above
                 raise AssertionError(rec.op)
-        # per vertex, its edge ops in order: what the MVG's split rule works on
-        per_vertex: dict[int, list] = {}
-        for seq, a, b, label, sign in edge_ops:
-            per_vertex.setdefault(a, []).append((seq, sign, b, label))
-            per_vertex.setdefault(b, []).append((seq, sign, a, label))
-        replaced = mvg.apply(per_vertex)
         e = np.array(edge_ops, np.int64).reshape(-1, 5)
         vo = np.array(vertex_ops, np.int64).reshape(-1, 3)
+        replaced = mvg.apply(e[:, 0], e[:, 1], e[:, 2], e[:, 3], e[:, 4])
         batch = Batch(first, self.next_seq, e[:, 0], e[:, 1], e[:, 2], e[:, 3], e[:, 4], vo[:, 0], vo[:, 1], vo[:, 2],
                       sources, arrived if arrived is not None else [time.monotonic()] * len(records), len(records))
         return batch, replaced
