@@ -39,6 +39,16 @@ def _label(tok: str, path, lineno, what: str) -> int:
     return val
 
 
+def _lines(path: Path):
+    """(line number, text) of a text file; undecodable bytes become U+FFFD and fail parsing."""
+    try:
+        f = open(path, encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise InputError(path, None, exc.strerror or str(exc)) from None
+    with f:
+        yield from enumerate(f, 1)
+
+
 # ---- text graphs -----------------------------------------------------------------
 def _read_text_graph(path: Path) -> Graph:
     ids: dict[int, int] = {}
@@ -47,47 +57,42 @@ def _read_text_graph(path: Path) -> Graph:
     dst: list[int] = []
     els: list[int] = []
     header = None
-    try:
-        f = open(path, encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise InputError(path, None, exc.strerror or str(exc)) from None
-    with f:
-        for lineno, line in enumerate(f, 1):
-            parts = line.split()
-            if not parts or parts[0].startswith("#"):
-                continue
-            tag = parts[0]
-            if tag == "v":
-                if len(parts) == 2:
-                    raise InputError(path, lineno, f"vertex {parts[1]}: label missing")
-                if len(parts) not in (3, 4):
-                    raise InputError(path, lineno, f"wrong field count: 'v' takes id label [degree], got {len(parts) - 1} fields")
-                vid = _int(parts[1], path, lineno, "vertex id")
-                if vid in ids:
-                    raise InputError(path, lineno, f"duplicate vertex id {vid}")
-                ids[vid] = len(labels)
-                labels.append(_label(parts[2], path, lineno, "vertex label"))
-                if len(parts) == 4:
-                    _int(parts[3], path, lineno, "degree")
-            elif tag == "e":
-                if len(parts) not in (3, 4):
-                    raise InputError(path, lineno, f"wrong field count: 'e' takes u v [label], got {len(parts) - 1} fields")
-                u = _int(parts[1], path, lineno, "vertex id")
-                v = _int(parts[2], path, lineno, "vertex id")
-                for x in (u, v):
-                    if x not in ids:
-                        raise InputError(path, lineno, f"edge ({u}, {v}) names unknown vertex {x}")
-                src.append(ids[u])
-                dst.append(ids[v])
-                els.append(_label(parts[3], path, lineno, "edge label") if len(parts) == 4 else 0)
-            elif tag == "t":
-                if header is not None or labels or src:
-                    raise InputError(path, lineno, "'t' header must be the first record")
-                if len(parts) != 3:
-                    raise InputError(path, lineno, f"wrong field count: 't' takes N M, got {len(parts) - 1} fields")
-                header = (lineno, _int(parts[1], path, lineno, "N"), _int(parts[2], path, lineno, "M"))
-            else:
-                raise InputError(path, lineno, f"unknown record type {tag!r} (expected t, v or e)")
+    for lineno, line in _lines(path):
+        parts = line.split()
+        if not parts or parts[0].startswith("#"):
+            continue
+        tag = parts[0]
+        if tag == "v":
+            if len(parts) == 2:
+                raise InputError(path, lineno, f"vertex {parts[1]}: label missing")
+            if len(parts) not in (3, 4):
+                raise InputError(path, lineno, f"wrong field count: 'v' takes id label [degree], got {len(parts) - 1} fields")
+            vid = _int(parts[1], path, lineno, "vertex id")
+            if vid in ids:
+                raise InputError(path, lineno, f"duplicate vertex id {vid}")
+            ids[vid] = len(labels)
+            labels.append(_label(parts[2], path, lineno, "vertex label"))
+            if len(parts) == 4:
+                _int(parts[3], path, lineno, "degree")
+        elif tag == "e":
+            if len(parts) not in (3, 4):
+                raise InputError(path, lineno, f"wrong field count: 'e' takes u v [label], got {len(parts) - 1} fields")
+            u = _int(parts[1], path, lineno, "vertex id")
+            v = _int(parts[2], path, lineno, "vertex id")
+            for x in (u, v):
+                if x not in ids:
+                    raise InputError(path, lineno, f"edge ({u}, {v}) names unknown vertex {x}")
+            src.append(ids[u])
+            dst.append(ids[v])
+            els.append(_label(parts[3], path, lineno, "edge label") if len(parts) == 4 else 0)
+        elif tag == "t":
+            if header is not None or labels or src:
+                raise InputError(path, lineno, "'t' header must be the first record")
+            if len(parts) != 3:
+                raise InputError(path, lineno, f"wrong field count: 't' takes N M, got {len(parts) - 1} fields")
+            header = (lineno, _int(parts[1], path, lineno, "N"), _int(parts[2], path, lineno, "M"))
+        else:
+            raise InputError(path, lineno, f"unknown record type {tag!r} (expected t, v or e)")
     if not labels:
         raise InputError(path, None, "no vertices")
     if header is not None:
@@ -290,12 +295,7 @@ def parse_update(line: str, path, lineno) -> Update | None:
 def read_updates(path):
     """Yield the updates of a stream file in order (lazily: streams may be long)."""
     path = Path(path)
-    try:
-        f = open(path, encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise InputError(path, None, exc.strerror or str(exc)) from None
-    with f:
-        for lineno, line in enumerate(f, 1):
-            upd = parse_update(line, path, lineno)
-            if upd is not None:
-                yield upd
+    for lineno, line in _lines(path):
+        upd = parse_update(line, path, lineno)
+        if upd is not None:
+            yield upd
