@@ -28,6 +28,7 @@ test-full: setup
 
 bench: setup
 	$(BIN)/python bench/static_cpu.py --datasets $(DATASETS)
+	$(BIN)/python bench/replay.py --datasets $(DATASETS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
