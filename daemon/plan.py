@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .graph import Graph
+from .graph import Graph, gather_ranges
 
 REFINE_ROUNDS = 3  # arc-consistency rounds; later rounds rarely remove anything
 
@@ -65,19 +65,24 @@ def filter_candidates(g: Graph, q: Graph) -> list[np.ndarray]:
             c[bad] = False
             vs = vs[(end - start) >= k]
         cand.append(c)
-    rows = np.repeat(np.arange(g.n), deg)
     qs, qd, qe = q.edge_list()
     arcs = list(zip(qs.tolist(), qd.tolist(), qe.tolist())) + list(zip(qd.tolist(), qs.tolist(), qe.tolist()))
+    check_el = bool(g.nels.any()) or bool(qe.any())
     for _ in range(REFINE_ROUNDS):
         changed = False
         for u, w, el in arcs:
-            # v stays in C(u) only if some neighbor of v is in C(w) over an edge labelled el
-            ok = cand[w][g.indices] & (g.elabels == el)
-            has = np.zeros(g.n, bool)
-            has[rows[ok]] = True
-            new = cand[u] & has
-            if new.sum() != cand[u].sum():
-                cand[u] = new
+            # v stays in C(u) only if some neighbor of v is in C(w) over an edge labelled el;
+            # only v's neighbors with w's label are looked at (one label-grouped range each)
+            vs = np.flatnonzero(cand[u])
+            start, end = g.ranges(vs, int(q.labels[w]))
+            idx = gather_ranges(start, end - start)
+            ok = cand[w][g.nbrs[idx]]
+            if check_el:
+                ok &= g.nels[idx] == el
+            owner = np.repeat(np.arange(len(vs)), end - start)
+            has = np.bincount(owner[ok], minlength=len(vs)) > 0
+            if not has.all():
+                cand[u][vs[~has]] = False
                 changed = True
         if not changed:
             break
