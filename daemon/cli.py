@@ -73,8 +73,6 @@ def cmd_replay(args) -> int:
     if args.count_only and args.output:
         raise CsmdError("--output writes the matches of each delta; it cannot be combined with --count-only")
     backend = resolve_backend(args.backend)
-    if backend == "gpu":
-        raise CsmdError("--backend gpu: the GPU continuous engine is not built yet; use --backend cpu or auto")
     g0 = read_graph(args.data)
     queries = [(p.stem, read_query(p)) for p in query_files(args.query)]
     if not args.stream.is_file():

@@ -51,13 +51,11 @@ class Executor:
         self.queries = list(queries)
 
     def run(self, mvg: MultiVersionGraph, batch: Batch) -> list[QueryDeltas]:
-        return [self._query(mvg, batch, rq) for rq in self.queries]
+        sign_of = dict(zip(batch.edge_seq.tolist(), batch.edge_sign.tolist()))
+        return [self._query(mvg, batch, rq, sign_of) for rq in self.queries]
 
-    def _query(self, mvg: MultiVersionGraph, batch: Batch, rq: RegisteredQuery) -> QueryDeltas:
+    def _query(self, mvg: MultiVersionGraph, batch: Batch, rq: RegisteredQuery, sign_of: dict) -> QueryDeltas:
         labels = mvg.labels.a
-        sign_of = {}
-        for s, g in zip(batch.edge_seq.tolist(), batch.edge_sign.tolist()):
-            sign_of[s] = g
         parts_rows, parts_seq, counts = [], [], {}
 
         def collect(rows, ts):

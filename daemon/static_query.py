@@ -27,12 +27,7 @@ def run_query(g: Graph, q: Graph, name: str, *, backend: str = "cpu", distinct: 
             written[0] += len(rows)
 
     remaining = None if time_limit is None else max(0.0, time_limit - (time.monotonic() - t0))
-    if backend == "gpu":
-        from csmd.gpu.matcher import search as gpu_search
-
-        res = gpu_search(g, plan, limit=limit, time_limit=remaining, sink=sink)
-    else:
-        res = search(g, plan, limit=limit, time_limit=remaining, sink=sink, budget_bytes=budget_bytes)
+    res = search(g, plan, limit=limit, time_limit=remaining, sink=sink, budget_bytes=budget_bytes)
     return {
         "query": name,
         "matches": res.count,

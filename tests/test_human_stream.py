@@ -19,3 +19,30 @@ def test_human_insertion_stream_all_40_queries_at_once(batch_size):
     assert got == {name: (count, 0) for name, count in expected.items()}
     assert results[0]["updates"] == 4314
     assert pipe.mvg.live_versions == pipe.mvg.n  # drained: one version per vertex is left
+
+
+def test_replay_cli_json_and_deltas_file(tmp_path, capsys):
+    import json
+
+    import pyarrow.ipc as ipc
+
+    from csmd.cli import main
+
+    root = dataset("human")
+    expected = read_expected(root / "expected_insert_counts.txt")
+    out = tmp_path / "deltas.arrow"
+    assert main(["replay", "--json", "--batch-size", "7", "--data", str(root / "data.graph"), "--stream",
+                 str(root / "insertion.graph"), "--query", str(root / "queries" / "Q_2.graph"),
+                 str(root / "queries" / "Q_26.graph"), "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["query"], r["positive"], r["negative"], r["updates"]) for r in rows] == [
+        ("Q_2", expected["Q_2"], 0, 4314), ("Q_26", expected["Q_26"], 0, 4314)]
+    table = ipc.open_file(out).read_all()
+    assert table.num_rows == expected["Q_2"] + expected["Q_26"]
+    seqs = table.column("seq").to_pylist()
+    assert seqs == sorted(seqs) and set(table.column("sign").to_pylist()) == {1}
+    lines = (root / "insertion.graph").read_text().splitlines()
+    first = table.slice(0, 1).to_pylist()[0]
+    _, u, v, _ = lines[first["seq"]].split()  # seq k is line k + 1 of an insertion-only stream
+    assert first["source"].endswith(f"insertion.graph:{first['seq'] + 1}")
+    assert {int(u), int(v)} <= set(first["vertices"])
