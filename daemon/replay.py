@@ -51,9 +51,10 @@ def replay(g0: Graph, stream_path, queries: list[tuple[str, Graph]], *, batch_si
     registered = [RegisteredQuery(name, q, label_sizes, count_only=count_only) for name, q in queries]
     pipe = Pipeline(g0, registered, batch_size=batch_size, threaded=threaded)
     totals = {name: [0, 0] for name, _ in queries}
-    with open(stream_path, "rb") as f:
-        lines = sum(1 for _ in f)
-    progress = Progress(lines, "updates", enabled=show_progress)
+    progress = Progress(0, "updates", enabled=show_progress)
+    if progress.enabled:  # the bar's total costs a read of the whole stream: only when it is drawn
+        with open(stream_path, "rb") as f:
+            progress.total = sum(1 for _ in f)
     writer = DeltaFile(output, pipe.mvg) if output else None
 
     def on_result(result):
