@@ -14,7 +14,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
 
 from csmd.formats import read_graph, read_query
 from csmd.replay import replay
@@ -24,8 +23,8 @@ def measure(g0, stream, queries, batch_size, runs):
     out = []
     for _ in range(runs):
         results, pipe = replay(g0, stream, queries, batch_size=batch_size, count_only=True, show_progress=False)
-        lat = np.array(pipe.stats.latencies)
-        out.append((results[0]["seconds"], np.percentile(lat, 50), np.percentile(lat, 99), results))
+        lat = pipe.stats.latency
+        out.append((results[0]["seconds"], lat.quantile(0.5), lat.quantile(0.99), results))
     out.sort(key=lambda r: r[0])
     return out[len(out) // 2]
 

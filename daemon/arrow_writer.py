@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from csmd.schemas import deltas_schema, id_type_of, matches_schema
+from csmd.schemas import id_type_of, matches_schema
 
 
 def vertex_lists(ext_ids: np.ndarray, rows: np.ndarray, id_type: pa.DataType) -> pa.Array:
@@ -35,15 +35,3 @@ class MatchFile:
 
     def close(self) -> None:
         self._writer.close()
-
-
-def delta_batch(query: str, signs, seqs, sources, rows: np.ndarray, ext_ids) -> pa.RecordBatch:
-    """One batch of deltas in the deltas schema."""
-    id_type = id_type_of(ext_ids)
-    return pa.record_batch([
-        pa.array([query] * len(rows), pa.string()),
-        pa.array(signs, pa.int8()),
-        pa.array(seqs, pa.int64()),
-        pa.array(sources, pa.string()),
-        vertex_lists(ext_ids, rows, id_type),
-    ], schema=deltas_schema(id_type))

@@ -50,14 +50,15 @@ def _lines(path: Path):
 
 
 # ---- text graphs -----------------------------------------------------------------
-def _read_text_graph(path: Path) -> Graph:
+def _read_text_graph(path: Path, lines=None) -> Graph:
+    """A graph in either text format; `lines` ((number, text) pairs) replace reading `path`."""
     ids: dict[int, int] = {}
     labels: list[int] = []
     src: list[int] = []
     dst: list[int] = []
     els: list[int] = []
     header = None
-    for lineno, line in _lines(path):
+    for lineno, line in _lines(path) if lines is None else lines:
         parts = line.split()
         if not parts or parts[0].startswith("#"):
             continue
@@ -213,8 +214,15 @@ def read_graph(path) -> Graph:
 
 def read_query(path) -> Graph:
     """Load a query graph and refuse what no engine accepts (too large, disconnected)."""
-    path = Path(path)
-    q = read_graph(path)
+    return _checked_query(read_graph(path), Path(path))
+
+
+def parse_query_text(text: str, name: str) -> Graph:
+    """A query graph sent as text (control messages, `csmd admin`); errors name `name` and the line."""
+    return _checked_query(_read_text_graph(name, enumerate(text.splitlines(), 1)), name)
+
+
+def _checked_query(q: Graph, path) -> Graph:
     if q.n > MAX_QUERY_VERTICES:
         raise InputError(path, None, f"query has {q.n} vertices; at most {MAX_QUERY_VERTICES} are supported")
     seen = np.zeros(q.n, bool)
@@ -261,13 +269,16 @@ _UPDATE_USAGE = {INSERT_EDGE: "u v [label]", DELETE_EDGE: "u v [label]", INSERT_
 @dataclass(frozen=True, slots=True)
 class Update:
     """One update record. `u`, `v` are external ids (v unused for vertex ops);
-    `label` is the edge label or the new vertex's label; `source` says where it came from."""
+    `label` is the edge label or the new vertex's label; `source` says where it came
+    from, for people; `origin` is (input, partition, offset) of its input record, the
+    first half of the id of every delta it causes."""
 
     op: str
     u: int
     v: int = -1
     label: int = 0
     source: str = ""
+    origin: tuple = ("", 0, 0)
 
 
 def parse_update(line: str, path, lineno) -> Update | None:
@@ -282,14 +293,14 @@ def parse_update(line: str, path, lineno) -> Update | None:
     nf = len(parts) - 1
     if not lo <= nf <= hi:
         raise InputError(path, lineno, f"wrong field count: {op!r} takes {_UPDATE_USAGE[op]}, got {nf} fields")
-    src = f"{path}:{lineno}"
+    src, origin = f"{path}:{lineno}", (str(path), 0, lineno)
     u = _int(parts[1], path, lineno, "vertex id")
     if op == INSERT_VERTEX:
-        return Update(op, u, -1, _label(parts[2], path, lineno, "vertex label"), src)
+        return Update(op, u, -1, _label(parts[2], path, lineno, "vertex label"), src, origin)
     if op == DELETE_VERTEX:
-        return Update(op, u, -1, 0, src)
+        return Update(op, u, -1, 0, src, origin)
     v = _int(parts[2], path, lineno, "vertex id")
-    return Update(op, u, v, _label(parts[3], path, lineno, "edge label") if nf == 3 else 0, src)
+    return Update(op, u, v, _label(parts[3], path, lineno, "edge label") if nf == 3 else 0, src, origin)
 
 
 def read_updates(path):

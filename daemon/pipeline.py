@@ -6,6 +6,10 @@ update order because each stage handles batches in order. The MVG is shared:
 the updater mutates it and the executor reads it under one lock, so a read at
 timestamp T may happen after later batches were applied; the version rules make
 that read see exactly G_T. `threaded=False` runs the same stages inline.
+
+A source may also yield Markers between records: each passes every stage in
+order, so whatever it does at the executor (register or remove a query, mute
+output) takes effect exactly between the records before and after it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 from .executor import Executor, QueryDeltas, RegisteredQuery
 from .gc import GarbageCollector
 from .graph import Graph
+from .metrics import LatencyHistogram
 from .mvg import MultiVersionGraph
 from .updater import Batch, GraphUpdater
 
@@ -33,37 +38,55 @@ class BatchResult:
     done: float  # when the executor finished it (monotonic)
 
 
+class Marker:
+    """A point in the record stream; `seq` is set to the first sequence number after it."""
+
+    seq: int = -1
+
+    def at_executor(self, executor: Executor, mvg: MultiVersionGraph) -> None:
+        """Runs in the executor stage, after every batch before the marker and before any after it."""
+
+
 @dataclass
 class Stats:
     records: int = 0
     updates: int = 0  # sequence numbers used
     batches: int = 0
-    latencies: list[float] = field(default_factory=list)  # per record: arrival to result, seconds
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # per record: arrival to result
 
 
 class Pipeline:
     """GU/EX/GC over one multi-version graph, for a fixed set of registered queries."""
 
     def __init__(self, g0: Graph, queries: list[RegisteredQuery], *, batch_size: int = DEFAULT_BATCH_SIZE,
-                 batch_wait: float = DEFAULT_BATCH_WAIT, queue_depth: int = 4, threaded: bool = True):
+                 batch_wait: float = DEFAULT_BATCH_WAIT, queue_depth: int = 4, threaded: bool = True,
+                 first_seq: int = 0):
         self.mvg = MultiVersionGraph(g0)
-        self.updater = GraphUpdater(self.mvg)
+        self.updater = GraphUpdater(self.mvg, first_seq)
         self.executor = Executor(queries)
-        self.gc = GarbageCollector(self.mvg)
+        self.gc = GarbageCollector(self.mvg, first_seq)
         self.batch_size, self.batch_wait = batch_size, batch_wait
         self.queue_depth, self.threaded = queue_depth, threaded
         self.lock = threading.Lock()
         self.stats = Stats()
+        self.queues: dict[str, queue.Queue] = {}  # between the stages, while running threaded
 
     # -- stages ------------------------------------------------------------------------------
     def _batches(self, source):
         """Group records: up to batch_size, or what arrived within batch_wait of the first.
 
         The source yields Update records, or None when nothing is available right now
-        (a polling source), which lets a partial batch close on time.
+        (a polling source), which lets a partial batch close on time, or Markers, which
+        close the batch before them and pass on alone.
         """
         records, arrived, opened = [], [], 0.0
         for rec in source:
+            if isinstance(rec, Marker):
+                if records:
+                    yield records, arrived
+                    records, arrived = [], []
+                yield rec, None
+                continue
             now = time.monotonic()
             if rec is not None:
                 if not records:
@@ -76,25 +99,34 @@ class Pipeline:
         if records:
             yield records, arrived
 
-    def _update(self, records, arrived) -> Batch:
+    def _update(self, records, arrived) -> Batch | Marker:
+        if isinstance(records, Marker):
+            records.seq = self.updater.next_seq
+            return records
         with self.lock:
             batch, replaced = self.updater.apply(records, arrived)
         self.gc.replaced(replaced)
         return batch
 
-    def _execute(self, batch: Batch) -> BatchResult:
+    def _execute(self, batch: Batch | Marker) -> BatchResult | Marker:
         with self.lock:
+            if isinstance(batch, Marker):
+                batch.at_executor(self.executor, self.mvg)
+                return batch
             deltas = self.executor.run(self.mvg, batch)
         return BatchResult(batch, deltas, time.monotonic())
 
-    def _collect(self, result: BatchResult, on_result) -> None:
+    def _collect(self, result: BatchResult | Marker, on_result) -> None:
+        """Hands a result (or a marker) on; on_result sees them in stream order."""
         on_result(result)
+        if isinstance(result, Marker):
+            return
         now = time.monotonic()
         b = result.batch
         self.stats.records += b.records
         self.stats.updates += b.end_seq - b.first_seq
         self.stats.batches += 1
-        self.stats.latencies.extend(now - t for t in b.arrived)
+        self.stats.latency.observe([now - t for t in b.arrived])
         free = self.gc.finished(b.first_seq, b.end_seq)
         if free:
             with self.lock:
@@ -102,13 +134,14 @@ class Pipeline:
 
     # -- driving -------------------------------------------------------------------------------
     def run(self, source, on_result) -> Stats:
-        """Stream `source` through the pipeline; on_result(BatchResult) is called in update order."""
+        """Stream `source` through the pipeline; on_result(BatchResult or Marker) is called in stream order."""
         if not self.threaded:
             for records, arrived in self._batches(source):
                 self._collect(self._execute(self._update(records, arrived)), on_result)
             return self.stats
         to_ex: queue.Queue = queue.Queue(self.queue_depth)
         to_out: queue.Queue = queue.Queue(self.queue_depth)
+        self.queues = {"executor": to_ex, "output": to_out}
         errors: list[BaseException] = []
         stop = threading.Event()
 

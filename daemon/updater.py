@@ -34,7 +34,7 @@ class Batch:
     vertex_seq: np.ndarray  # vertex creations (+1) and removals (-1)
     vertex_id: np.ndarray
     vertex_sign: np.ndarray
-    sources: dict[int, str] = field(default_factory=dict)  # seq -> where its record came from
+    record_of: dict[int, Update] = field(default_factory=dict)  # seq -> the record it came from
     arrived: list[float] = field(default_factory=list)  # arrival time of each record (latency)
     records: int = 0
 
@@ -58,7 +58,7 @@ class GraphUpdater:
         first = self.next_seq
         edge_ops: list[tuple[int, int, int, int, int]] = []
         vertex_ops: list[tuple[int, int, int]] = []
-        sources: dict[int, str] = {}
+        record_of: dict[int, Update] = {}
         # this batch's view of the latest edges, over what the MVG holds
         overlay: dict[tuple[int, int], int] = {}
 
@@ -83,7 +83,7 @@ class GraphUpdater:
         for rec in records:
             seq = self.next_seq
             self.next_seq += 1
-            sources[seq] = rec.source
+            record_of[seq] = rec
             if rec.op == INSERT_EDGE:
                 if rec.u == rec.v:
                     self.ignored["self_loop"] += 1
@@ -118,11 +118,11 @@ class GraphUpdater:
                 for w in sorted(live):
                     s = self.next_seq
                     self.next_seq += 1
-                    sources[s] = rec.source
+                    record_of[s] = rec
                     edge(s, v, w, -1, live_label(v, w))
                 seq = self.next_seq
                 self.next_seq += 1
-                sources[seq] = rec.source
+                record_of[seq] = rec
                 vertex_ops.append((seq, v, -1))
                 mvg.retire_vertex(v)
             else:  # parse_update only makes the four ops above
@@ -131,5 +131,5 @@ class GraphUpdater:
         vo = np.array(vertex_ops, np.int64).reshape(-1, 3)
         replaced = mvg.apply(e[:, 0], e[:, 1], e[:, 2], e[:, 3], e[:, 4])
         batch = Batch(first, self.next_seq, e[:, 0], e[:, 1], e[:, 2], e[:, 3], e[:, 4], vo[:, 0], vo[:, 1], vo[:, 2],
-                      sources, arrived if arrived is not None else [time.monotonic()] * len(records), len(records))
+                      record_of, arrived if arrived is not None else [time.monotonic()] * len(records), len(records))
         return batch, replaced

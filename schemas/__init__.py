@@ -1,10 +1,18 @@
-"""Arrow schemas of what csmd reads and writes.
+"""Arrow schemas of what csmd reads and writes, and the control messages.
 
 Vertex ids are the user's external ids: int64 for the text formats, or string
 when a graph table keyed its vertices by strings (`id_type` chooses).
 """
 
 import pyarrow as pa
+
+# Kafka headers that say what a record holds
+CONTENT_TYPE = "content-type"
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+JSON = "application/json"
+TEXT = "text/plain"
+SCHEMA_HEADER = "csmd-schema"
+DELTAS_V1 = "csmd.deltas/1"
 
 
 def matches_schema(id_type: pa.DataType = pa.int64()) -> pa.Schema:
@@ -17,14 +25,47 @@ def matches_schema(id_type: pa.DataType = pa.int64()) -> pa.Schema:
 
 
 def deltas_schema(id_type: pa.DataType = pa.int64()) -> pa.Schema:
-    """One row per vanished or new match (`csmd replay --output`, the daemon's output topic)."""
+    """One row per vanished or new match: `csmd replay --output` and the daemon's output topic.
+
+    (input, partition, offset, query, index) is the delta's id: the same delta gets
+    the same id in every run, so a consumer drops the duplicates that at-least-once
+    delivery may bring after a crash.
+    """
     return pa.schema([
         pa.field("query", pa.string(), nullable=False),
         pa.field("sign", pa.int8(), nullable=False),  # +1 new match, -1 vanished match
         pa.field("seq", pa.int64(), nullable=False),  # update sequence number (its timestamp)
-        pa.field("source", pa.string(), nullable=False),  # where the update came from: file:line, topic/partition/offset
-        pa.field("vertices", pa.list_(id_type), nullable=False),
+        pa.field("source", pa.string(), nullable=False),  # where the update came from, for people
+        pa.field("vertices", pa.list_(id_type), nullable=False),  # empty for count-only queries
+        pa.field("count", pa.int64(), nullable=False),  # 1 per match; matches of the update when count-only
+        pa.field("input", pa.string(), nullable=False),  # input topic (or stream file)
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),  # Kafka offset (or line number) of the update record
+        pa.field("index", pa.int64(), nullable=False),  # delta number within (input record, query)
     ])
+
+
+def updates_schema() -> pa.Schema:
+    """Update records as Arrow: one row per update (`op` is e, -e, v or -v).
+
+    `v` is unused by vertex ops and `label` is optional (0); ids are int64 or string.
+    """
+    return pa.schema([
+        pa.field("op", pa.string(), nullable=False),
+        pa.field("u", pa.int64(), nullable=False),
+        pa.field("v", pa.int64()),
+        pa.field("label", pa.int32()),
+    ])
+
+
+# Control messages (JSON objects on the control topic):
+#   {"op": "add", "name": N, "query": "<query graph text>", "count_only": false}
+#   {"op": "remove", "name": N}
+#   {"op": "applied", "request": OFFSET, "name": N, "action": "add"|"remove",
+#    "at": {"PARTITION": OFFSET, ...}, "seq": S, "error": null | reason}
+#     written by the daemon: request OFFSET took effect before the input record at
+#     `at` (the next record of each partition) and update S.
+CONTROL_OPS = ("add", "remove", "applied")
 
 
 def id_type_of(ext_ids) -> pa.DataType:

@@ -1,0 +1,176 @@
+"""Input records and how update records are decoded from their bytes.
+
+An input record (a Kafka message, or one line of a stream file) holds one or
+more updates as Arrow IPC (a stream or file of rows in the updates schema),
+JSON (one object or an array of objects with op, u, v, label) or text lines
+in the stream format (`e u v [label]`, `-e u v`, `v id label`, `-v id`).
+The format is fixed by configuration or, with `auto`, recognised per record
+from its content-type header or its first bytes. A record is decoded whole or
+refused whole with a reason: the daemon sends a refused record to the
+dead-letter topic and goes on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from csmd.errors import InputError
+from csmd.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update, parse_update
+from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, JSON, TEXT
+
+FORMATS = ("auto", "arrow", "json", "text")
+_CONTENT_TYPES = {ARROW_STREAM: "arrow", "application/vnd.apache.arrow.file": "arrow", JSON: "json", TEXT: "text"}
+_OPS = (INSERT_EDGE, DELETE_EDGE, INSERT_VERTEX, DELETE_VERTEX)
+_MAX_LABEL = 2**31 - 1
+
+
+@dataclass
+class Record:
+    """One input record: where it is (input topic or file, partition, offset) and its bytes."""
+
+    input: str
+    partition: int
+    offset: int
+    value: bytes
+    headers: dict[str, bytes] = field(default_factory=dict)
+    source: str = ""  # for people: topic/partition/offset, or file:line
+
+    def __post_init__(self):
+        self.source = self.source or f"{self.input}/{self.partition}/{self.offset}"
+
+    @property
+    def origin(self) -> tuple[str, int, int]:
+        return (self.input, self.partition, self.offset)
+
+
+class BadRecord(Exception):
+    """A record that cannot be decoded; str() is the reason (for the dead-letter header)."""
+
+
+def sniff(value: bytes) -> str:
+    """What the bytes look like: arrow (IPC stream or file magic), json, or text."""
+    if value[:4] == b"\xff\xff\xff\xff" or value[:6] == b"ARROW1":
+        return "arrow"
+    head = value.lstrip()[:1]
+    return "json" if head in (b"{", b"[") else "text"
+
+
+def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False) -> list[Update]:
+    """The updates of one record, in order; BadRecord with the reason if any part is wrong.
+
+    `str_ids`: vertex ids are strings (the graph was keyed by strings), else integers.
+    """
+    if rec.value is None or not len(rec.value):
+        raise BadRecord("empty record")
+    declared = rec.headers.get(CONTENT_TYPE)
+    if declared is not None:
+        declared = declared.decode("utf-8", "replace").split(";")[0].strip()
+        if declared not in _CONTENT_TYPES:
+            raise BadRecord(f"unknown content-type {declared!r}")
+        declared = _CONTENT_TYPES[declared]
+    seen = sniff(rec.value)
+    want = fmt if fmt != "auto" else declared or seen
+    if declared is not None and declared != want:
+        raise BadRecord(f"content-type says {declared} but the input format is {want}")
+    if seen != want and not (want == "text" and seen == "json"):
+        raise BadRecord(f"expected a {want} record, the bytes look like {seen}")
+    ups = {"arrow": _arrow, "json": _json, "text": _text}[want](rec, str_ids)
+    if not ups:
+        raise BadRecord("record holds no updates")
+    if len(ups) == 1:  # the record's position says it all
+        ups[0] = replace(ups[0], source=rec.source)
+    return ups
+
+
+def _update(rec: Record, i, where: str, op, u, v, label, str_ids: bool) -> Update:
+    """Update number i (None: the record's only one) from decoded fields, checked; `where`
+    names the row or element in errors."""
+    if op not in _OPS:
+        raise BadRecord(f"{where}: unknown op {op!r} (expected e, -e, v or -v)")
+    id_type = str if str_ids else int
+    ids = (u,) if op in (INSERT_VERTEX, DELETE_VERTEX) else (u, v)
+    for x in ids:
+        if x is None:
+            raise BadRecord(f"{where}: op {op!r} needs {'u' if op in (INSERT_VERTEX, DELETE_VERTEX) else 'u and v'}")
+        if type(x) is not id_type:  # bool is an int subclass: refused too
+            raise BadRecord(f"{where}: vertex id {x!r} is not {'a string' if str_ids else 'an integer'}")
+    if op == INSERT_VERTEX and label is None:
+        raise BadRecord(f"{where}: op 'v' needs a label")
+    label = 0 if label is None else label
+    if type(label) is not int or not 0 <= label <= _MAX_LABEL:
+        raise BadRecord(f"{where}: label {label!r} is not an integer in 0 .. 2^31-1")
+    source = rec.source if i is None else f"{rec.source}#{i}"
+    return Update(op, u, v if len(ids) == 2 else -1, label, source, rec.origin)
+
+
+def _json(rec: Record, str_ids: bool) -> list[Update]:
+    try:
+        doc = json.loads(rec.value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRecord(f"not valid JSON: {exc}") from None
+    items = doc if isinstance(doc, list) else [doc]
+    out = []
+    for i, item in enumerate(items):
+        where = f"element {i}" if isinstance(doc, list) else ""
+        if not isinstance(item, dict):
+            raise BadRecord(f"{where or 'record'}: expected a JSON object, got {type(item).__name__}")
+        unknown = set(item) - {"op", "u", "v", "label"}
+        if unknown:
+            raise BadRecord(f"{where or 'record'}: unknown field(s) {', '.join(sorted(unknown))}")
+        if "op" not in item:
+            raise BadRecord(f"{where or 'record'}: field 'op' missing")
+        out.append(_update(rec, i if isinstance(doc, list) else None, where,
+                           item["op"], item.get("u"), item.get("v"), item.get("label"), str_ids))
+    return out
+
+
+def _text(rec: Record, str_ids: bool) -> list[Update]:
+    if str_ids:
+        raise BadRecord("text records carry integer vertex ids; this graph is keyed by strings")
+    try:
+        text = rec.value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRecord(f"not UTF-8 text: {exc}") from None
+    out = []
+    lines = text.splitlines()
+    for lineno, line in enumerate(lines, 1):
+        try:
+            upd = parse_update(line, rec.source, lineno)
+        except InputError as exc:
+            raise BadRecord(exc.reason if len(lines) == 1 else f"line {lineno}: {exc.reason}") from None
+        if upd is not None:
+            out.append(Update(upd.op, upd.u, upd.v, upd.label, f"{rec.source}#{lineno}", rec.origin))
+    return out
+
+
+def _arrow(rec: Record, str_ids: bool) -> list[Update]:
+    try:
+        reader = ipc.open_file(pa.BufferReader(rec.value)) if rec.value[:6] == b"ARROW1" else \
+            ipc.open_stream(pa.BufferReader(rec.value))
+        table = reader.read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise BadRecord(f"not a readable Arrow IPC message: {exc}") from None
+    names = table.column_names
+    for need in ("op", "u"):
+        if need not in names:
+            raise BadRecord(f"Arrow record: missing column {need!r} (has {', '.join(names)})")
+    unknown = set(names) - {"op", "u", "v", "label"}
+    if unknown:
+        raise BadRecord(f"Arrow record: unknown column(s) {', '.join(sorted(unknown))}")
+    id_ok = pa.types.is_string if str_ids else pa.types.is_integer
+    for name in ("u", "v"):
+        if name in names and not id_ok(table.schema.field(name).type) and not pa.types.is_null(table.schema.field(name).type):
+            raise BadRecord(f"Arrow record: column {name!r} is {table.schema.field(name).type}, "
+                            f"expected {'string' if str_ids else 'integer'} vertex ids")
+    if not pa.types.is_string(table.schema.field("op").type):
+        raise BadRecord(f"Arrow record: column 'op' is {table.schema.field('op').type}, expected string")
+    if "label" in names and not pa.types.is_integer(table.schema.field("label").type):
+        raise BadRecord(f"Arrow record: column 'label' is {table.schema.field('label').type}, expected integer")
+    cols = {name: table.column(name).to_pylist() for name in names}
+    none = [None] * table.num_rows
+    return [_update(rec, i, f"row {i}", op, u, v, label, str_ids)
+            for i, (op, u, v, label) in enumerate(zip(cols["op"], cols["u"], cols.get("v", none), cols.get("label", none)))]
