@@ -51,14 +51,17 @@ class FileSink:
     def __init__(self, path, schema: pa.Schema):
         self._writer = ipc.new_file(str(path), schema)
 
-    def write(self, items, on_ack=None) -> None:
+    def write(self, items, on_ack=None, on_send=None) -> int:
         """items: (query, record batch, origins) from DeltaEncoder.encode; acknowledged at once."""
         if items:
             table = pa.Table.from_batches([b for _, b, _ in items]).sort_by("seq")  # stable
             self._writer.write_table(table)
-        if on_ack is not None:
-            for _, _, origins in items:
+        for _, _, origins in items:
+            if on_send is not None:
+                on_send(origins)
+            if on_ack is not None:
                 on_ack(origins, None)
+        return len(items)
 
     def close(self) -> None:
         self._writer.close()

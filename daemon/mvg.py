@@ -190,6 +190,33 @@ class MultiVersionGraph:
         s, e = self.v_es.a[vid], self.v_ee.a[vid]
         return self.e_nbr.a[s:e][self.e_dt.a[s:e] == INF]
 
+    def live_mask(self) -> np.ndarray:
+        """Which vertex ids are alive now (deleted vertices keep their id, retired)."""
+        mask = np.zeros(self.n, bool)
+        mask[np.fromiter(self.index.values(), np.int64, len(self.index))] = True
+        return mask
+
+    def live_edges(self):
+        """(src, dst, label) of every edge alive now, src < dst, in internal ids."""
+        vid = self.cur.view()
+        has = np.flatnonzero(vid >= 0)
+        es, ee = self.v_es.a[vid[has]], self.v_ee.a[vid[has]]
+        pos = gather_ranges(es, ee - es)
+        src = np.repeat(has, ee - es)
+        alive = self.e_dt.a[pos] == INF
+        src, dst, lab = src[alive], self.e_nbr.a[pos][alive].astype(np.int64), self.e_el.a[pos][alive]
+        keep = src < dst
+        return src[keep], dst[keep], lab[keep]
+
+    def snapshot(self) -> Graph:
+        """The live graph now, as a static Graph of the live vertices (for one-shot queries)."""
+        live = np.flatnonzero(self.live_mask())
+        new_id = np.full(self.n, -1, np.int64)
+        new_id[live] = np.arange(len(live))
+        src, dst, lab = self.live_edges()
+        ext = np.array(self.ext_ids, dtype=object if any(isinstance(x, str) for x in self.ext_ids[:1]) else np.int64)
+        return Graph.from_edges(self.labels.view()[live], new_id[src], new_id[dst], lab, ext[live])
+
     # ---- writes (the graph updater) ------------------------------------------------------------
     def apply(self, seq, a, b, label, sign):
         """Apply one batch of edge ops (arrays in update order, each op valid where it stands).

@@ -1,0 +1,217 @@
+"""Kafka source and sink (confluent-kafka): the daemon's way in and out.
+
+The source reads every partition of one topic by assignment, not by group
+balancing: one daemon holds the whole graph, so it must see every partition in
+order. The consumer group exists only to keep the committed offsets. The sink
+is the one producer of the daemon: deltas, dead letters and control records all
+go through it, so delivery is handled in one place.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from csmd.errors import CsmdError
+from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, DELTAS_V1, SCHEMA_HEADER
+
+from .records import Record
+
+
+def client_config(bootstrap: str, extra: dict | None = None) -> dict:
+    """Settings every client gets: the bootstrap address and the user's extra librdkafka settings."""
+    conf = {"bootstrap.servers": bootstrap}
+    conf.update({k: (v if isinstance(v, (str, int, float, bool)) else str(v)) for k, v in (extra or {}).items()})
+    return conf
+
+
+def ensure_topics(conf: dict, partitions: dict[str, int], replication: int = 1, timeout: float = 15.0) -> None:
+    """Create the topics that do not exist yet (brokers may auto-create with the wrong partition count)."""
+    admin = AdminClient(conf)
+    try:
+        existing = admin.list_topics(timeout=timeout).topics
+    except KafkaException as exc:
+        raise CsmdError(f"Kafka at {conf['bootstrap.servers']} does not answer: {exc}") from None
+    new = [NewTopic(t, n, replication) for t, n in partitions.items() if t not in existing]
+    for topic, fut in (admin.create_topics(new, operation_timeout=timeout) if new else {}).items():
+        try:
+            fut.result(timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise CsmdError(f"cannot create topic {topic!r}: {exc}") from None
+
+
+def topic_partitions(conf: dict, topic: str, timeout: float = 15.0) -> list[int]:
+    md = AdminClient(conf).list_topics(topic, timeout=timeout).topics.get(topic)
+    if md is None or md.error is not None or not md.partitions:
+        raise CsmdError(f"topic {topic!r} does not exist (set [topics] create = true, or create it)")
+    return sorted(md.partitions)
+
+
+class KafkaSource:
+    """Every partition of `topic`, from `start` offsets (partition -> next offset) or the beginning."""
+
+    def __init__(self, conf: dict, topic: str, group: str, start: dict[int, int] | None = None):
+        self.topic = topic
+        self.partitions = topic_partitions(conf, topic)
+        self.consumer = Consumer({
+            **conf, "group.id": group, "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10, "isolation.level": "read_committed",
+        })
+        start = start or {}
+        self._tps = [TopicPartition(topic, p, start.get(p, OFFSET_BEGINNING)) for p in self.partitions]
+        self.consumer.assign(self._tps)
+        self.paused = False
+
+    def poll(self, max_records: int = 500, timeout: float = 0.05) -> list[Record]:
+        out = []
+        for msg in self.consumer.consume(max_records, timeout):
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal():
+                    raise CsmdError(f"Kafka consumer failed: {err}")
+                continue  # transient: librdkafka retries by itself
+            out.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.value() or b"",
+                              {k: v or b"" for k, v in (msg.headers() or [])}))
+        return out
+
+    def pause(self) -> None:
+        if not self.paused:
+            self.consumer.pause(self._tps)
+            self.paused = True
+
+    def resume(self) -> None:
+        if self.paused:
+            self.consumer.resume(self._tps)
+            self.paused = False
+
+    def committed(self, timeout: float = 10.0) -> dict[int, int]:
+        """The group's committed offsets (partition -> next offset; absent where none)."""
+        tps = self.consumer.committed([TopicPartition(self.topic, p) for p in self.partitions], timeout=timeout)
+        return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
+
+    def commit(self, offsets: dict[int, int]) -> None:
+        if offsets:
+            self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
+                                 asynchronous=False)
+
+    def end_offsets(self) -> dict[int, int]:
+        """High watermarks as last fetched (cached: some brokers answer fresh queries wrongly)."""
+        out = {}
+        for p in self.partitions:
+            _lo, hi = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+            if hi >= 0:
+                out[p] = hi
+        return out
+
+    def read_to_end(self, idle: float = 0.3, timeout: float = 30.0) -> list[Record]:
+        """Everything up to the current end (for replaying a log such as the control topic)."""
+        out: list[Record] = []
+        deadline = time.monotonic() + timeout
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            recs = self.poll(1000, 0.05)
+            out += recs
+            if recs:
+                quiet_since = time.monotonic()
+                continue
+            pos = {tp.partition: tp.offset for tp in self.consumer.position(self._tps)}
+            ends = self.end_offsets()
+            caught_up = all(pos.get(p, -1) >= ends.get(p, 0) or ends.get(p, 0) == 0 for p in self.partitions)
+            if caught_up and time.monotonic() - quiet_since >= idle:
+                return out
+        raise CsmdError(f"could not read topic {self.topic!r} to its end within {timeout:.0f} s")
+
+    def group_metadata(self):
+        return self.consumer.consumer_group_metadata()
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def arrow_messages(batch: pa.RecordBatch, max_bytes: int) -> list[bytes]:
+    """The batch as Arrow IPC stream messages, each under max_bytes (split by rows where needed)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    data = sink.getvalue().to_pybytes()
+    if len(data) <= max_bytes:
+        return [data]
+    if batch.num_rows <= 1:
+        raise CsmdError(f"one delta row takes {len(data)} bytes, more than max_message_bytes = {max_bytes}")
+    half = batch.num_rows // 2
+    return arrow_messages(batch.slice(0, half), max_bytes) + arrow_messages(batch.slice(half), max_bytes)
+
+
+class KafkaSink:
+    """The producer: idempotent, retries until delivered; optionally transactional.
+
+    on_ack(origins, error) runs for every produced record once the broker has it
+    (from `poll`); error is None on success. A record that cannot be delivered
+    (only non-retriable errors get that far) is reported, never dropped silently.
+    """
+
+    def __init__(self, conf: dict, topic: str, max_message_bytes: int, transactional_id: str | None = None):
+        self.topic, self.max_message_bytes = topic, max_message_bytes
+        pconf = {**conf, "enable.idempotence": True, "acks": "all", "linger.ms": 2,
+                 "message.timeout.ms": 0,  # never give up on a retriable error: nothing is lost
+                 "message.max.bytes": max(max_message_bytes + 65536, 1_000_000)}
+        if transactional_id:
+            pconf["transactional.id"] = transactional_id
+        self.producer = Producer(pconf)
+        self.transactional = bool(transactional_id)
+        self._in_txn = False
+        if self.transactional:
+            self.producer.init_transactions(30)
+
+    def produce(self, topic: str, value: bytes, key: str | None, headers: dict, on_ack, origins) -> None:
+        if self.transactional and not self._in_txn:
+            self.producer.begin_transaction()
+            self._in_txn = True
+
+        def report(err, _msg):
+            on_ack(origins, err)
+
+        while True:
+            try:
+                self.producer.produce(topic, value=value, key=key, headers=headers, on_delivery=report)
+                return
+            except BufferError:  # the local queue is full: serve delivery reports, then retry
+                self.producer.poll(0.05)
+
+    def write(self, items, on_ack, on_send=None) -> int:
+        """Deltas to the output topic: one Arrow IPC record per query and batch (split to fit),
+        keyed by query; on_send(origins) runs before each record is produced. Returns the count."""
+        n = 0
+        headers = {CONTENT_TYPE: ARROW_STREAM, SCHEMA_HEADER: DELTAS_V1}
+        for query, batch, origins in items:
+            for data in arrow_messages(batch, self.max_message_bytes):
+                if on_send is not None:
+                    on_send(origins)
+                self.produce(self.topic, data, query, headers, on_ack, origins)
+                n += 1
+        return n
+
+    def poll(self, timeout: float = 0.0) -> None:
+        self.producer.poll(timeout)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait for every delivery report; False if some are still outstanding."""
+        return self.producer.flush(timeout) == 0
+
+    def commit_transaction(self, offsets: list[TopicPartition], group_metadata) -> None:
+        """Deltas so far and the input offsets they cover, atomically (transactions only)."""
+        if not self._in_txn:
+            self.producer.begin_transaction()
+        if offsets:
+            self.producer.send_offsets_to_transaction(offsets, group_metadata, 30)
+        self.producer.commit_transaction(60)
+        self._in_txn = False
+
+    def close(self) -> None:
+        self.producer.flush(30)

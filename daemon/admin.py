@@ -1,0 +1,174 @@
+"""The admin endpoint of a running daemon (HTTP, JSON) and the `csmd admin` client.
+
+  GET    /health            200 while running, 503 while starting or stopping
+  GET    /metrics           Prometheus text format
+  GET    /stats             counters, rates, latency, per-query totals
+  GET    /queries           the registered queries
+  POST   /queries           {"name", "query": text, "count_only"}: register (through the control topic)
+  DELETE /queries/NAME      remove (through the control topic)
+  POST   /match             {"query": text, "distinct", "limit", "time_limit"}: one-shot static
+                            query against the live graph at a consistent timestamp
+  POST   /estimate          approximate counting (not in this build: 501)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
+
+from .errors import CsmdError, InputError
+
+MAX_BODY = 1 << 20
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    try:
+        return host or "127.0.0.1", int(port)
+    except ValueError:
+        raise CsmdError(f"[admin] listen must be host:port, got {listen!r}") from None
+
+
+class AdminServer:
+    """Serves one daemon's admin endpoint from a background thread."""
+
+    def __init__(self, daemon, listen: str):
+        self.daemon = daemon
+        handler = type("Handler", (_Handler,), {"daemon": daemon})
+        try:
+            self.httpd = ThreadingHTTPServer(_split_listen(listen), handler)
+        except OSError as exc:
+            raise CsmdError(f"admin endpoint cannot listen on {listen}: {exc.strerror or exc}") from None
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="csmd-admin", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    daemon = None  # set per server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *args):  # requests are not worth a log line each
+        pass
+
+    def _send(self, code: int, body, content_type: str = "application/json") -> None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> dict:
+        n = int(self.headers.get("Content-Length") or 0)
+        if n > MAX_BODY:
+            raise CsmdError(f"request body over {MAX_BODY} bytes")
+        try:
+            doc = json.loads(self.rfile.read(n) or b"{}")
+        except json.JSONDecodeError as exc:
+            raise CsmdError(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise CsmdError("request body must be a JSON object")
+        return doc
+
+    def _guard(self, fn) -> None:
+        try:
+            fn()
+        except InputError as exc:
+            self._send(400, {"error": str(exc)})
+        except CsmdError as exc:
+            self._send(409 if "not taken effect" in str(exc) else 400, {"error": str(exc)})
+        except Exception as exc:  # the endpoint reports; the daemon goes on
+            self.daemon.log.exception("admin request failed", path=self.path)
+            self._send(500, {"error": repr(exc)})
+
+    def do_GET(self):
+        d = self.daemon
+        if self.path == "/health":
+            ok = d.status == "running"
+            self._send(200 if ok else 503, {"status": d.status, "fatal": d.fatal})
+        elif self.path == "/metrics":
+            self._guard(lambda: (d._gauges(), self._send(200, d.metrics.prometheus(), "text/plain; version=0.0.4")))
+        elif self.path == "/stats":
+            self._guard(lambda: self._send(200, d.stats()))
+        elif self.path == "/queries":
+            self._send(200, {"queries": [{"name": s.name, "count_only": s.count_only, "query": s.text}
+                                         for s in list(d.specs.values())]})
+        else:
+            self._send(404, {"error": f"no such endpoint {self.path}"})
+
+    def do_POST(self):
+        d = self.daemon
+        if self.path == "/queries":
+            def add():
+                body = self._body()
+                msg = {"op": "add", "name": body.get("name"), "query": body.get("query"),
+                       "count_only": body.get("count_only", False)}
+                self._send(200, d.request_change(msg))
+            self._guard(add)
+        elif self.path == "/match":
+            self._guard(lambda: self._send(200, _match(d, self._body())))
+        elif self.path == "/estimate":
+            self._send(501, {"error": "approximate counting is not part of this build yet"})
+        else:
+            self._send(404, {"error": f"no such endpoint {self.path}"})
+
+    def do_DELETE(self):
+        d = self.daemon
+        if self.path.startswith("/queries/"):
+            name = unquote(self.path[len("/queries/"):])
+            self._guard(lambda: self._send(200, d.request_change({"op": "remove", "name": name})))
+        else:
+            self._send(404, {"error": f"no such endpoint {self.path}"})
+
+
+def _match(daemon, body: dict) -> dict:
+    from .formats import parse_query_text
+    from .static_query import run_query
+
+    text = body.get("query")
+    if not isinstance(text, str):
+        raise CsmdError("\"query\" must be the query graph as text")
+    name = body.get("name") or "query"
+    q = parse_query_text(text, name)
+    g, seq = daemon.live_graph()
+    res = run_query(g, q, name, distinct=bool(body.get("distinct", False)), limit=body.get("limit"),
+                    time_limit=body.get("time_limit"))
+    return {**res, "seq": seq, "vertices": g.n, "edges": g.num_edges}
+
+
+# ---- the client (`csmd admin`) ------------------------------------------------------------------------
+def call(url: str, method: str, path: str, body: dict | None = None, timeout: float = 60.0):
+    """One request to the admin endpoint; the decoded JSON (or text for /metrics)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            ctype = resp.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            reason = json.loads(raw).get("error", raw.decode())
+        except (json.JSONDecodeError, AttributeError):
+            reason = raw.decode(errors="replace")
+        raise CsmdError(f"{method} {path}: {reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise CsmdError(f"no csmd daemon answers at {url}: {getattr(exc, 'reason', exc)}") from None
+    return json.loads(raw) if ctype.startswith("application/json") else raw.decode()

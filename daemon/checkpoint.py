@@ -1,0 +1,117 @@
+"""Checkpoints: the live graph, the registered queries and the input offsets, written atomically.
+
+A checkpoint is a folder `ckpt-<seq>` holding vertices.arrow (every vertex id
+in internal order, with its label and whether it is alive), edges.arrow (the
+live edges in internal ids) and state.json (sequence number, offsets, queries).
+Internal ids are kept so that a restored daemon orders matches, and so numbers
+deltas, exactly as the daemon that wrote it. The folder is written under a
+temporary name, synced, and renamed; CURRENT names the newest one and is itself
+replaced by a rename, so a crash at any moment leaves the previous checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from .errors import CsmdError
+from .graph import Graph
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Checkpoint:
+    graph: Graph  # every vertex, internal order; retired ones have no edges
+    retired: np.ndarray  # bool per vertex
+    state: dict  # seq, input offsets, control offset, queries, removed
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_table(table: pa.Table, path: Path) -> None:
+    with ipc.new_file(str(path), table.schema) as w:
+        w.write_table(table)
+    _fsync(path)
+
+
+def write_checkpoint(directory, mvg, state: dict, keep: int = 2) -> Path:
+    """Write the MVG's live state with `state`; returns the checkpoint folder."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    seq = int(state["seq"])
+    final = root / f"ckpt-{seq:015d}"
+    tmp = root / f".tmp-{seq:015d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    ext = mvg.ext_ids
+    str_ids = bool(ext) and isinstance(ext[0], str)
+    _write_table(pa.table({
+        "id": pa.array(ext, pa.string() if str_ids else pa.int64()),
+        "label": pa.array(mvg.labels.view(), pa.int32()),
+        "alive": pa.array(mvg.live_mask()),
+    }), tmp / "vertices.arrow")
+    src, dst, lab = mvg.live_edges()
+    _write_table(pa.table({"src": pa.array(src, pa.int64()), "dst": pa.array(dst, pa.int64()),
+                           "label": pa.array(lab, pa.int32())}), tmp / "edges.arrow")
+    (tmp / "state.json").write_text(json.dumps({"format": FORMAT_VERSION, **state}, indent=1))
+    _fsync(tmp / "state.json")
+    _fsync(tmp)
+    if final.exists():  # the same sequence number again (nothing happened since): replace it
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    current = root / "CURRENT.tmp"
+    current.write_text(final.name + "\n")
+    _fsync(current)
+    os.replace(current, root / "CURRENT")
+    _fsync(root)
+    for old in sorted(root.glob("ckpt-*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _read_one(folder: Path) -> Checkpoint:
+    state = json.loads((folder / "state.json").read_text())
+    if state.get("format") != FORMAT_VERSION:
+        raise CsmdError(f"{folder}: checkpoint format {state.get('format')!r}, this csmd reads {FORMAT_VERSION}")
+    verts = ipc.open_file(str(folder / "vertices.arrow")).read_all()
+    edges = ipc.open_file(str(folder / "edges.arrow")).read_all()
+    ids = verts.column("id").to_numpy(zero_copy_only=False)
+    g = Graph.from_edges(verts.column("label").to_numpy(), edges.column("src").to_numpy(),
+                         edges.column("dst").to_numpy(), edges.column("label").to_numpy(), ids)
+    return Checkpoint(g, ~verts.column("alive").to_numpy(zero_copy_only=False), state)
+
+
+def read_checkpoint(directory, log=None) -> Checkpoint | None:
+    """The newest readable checkpoint in `directory`, or None if it holds none.
+
+    A damaged newest checkpoint is reported and the one before it is used.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        return None
+    names = sorted((p.name for p in root.glob("ckpt-*")), reverse=True)
+    current = (root / "CURRENT").read_text().strip() if (root / "CURRENT").exists() else None
+    if current in names:  # the one the last finished write named comes first
+        names.remove(current)
+        names.insert(0, current)
+    for name in names:
+        try:
+            return _read_one(root / name)
+        except (OSError, ValueError, KeyError, pa.ArrowInvalid, CsmdError) as exc:
+            if log is not None:
+                log.error("checkpoint unreadable, trying an older one", checkpoint=str(root / name), reason=str(exc))
+    return None

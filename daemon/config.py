@@ -1,0 +1,166 @@
+"""The daemon's TOML configuration: defaults, the file, then environment overrides.
+
+`CSMD_<SECTION>__<KEY>=value` overrides one setting (CSMD_KAFKA__BOOTSTRAP=host:9092);
+the value is read as the setting's type. Unknown sections and keys, and values of
+the wrong type, are errors that name the file (or variable) and the key. Relative
+paths in a file are relative to the file's folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from .errors import CsmdError
+
+DEFAULTS: dict[str, dict] = {
+    "kafka": {
+        "bootstrap": "127.0.0.1:9092",
+        "group": "csmd",  # consumer group the input offsets are committed under
+        "transactions": False,  # exactly-once: deltas and offsets in one Kafka transaction
+        "transactional_id": "csmd",
+        "client": {},  # extra librdkafka settings for every client (security.protocol, sasl.*, ...)
+    },
+    "topics": {
+        "input": "csmd.updates",
+        "output": "csmd.deltas",
+        "control": "csmd.control",
+        "dead_letter": "csmd.dead-letters",
+        "create": True,  # create missing topics at start
+        "partitions": 1,  # input partitions when csmd creates the topic; one keeps the update order total
+        "replication": 1,
+        "max_message_bytes": 1_000_000,  # every produced record stays under this (Kafka's default limit)
+    },
+    "input": {
+        "format": "auto",  # auto | arrow | json | text
+        "max_poll_records": 500,
+    },
+    "graph": {
+        "initial": "",  # initial data graph (any csmd format); empty: start from an empty graph
+    },
+    "queries": {
+        "paths": [],  # query files or folders registered at every start
+        "count_only": False,  # publish one count per update instead of every match
+    },
+    "pipeline": {
+        "backend": "auto",
+        "batch_size": 64,
+        "batch_wait_ms": 0.125,
+        "queue_depth": 4,
+        "max_pending_records": 20_000,  # the consumer pauses above this many records in flight
+    },
+    "delivery": {
+        "commit_interval_ms": 200,
+    },
+    "checkpoint": {
+        "dir": "",  # empty: no checkpoints (a restart rebuilds from the initial graph and the topic)
+        "interval_s": 60.0,
+        "keep": 2,
+    },
+    "admin": {
+        "listen": "127.0.0.1:8642",  # the admin and /metrics endpoint; empty: off
+    },
+    "log": {
+        "format": "auto",  # json | console | auto (console on a terminal, else json)
+        "level": "info",
+    },
+}
+_PATHS = {("graph", "initial"), ("queries", "paths"), ("checkpoint", "dir")}
+_CHOICES = {("input", "format"): ("auto", "arrow", "json", "text"), ("pipeline", "backend"): ("auto", "cpu", "gpu"),
+            ("log", "format"): ("auto", "json", "console"), ("log", "level"): ("debug", "info", "warning", "error")}
+_POSITIVE = {("topics", "partitions"), ("topics", "replication"), ("topics", "max_message_bytes"),
+             ("input", "max_poll_records"), ("pipeline", "batch_size"), ("pipeline", "queue_depth"),
+             ("pipeline", "max_pending_records"), ("delivery", "commit_interval_ms"), ("checkpoint", "interval_s"),
+             ("checkpoint", "keep"), ("pipeline", "batch_wait_ms")}
+
+
+def _suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), 1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _type_name(v) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a table"}[type(v)]
+
+
+def _check(where: str, section: str, key: str, value, default):
+    """The value, converted where harmless (an int for a float); CsmdError if it has the wrong type."""
+    if isinstance(default, float) and type(value) is int:
+        value = float(value)
+    if type(value) is not type(default):
+        raise CsmdError(f"{where}: [{section}] {key} must be {_type_name(default)}, got {value!r}")
+    if isinstance(default, list) and not all(isinstance(x, str) for x in value):
+        raise CsmdError(f"{where}: [{section}] {key} must be a list of strings")
+    if (section, key) in _CHOICES and value not in _CHOICES[section, key]:
+        raise CsmdError(f"{where}: [{section}] {key} must be one of {', '.join(_CHOICES[section, key])}, got {value!r}")
+    if (section, key) in _POSITIVE and not value > 0:
+        raise CsmdError(f"{where}: [{section}] {key} must be > 0, got {value!r}")
+    return value
+
+
+def _from_env(text: str, default, var: str):
+    if isinstance(default, bool):
+        low = text.strip().lower()
+        if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+            raise CsmdError(f"{var}: expected a boolean (true/false), got {text!r}")
+        return low in ("1", "true", "yes", "on")
+    if isinstance(default, (int, float)):
+        try:
+            return type(default)(text)
+        except ValueError:
+            raise CsmdError(f"{var}: expected {_type_name(default)}, got {text!r}") from None
+    if isinstance(default, list):
+        return [p.strip() for p in text.split(",") if p.strip()]
+    if isinstance(default, dict):
+        try:
+            return tomllib.loads(f"x = {text}")["x"]
+        except tomllib.TOMLDecodeError as exc:
+            raise CsmdError(f"{var}: expected an inline TOML table like {{ key = \"value\" }}: {exc}") from None
+    return text
+
+
+def load_config(path=None, env=None) -> dict[str, dict]:
+    """Defaults, overlaid by the TOML file at `path` (if any) and by CSMD_* variables of `env`."""
+    cfg = copy.deepcopy(DEFAULTS)
+    env = os.environ if env is None else env
+    base = Path.cwd()
+    if path is not None:
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise CsmdError(f"{path}: {exc.strerror or exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise CsmdError(f"{path}: not valid TOML: {exc}") from None
+        base = path.resolve().parent
+        for section, values in data.items():
+            if section not in cfg:
+                raise CsmdError(f"{path}: unknown section [{section}]{_suggest(section, cfg)}")
+            if not isinstance(values, dict):
+                raise CsmdError(f"{path}: [{section}] must be a table")
+            for key, value in values.items():
+                if key not in cfg[section]:
+                    raise CsmdError(f"{path}: unknown key [{section}] {key}{_suggest(key, cfg[section])}")
+                cfg[section][key] = _check(str(path), section, key, value, DEFAULTS[section][key])
+        for section, key in _PATHS:  # relative to the file, so a config works from any folder
+            value = cfg[section][key]
+            if section in data and key in data[section]:
+                cfg[section][key] = [str(base / p) for p in value] if isinstance(value, list) else \
+                    (str(base / value) if value else value)
+    for var, text in sorted(env.items()):
+        if not var.startswith("CSMD_") or "__" not in var:
+            continue
+        section, _, key = var[5:].lower().partition("__")
+        if section not in cfg or key not in cfg[section]:
+            raise CsmdError(f"{var}: no setting [{section}] {key}")
+        cfg[section][key] = _check(var, section, key, _from_env(text, DEFAULTS[section][key], var),
+                                   DEFAULTS[section][key])
+    return cfg

@@ -1,0 +1,108 @@
+"""At-least-once bookkeeping: which input records are done, and which offsets may be committed.
+
+A record is done when every update it holds has been executed and every Kafka
+record it caused (deltas, or its dead letter) has been acknowledged. The
+committable offset of a partition is one past the longest done prefix of its
+records: committing more could lose deltas in a crash, committing less only
+brings duplicates, which delta ids let consumers drop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+
+class _Entry:
+    __slots__ = ("origin", "records", "acks", "arrived")
+
+    def __init__(self, origin, records, arrived):
+        self.origin, self.records, self.acks, self.arrived = origin, records, 0, arrived
+
+    @property
+    def done(self) -> bool:
+        return self.records == 0 and self.acks == 0
+
+
+class DeliveryTracker:
+    """Thread-safe: records are submitted by the consumer loop, executed by the pipeline's
+    output stage and acknowledged from the producer's delivery reports."""
+
+    def __init__(self, on_done=None):
+        self._lock = threading.Lock()
+        self._entries: dict[tuple, _Entry] = {}
+        self._by_partition: dict[tuple[str, int], deque[_Entry]] = {}
+        self._unexecuted: deque[_Entry] = deque()  # entries with updates still in the pipeline, in order
+        self._committable: dict[tuple[str, int], int] = {}
+        self._updates = 0  # updates submitted and not executed yet
+        self._on_done = on_done  # called with each finished entry's arrival time (latency metric)
+        self.failed: list[str] = []  # delivery errors: never committed past
+
+    def submitted(self, origin: tuple, updates: int, arrived: float | None = None) -> None:
+        """An input record entered the daemon holding `updates` updates (0 for a dead letter)."""
+        e = _Entry(origin, updates, time.monotonic() if arrived is None else arrived)
+        with self._lock:
+            self._entries[origin] = e
+            self._by_partition.setdefault(origin[:2], deque()).append(e)
+            if updates:
+                self._unexecuted.append(e)
+                self._updates += updates
+            else:
+                self._advance(origin[:2])
+
+    def sending(self, origins) -> None:
+        """A Kafka record covering these input records was produced."""
+        with self._lock:
+            for o in origins:
+                self._entries[o].acks += 1
+
+    def acked(self, origins, error=None) -> None:
+        with self._lock:
+            if error is not None:  # the entry stays pending: its offset is never committed
+                self.failed.append(str(error))
+                return
+            for o in origins:
+                e = self._entries[o]
+                e.acks -= 1
+                if e.done:
+                    self._advance(o[:2])
+
+    def executed(self, records: int) -> None:
+        """The pipeline finished the next `records` updates (in submission order)."""
+        with self._lock:
+            touched = set()
+            self._updates -= records
+            while records:
+                e = self._unexecuted[0]
+                take = min(records, e.records)
+                e.records -= take
+                records -= take
+                if e.records == 0:
+                    self._unexecuted.popleft()
+                    touched.add(e.origin[:2])
+            for key in touched:
+                self._advance(key)
+
+    def _advance(self, key) -> None:
+        q = self._by_partition[key]
+        while q and q[0].done:
+            e = q.popleft()
+            del self._entries[e.origin]
+            self._committable[key] = e.origin[2] + 1
+            if self._on_done is not None:
+                self._on_done(e.arrived)
+
+    def committable(self) -> dict[tuple[str, int], int]:
+        """(input, partition) -> next offset, for every partition with a done prefix so far."""
+        with self._lock:
+            return dict(self._committable)
+
+    def pending(self) -> int:
+        """Input records not done yet."""
+        with self._lock:
+            return len(self._entries)
+
+    def pending_updates(self) -> int:
+        """Updates submitted and not executed yet (what backpressure looks at)."""
+        return self._updates

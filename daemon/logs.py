@@ -1,0 +1,34 @@
+"""Structured logs (structlog): JSON lines for machines, a pretty console for people."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def setup_logging(fmt: str = "auto", level: str = "info", stream=None) -> None:
+    """Configure structlog for the process; `auto` is console on a terminal, JSON otherwise."""
+    stream = stream or sys.stderr
+    if fmt == "auto":
+        fmt = "console" if stream.isatty() else "json"
+    renderer = structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        logger_factory=structlog.PrintLoggerFactory(stream),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger(name: str = "csmd"):
+    return structlog.get_logger(name)
