@@ -103,7 +103,7 @@ class _Handler(BaseHTTPRequestHandler):
             ok = d.status == "running"
             self._send(200 if ok else 503, {"status": d.status, "fatal": d.fatal})
         elif self.path == "/metrics":
-            self._guard(lambda: (d._gauges(), self._send(200, d.metrics.prometheus(), "text/plain; version=0.0.4")))
+            self._guard(lambda: self._send(200, d.metrics.prometheus(), "text/plain; version=0.0.4"))
         elif self.path == "/stats":
             self._guard(lambda: self._send(200, d.stats()))
         elif self.path == "/queries":

@@ -480,6 +480,7 @@ class Daemon:
                 next_ckpt = time.monotonic() + c["interval_s"]
 
     def _gauges(self) -> None:
+        """Refresh the gauges (main thread only: the consumer must not be called from two threads)."""
         m = self.metrics
         m.set("csmd_pending_records", self.tracker.pending())
         m.set("csmd_consumer_paused", int(self.source.paused))
@@ -578,7 +579,6 @@ class Daemon:
             return self.pipe.mvg.snapshot(), self.pipe.updater.next_seq
 
     def stats(self) -> dict:
-        self._gauges()
         lat = self.metrics.latency
         return {
             "status": self.status, "uptime_s": round(time.time() - self.started, 3),
@@ -589,6 +589,7 @@ class Daemon:
             "latency_p50_s": lat.quantile(0.5), "latency_p99_s": lat.quantile(0.99),
             "pending_records": self.tracker.pending(), "paused": self.source.paused,
             "dead_letters": self.metrics.get("csmd_dead_letters_total"),
+            "lag": self.metrics.snapshot().get("csmd_consumer_lag", {}),
             "ignored": dict(self.pipe.updater.ignored), "gc_live_versions": self.pipe.mvg.live_versions,
             "offsets": dict(self._next_offsets),
             "queries": {n: {"positive": t[0], "negative": t[1]} for n, t in self.totals.items() if n in self.specs},
@@ -596,7 +597,13 @@ class Daemon:
 
 
 def run_daemon(cfg: dict) -> int:
-    """Run until SIGTERM or SIGINT (which drain and commit) or a fatal error."""
+    """Run until SIGTERM or SIGINT (which drain and commit) or a fatal error.
+
+    SIGUSR1 prints every thread's stack to stderr (for a daemon that seems stuck).
+    """
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     daemon = Daemon(cfg)
 
     def stop(signum, _frame):

@@ -22,3 +22,18 @@ def read_expected(path: Path) -> dict[str, int]:
             name, count = line.split(":")
             out[name.strip()] = int(count)
     return out
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory):
+    """A Kafka-protocol broker: the cluster named by KAFKA_BOOTSTRAP, else the embedded Tansu broker."""
+    if os.environ.get("KAFKA_BOOTSTRAP"):
+        yield os.environ["KAFKA_BOOTSTRAP"]
+        return
+    from csmd.connectors.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker(log_path=tmp_path_factory.mktemp("broker") / "tansu.log").start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()

@@ -1,0 +1,167 @@
+"""Running the daemon against a broker in tests: topics, producing, reading deltas back, the process.
+
+The broker is the embedded one, or the cluster named by KAFKA_BOOTSTRAP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from csmd.connectors.broker import free_port
+from csmd.connectors.kafka import ensure_topics
+
+REPO = Path(__file__).resolve().parents[1]
+HUMAN = REPO / "samples" / "human"
+QUIET = {"log_level": 0}
+
+
+def human_lines() -> list[str]:
+    return [line.strip() for line in (HUMAN / "insertion.graph").read_text().splitlines() if line.strip()]
+
+
+def expected_totals() -> dict[str, int]:
+    out = {}
+    for line in (HUMAN / "expected_insert_counts.txt").read_text().splitlines():
+        name, count = line.split(":")
+        out[name.strip()] = int(count)
+    return out
+
+
+class Topics:
+    """Fresh topic names for one test (a shared cluster keeps old ones)."""
+
+    def __init__(self, bootstrap: str, partitions: int = 1):
+        tag = uuid.uuid4().hex[:8]
+        self.bootstrap = bootstrap
+        self.input, self.output = f"t{tag}.updates", f"t{tag}.deltas"
+        self.control, self.dead_letter = f"t{tag}.control", f"t{tag}.dlq"
+        ensure_topics({"bootstrap.servers": bootstrap}, {self.input: partitions, self.output: 1, self.control: 1,
+                                                         self.dead_letter: 1})
+
+    def produce(self, topic: str, values, headers=None) -> None:
+        p = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, **QUIET})
+        for v in values:
+            p.produce(topic, v if isinstance(v, bytes) else v.encode(), headers=headers)
+            p.poll(0)
+        assert p.flush(30) == 0
+
+    def read(self, topic: str, expect_idle: float = 1.5, timeout: float = 60.0, until=None) -> list:
+        """Every message of partition 0 of `topic`, read until nothing new for expect_idle seconds
+        (or until `until(messages)` holds)."""
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "reader-" + uuid.uuid4().hex[:6],
+                      "enable.auto.commit": False, "fetch.wait.max.ms": 10, "isolation.level": "read_committed",
+                      **QUIET})
+        c.assign([TopicPartition(topic, 0, 0)])
+        out, last, t0 = [], time.monotonic(), time.monotonic()
+        try:
+            while time.monotonic() - t0 < timeout:
+                msgs = [m for m in c.consume(1000, 0.1) if m.error() is None]
+                out += msgs
+                if msgs:
+                    last = time.monotonic()
+                if until is not None and until(out):
+                    break
+                if until is None and time.monotonic() - last > expect_idle:
+                    break
+        finally:
+            c.close()
+        return out
+
+    def deltas(self, **kw) -> pa.Table:
+        msgs = self.read(self.output, **kw)
+        tables = [pa.ipc.open_stream(m.value()).read_all() for m in msgs]
+        return pa.concat_tables(tables) if tables else None
+
+
+def config_text(t: Topics, queries, *, admin_port: int, checkpoint_dir=None, **overrides) -> str:
+    """A daemon config (TOML) for topics `t`; overrides: section=dict of settings."""
+    cfg = {
+        "kafka": {"bootstrap": t.bootstrap, "group": f"g-{t.input}"},
+        "topics": {"input": t.input, "output": t.output, "control": t.control, "dead_letter": t.dead_letter},
+        "graph": {"initial": str(HUMAN / "data.graph")},
+        "queries": {"paths": [str(HUMAN / "queries" / f"{q}.graph") for q in queries]},
+        "admin": {"listen": f"127.0.0.1:{admin_port}"},
+        "log": {"format": "json", "level": "info"},
+    }
+    if checkpoint_dir:
+        cfg["checkpoint"] = {"dir": str(checkpoint_dir), "interval_s": 0.5}
+    for section, values in overrides.items():
+        cfg.setdefault(section, {}).update(values)
+    return "".join(f"[{sec}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in vals.items()) + "\n"
+                   for sec, vals in cfg.items())
+
+
+RUNNING: list["DaemonProcess"] = []  # killed by the tests' teardown if a test fails
+
+
+class DaemonProcess:
+    """`csmd run` in a child process, with its admin endpoint."""
+
+    def __init__(self, config: Path, log: Path, admin_port: int, env=None):
+        self.url = f"http://127.0.0.1:{admin_port}"
+        self.log = log
+        self.proc = subprocess.Popen([sys.executable, "-m", "csmd", "run", "--config", str(config)],
+                                     stdout=subprocess.DEVNULL, stderr=open(log, "ab"),
+                                     env={**os.environ, **(env or {})})
+        RUNNING.append(self)
+        self.wait_healthy()
+
+    def get(self, path: str):
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=10) as r:
+                body = r.read()
+        except TimeoutError:  # a stuck daemon: its thread stacks go to its log (SIGUSR1)
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            raise AssertionError(f"{path} timed out; daemon threads:\n{self.log.read_text()[-6000:]}") from None
+        return json.loads(body) if r.headers.get("Content-Type", "").startswith("application/json") else body.decode()
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                if self.get("/health")["status"] == "running":
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError("daemon did not become healthy:\n" + self.log.read_text()[-3000:])
+
+    def wait_offset(self, offset: int, timeout: float = 60.0) -> dict:
+        """Until every input record below `offset` (partition 0) is done."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            s = self.get("/stats")
+            if s["offsets"].get("0", 0) >= offset and s["pending_records"] == 0:
+                return s
+            time.sleep(0.05)
+        raise AssertionError(f"daemon did not reach offset {offset}: {self.get('/stats')}")
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 60.0) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+def new_admin_port() -> int:
+    return free_port()
+
+
+def kill_leftovers() -> None:
+    while RUNNING:
+        d = RUNNING.pop()
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()

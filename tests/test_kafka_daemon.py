@@ -1,0 +1,288 @@
+"""The daemon end to end through Kafka (the embedded broker, or KAFKA_BOOTSTRAP's cluster).
+
+Truth: expected_insert_counts.txt of the human dataset, and the deltas of
+`csmd replay` on the same stream (its own tests check it against brute force).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from csmd.formats import read_graph, read_query
+from csmd.replay import replay
+
+from kafka_harness import (HUMAN, DaemonProcess, Topics, config_text, expected_totals, human_lines, kill_leftovers,
+                           new_admin_port)
+
+QUERIES = ["Q_1", "Q_2", "Q_5", "Q_8"]
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_daemons():
+    yield
+    kill_leftovers()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Replay's deltas of the human stream for QUERIES: (query, seq) -> Counter of (sign, vertices)."""
+    out = tmp_path_factory.mktemp("ref") / "deltas.arrow"
+    queries = [(q, read_query(HUMAN / "queries" / f"{q}.graph")) for q in QUERIES]
+    replay(read_graph(HUMAN / "data.graph"), HUMAN / "insertion.graph", queries, batch_size=64,
+           count_only=False, output=out, show_progress=False)
+    return rows_of(ipc.open_file(str(out)).read_all())
+
+
+def rows_of(table: pa.Table) -> Counter:
+    cols = [table.column(c).to_pylist() for c in ("query", "seq", "sign", "vertices")]
+    return Counter((q, s, g, tuple(v)) for q, s, g, v in zip(*cols))
+
+
+def dedup(table: pa.Table) -> tuple[pa.Table, int]:
+    """Rows with distinct delta ids; the number of duplicates dropped. Duplicates must be identical."""
+    ids = list(zip(*(table.column(c).to_pylist() for c in ("input", "partition", "offset", "query", "index"))))
+    content = list(zip(*(table.column(c).to_pylist() for c in ("seq", "sign", "vertices"))))
+    seen: dict = {}
+    keep = []
+    for i, (key, body) in enumerate(zip(ids, content)):
+        if key in seen:
+            assert seen[key] == body, f"delta id {key} names two different deltas"
+            continue
+        seen[key] = body
+        keep.append(i)
+    return table.take(keep), len(ids) - len(keep)
+
+
+def start(tmp_path, kafka_bootstrap, queries=QUERIES, *, checkpoint=False, **overrides):
+    t = Topics(kafka_bootstrap)
+    port = new_admin_port()
+    cfg = tmp_path / "d.toml"
+    cfg.write_text(config_text(t, queries, admin_port=port, checkpoint_dir=tmp_path / "ckpt" if checkpoint else None,
+                               **overrides))
+    return t, cfg, port
+
+
+def test_end_to_end_totals_match_expected_counts(tmp_path, kafka_bootstrap, reference):
+    t, cfg, port = start(tmp_path, kafka_bootstrap, topics={"max_message_bytes": 20000})
+    d = DaemonProcess(cfg, tmp_path / "d.log", port)
+    lines = human_lines()
+    t.produce(t.input, lines)
+    d.wait_offset(len(lines))
+    msgs = t.read(t.output)
+    assert all(len(m.value()) <= 20000 for m in msgs), "records must stay under max_message_bytes"
+    assert {m.key().decode() for m in msgs} == set(QUERIES)  # keyed by query
+    table = pa.concat_tables([ipc.open_stream(m.value()).read_all() for m in msgs])
+    expected = expected_totals()
+    totals = Counter()
+    for q, c, s in zip(table.column("query").to_pylist(), table.column("count").to_pylist(),
+                       table.column("sign").to_pylist()):
+        totals[q] += c * s
+    assert dict(totals) == {q: expected[q] for q in QUERIES}
+    deduped, dups = dedup(table)
+    assert dups == 0
+    assert rows_of(table) == reference
+    stats = d.get("/stats")
+    assert stats["queries"]["Q_1"]["positive"] == expected["Q_1"]
+    metrics = d.get("/metrics")
+    assert f"csmd_updates_total {len(lines)}" in metrics
+    assert 'csmd_update_latency_seconds_bucket{le="+Inf"}' in metrics
+    assert d.stop() == 0
+
+
+@pytest.mark.parametrize("checkpoint", [True, False], ids=["checkpoint", "no-checkpoint"])
+def test_kill_9_mid_stream_loses_nothing(tmp_path, kafka_bootstrap, reference, checkpoint):
+    t, cfg, port = start(tmp_path, kafka_bootstrap, checkpoint=checkpoint)
+    lines = human_lines()
+    d = DaemonProcess(cfg, tmp_path / "d1.log", port)
+    t.produce(t.input, lines[:1500])
+    d.wait_offset(1500)
+    if checkpoint:  # let a checkpoint happen mid-stream
+        time.sleep(1.0)
+    t.produce(t.input, lines[1500:2600])
+    time.sleep(0.3)  # part of it in flight
+    d.stop(signal.SIGKILL)
+    if checkpoint:
+        assert list((tmp_path / "ckpt").glob("ckpt-*")), "a checkpoint was written before the crash"
+    d = DaemonProcess(cfg, tmp_path / "d2.log", port)
+    t.produce(t.input, lines[2600:])
+    d.wait_offset(len(lines))
+    table = t.deltas()
+    deduped, dups = dedup(table)
+    assert rows_of(deduped) == reference
+    assert d.stop() == 0
+    if checkpoint:
+        assert "restored checkpoint" in (tmp_path / "d2.log").read_text()
+
+
+def test_sigterm_drains_and_a_restart_sends_no_duplicates(tmp_path, kafka_bootstrap, reference):
+    t, cfg, port = start(tmp_path, kafka_bootstrap)
+    lines = human_lines()
+    d = DaemonProcess(cfg, tmp_path / "d1.log", port)
+    t.produce(t.input, lines[:2000])
+    time.sleep(0.2)  # SIGTERM while records are still in flight: they are drained, not dropped
+    assert d.stop() == 0
+    assert "stopped cleanly" in (tmp_path / "d1.log").read_text()
+    d = DaemonProcess(cfg, tmp_path / "d2.log", port)
+    t.produce(t.input, lines[2000:])
+    d.wait_offset(len(lines))
+    table = t.deltas()
+    _, dups = dedup(table)
+    assert dups == 0
+    assert rows_of(table) == reference
+    assert d.stop() == 0
+
+
+def test_bad_records_go_to_the_dead_letter_topic(tmp_path, kafka_bootstrap, reference):
+    t, cfg, port = start(tmp_path, kafka_bootstrap)
+    d = DaemonProcess(cfg, tmp_path / "d.log", port)
+    lines = human_lines()
+    bad_arrow = _arrow({"src": pa.array([1]), "dst": pa.array([2])})
+    bad = {
+        b"\x00\x01garbage\xff\xfe": "",
+        bad_arrow: "missing column 'op'",
+        b'{"u": 1, "v": 2}': "field 'op' missing",
+        b'{"op": "e", "u": 1}': "needs u and v",
+        b"x 1 2": "unknown op 'x'",
+        b'{"op": "move", "u": 1, "v": 2}': "unknown op 'move'",
+    }
+    # good records in all three formats, with the bad ones between them
+    good = [ln.encode() for ln in lines[:1000]]
+    good.append(json.dumps([_json_update(ln) for ln in lines[1000:1010]]).encode())
+    good.append(_arrow_updates(lines[1010:1100]))
+    good += [ln.encode() for ln in lines[1100:]]
+    stream = good[:500] + list(bad)[:3] + good[500:1002] + list(bad)[3:] + good[1002:]
+    t.produce(t.input, stream)
+    d.wait_offset(len(stream))
+    dl = t.read(t.dead_letter, until=lambda m: len(m) >= len(bad))
+    assert len(dl) == len(bad)
+    for m in dl:
+        headers = dict(m.headers())
+        assert m.value() in bad
+        assert bad[m.value()] in headers["csmd-error"].decode()
+        assert headers["csmd-input"].decode() == t.input
+    assert rows_of(t.deltas()) == reference  # the good records around them, every one processed
+    assert d.get("/health")["status"] == "running"
+    assert "csmd_dead_letters_total 6" in d.get("/metrics")
+    assert d.stop() == 0
+
+
+def _json_update(line: str) -> dict:
+    op, u, v, *lab = line.split()
+    return {"op": op, "u": int(u), "v": int(v), "label": int(lab[0]) if lab else 0}
+
+
+def _arrow(columns: dict) -> bytes:
+    sink = pa.BufferOutputStream()
+    batch = pa.record_batch(columns)
+    with ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _arrow_updates(lines) -> bytes:
+    ups = [_json_update(ln) for ln in lines]
+    return _arrow({k: pa.array([u[k] for u in ups]) for k in ("op", "u", "v", "label")})
+
+
+def test_control_changes_take_effect_at_a_well_defined_update_and_survive_restarts(tmp_path, kafka_bootstrap,
+                                                                                     reference):
+    from csmd.cli import main as csmd
+
+    t, cfg, port = start(tmp_path, kafka_bootstrap, queries=["Q_1"])
+    lines = human_lines()
+    d = DaemonProcess(cfg, tmp_path / "d1.log", port)
+    t.produce(t.input, lines[:1200])
+    d.wait_offset(1200)
+    assert csmd(["admin", "--url", d.url, "add", "--query", str(HUMAN / "queries" / "Q_2.graph")]) == 0
+    t.produce(t.input, lines[1200:3000])
+    d.wait_offset(3000)
+    removed = d.get("/queries")
+    assert {q["name"] for q in removed["queries"]} == {"Q_1", "Q_2"}
+    assert csmd(["admin", "--url", d.url, "remove", "--name", "Q_1"]) == 0
+    t.produce(t.input, lines[3000:])
+    d.wait_offset(len(lines))
+    assert d.stop() == 0
+    # the applied records say where each change took effect: before input offsets 1200 and 3000
+    applied = [json.loads(m.value()) for m in t.read(t.control)]
+    applied = {a["name"]: a for a in applied if a["op"] == "applied"}
+    assert applied["Q_2"]["at"] == {"0": 1200} and applied["Q_2"]["seq"] == 1200
+    assert applied["Q_1"]["at"] == {"0": 3000} and applied["Q_1"]["seq"] == 3000
+    want = Counter({k: n for k, n in reference.items()
+                    if (k[0] == "Q_1" and k[1] < 3000) or (k[0] == "Q_2" and k[1] >= 1200)})
+    assert rows_of(t.deltas()) == want
+    # restart: the registrations survive (replayed from the control topic)
+    d = DaemonProcess(cfg, tmp_path / "d2.log", port)
+    d.wait_offset(len(lines))
+    assert {q["name"] for q in d.get("/queries")["queries"]} == {"Q_2"}
+    assert d.stop() == 0
+    # a daemon rebuilding from nothing (new group, no committed offsets) re-derives the same deltas
+    t2_out = Topics(kafka_bootstrap)
+    cfg2 = tmp_path / "fresh.toml"
+    cfg2.write_text(cfg.read_text().replace(f'group = "g-{t.input}"', 'group = "fresh"')
+                    .replace(f'output = "{t.output}"', f'output = "{t2_out.output}"'))
+    assert cfg2.read_text() != cfg.read_text()
+    d = DaemonProcess(cfg2, tmp_path / "d3.log", port)
+    d.wait_offset(len(lines))
+    assert {q["name"] for q in d.get("/queries")["queries"]} == {"Q_2"}
+    t.output = t2_out.output
+    assert rows_of(t.deltas()) == want
+    assert d.stop() == 0
+
+
+def test_admin_match_stats_and_backpressure(tmp_path, kafka_bootstrap):
+    """A one-shot query against the live graph equals `csmd match` on the same graph as a file;
+    a tiny pending limit pauses the consumer and still loses nothing."""
+    from csmd.admin import call
+    from csmd.graph import Graph
+    from csmd.static_query import run_query
+
+    t, cfg, port = start(tmp_path, kafka_bootstrap, queries=["Q_1"],
+                         pipeline={"max_pending_records": 40, "batch_size": 16})
+    d = DaemonProcess(cfg, tmp_path / "d.log", port)
+    lines = human_lines()
+    t.produce(t.input, lines)
+    d.wait_offset(len(lines))
+    assert d.get("/stats")["queries"]["Q_1"]["positive"] == expected_totals()["Q_1"]
+    assert "csmd_consumer_paused" in d.get("/metrics")
+    g0 = read_graph(HUMAN / "data.graph")
+    src, dst, el = g0.edge_list()
+    ext = list(g0.ext_ids)
+    index = {int(x): i for i, x in enumerate(ext)}
+    extra = [ln.split() for ln in lines]
+    s2 = list(src) + [index[int(p[1])] for p in extra]
+    d2 = list(dst) + [index[int(p[2])] for p in extra]
+    e2 = list(el) + [int(p[3]) if len(p) > 3 else 0 for p in extra]
+    final = Graph.from_edges(g0.labels, s2, d2, e2, g0.ext_ids)
+    q = read_query(HUMAN / "queries" / "Q_3.graph")
+    want = run_query(final, q, "Q_3")["matches"]
+    got = call(d.url, "POST", "/match", {"query": (HUMAN / "queries" / "Q_3.graph").read_text()})
+    assert got["matches"] == want and got["complete"] and got["seq"] == len(lines)
+    with pytest.raises(Exception, match="not part of this build"):
+        call(d.url, "POST", "/estimate", {"query": "v 0 0"})
+    assert d.stop() == 0
+
+
+def test_transactions_publish_exactly_the_deltas(tmp_path, kafka_bootstrap, reference):
+    """Deltas and offsets commit together; a stop and restart in the middle publishes no duplicates."""
+    t, cfg, port = start(tmp_path, kafka_bootstrap, delivery={"commit_interval_ms": 100},
+                         kafka={"transactions": True, "transactional_id": f"tx-{time.time_ns()}"})
+    lines = human_lines()
+    d = DaemonProcess(cfg, tmp_path / "d1.log", port)
+    t.produce(t.input, lines[:2000])
+    d.wait_offset(2000)
+    assert d.stop() == 0
+    d = DaemonProcess(cfg, tmp_path / "d2.log", port)
+    t.produce(t.input, lines[2000:])
+    d.wait_offset(len(lines))
+    assert d.stop() == 0
+    table = t.deltas()
+    _, dups = dedup(table)
+    assert dups == 0
+    assert rows_of(table) == reference
