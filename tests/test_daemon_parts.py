@@ -1,0 +1,238 @@
+"""The daemon's parts without a broker: config, record decoding, delivery bookkeeping, metrics, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from csmd.checkpoint import read_checkpoint, write_checkpoint
+from csmd.config import DEFAULTS, load_config
+from csmd.connectors.records import BadRecord, Record, decode_updates
+from csmd.delivery import DeliveryTracker
+from csmd.errors import CsmdError
+from csmd.formats import Update, read_graph, read_updates
+from csmd.metrics import LatencyHistogram, Metrics
+from csmd.pipeline import Pipeline
+
+from kafka_harness import HUMAN
+
+
+# ---- config ------------------------------------------------------------------------------------------
+def test_config_layers_defaults_file_and_environment(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[kafka]\nbootstrap = "b:1"\n[pipeline]\nbatch_size = 8\n[graph]\ninitial = "g.graph"\n'
+                 '[checkpoint]\ninterval_s = 5\n')
+    cfg = load_config(f, env={"CSMD_PIPELINE__BATCH_SIZE": "32", "CSMD_KAFKA__TRANSACTIONS": "yes",
+                              "CSMD_QUERIES__PATHS": "a.graph, b.graph", "OTHER": "x"})
+    assert cfg["kafka"]["bootstrap"] == "b:1"
+    assert cfg["pipeline"]["batch_size"] == 32 and cfg["kafka"]["transactions"] is True
+    assert cfg["queries"]["paths"] == ["a.graph", "b.graph"]
+    assert cfg["graph"]["initial"] == str(tmp_path / "g.graph")  # relative to the file
+    assert cfg["checkpoint"]["interval_s"] == 5.0
+    assert cfg["topics"] == DEFAULTS["topics"]
+
+
+@pytest.mark.parametrize("text, env, message", [
+    ('[kafka]\nbootstap = "x"\n', {}, "unknown key [kafka] bootstap (did you mean 'bootstrap'?)"),
+    ('[kafak]\n', {}, "unknown section [kafak] (did you mean 'kafka'?)"),
+    ('[pipeline]\nbatch_size = "64"\n', {}, "[pipeline] batch_size must be an integer"),
+    ('[pipeline]\nbatch_size = 0\n', {}, "[pipeline] batch_size must be > 0"),
+    ('[input]\nformat = "xml"\n', {}, "[input] format must be one of auto, arrow, json, text"),
+    ('[kafka\n', {}, "not valid TOML"),
+    ('', {"CSMD_PIPELINE__BATCH_SIZE": "many"}, "CSMD_PIPELINE__BATCH_SIZE: expected an integer"),
+    ('', {"CSMD_NOPE__X": "1"}, "CSMD_NOPE__X: no setting [nope] x"),
+    ('', {"CSMD_KAFKA__TRANSACTIONS": "maybe"}, "expected a boolean"),
+])
+def test_config_errors_name_the_file_and_key(tmp_path, text, env, message):
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(CsmdError, match=None) as exc:
+        load_config(f, env=env)
+    assert message in str(exc.value)
+
+
+def test_shipped_configs_load():
+    for path in (HUMAN.parents[1] / "configs").glob("*.toml"):
+        load_config(path, env={})
+
+
+# ---- records -----------------------------------------------------------------------------------------
+def _rec(value: bytes, headers=None) -> Record:
+    return Record("in", 0, 7, value, headers or {})
+
+
+def _arrow(**cols) -> bytes:
+    sink = pa.BufferOutputStream()
+    batch = pa.record_batch({k: pa.array(v) for k, v in cols.items()})
+    with ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def test_the_three_formats_decode_to_the_same_updates():
+    want = [Update("e", 1, 2, 3), Update("-e", 1, 2, 0), Update("v", 9, -1, 4), Update("-v", 9, -1, 0)]
+    text = b"e 1 2 3\n-e 1 2\nv 9 4\n-v 9\n"
+    js = json.dumps([{"op": "e", "u": 1, "v": 2, "label": 3}, {"op": "-e", "u": 1, "v": 2},
+                     {"op": "v", "u": 9, "label": 4}, {"op": "-v", "u": 9}]).encode()
+    arrow = _arrow(op=["e", "-e", "v", "-v"], u=[1, 1, 9, 9], v=[2, 2, None, None], label=[3, None, 4, None])
+    for value in (text, js, arrow):
+        for fmt in ("auto", {text: "text", js: "json", arrow: "arrow"}[value]):
+            got = decode_updates(_rec(value), fmt)
+            assert [(u.op, u.u, u.v, u.label) for u in got] == [(w.op, w.u, w.v, w.label) for w in want]
+            assert all(u.origin == ("in", 0, 7) for u in got)
+    one = decode_updates(_rec(b"e 1 2"))[0]
+    assert one.source == "in/0/7"
+
+
+@pytest.mark.parametrize("value, fmt, headers, reason", [
+    (b"", "auto", None, "empty record"),
+    (b"\x00\xffgarbage", "auto", None, "not UTF-8 text"),
+    (b"e 1", "auto", None, "wrong field count"),
+    (b"e 1 2\nq 3 4", "auto", None, "line 2: unknown op 'q'"),
+    (b'{"u": 1}', "auto", None, "field 'op' missing"),
+    (b'{"op": "e", "u": 1, "v": "2"}', "auto", None, "vertex id '2' is not an integer"),
+    (b'{"op": "e", "u": true, "v": 2}', "auto", None, "vertex id True is not an integer"),
+    (b'{"op": "v", "u": 1}', "auto", None, "op 'v' needs a label"),
+    (b'{"op": "e", "u": 1, "v": 2, "label": -1}', "auto", None, "label -1 is not an integer"),
+    (b'{"op": "e", "u": 1, "v": 2, "colour": 1}', "auto", None, "unknown field(s) colour"),
+    (b'[1, 2]', "auto", None, "expected a JSON object, got int"),
+    (b'{"op": ', "auto", None, "not valid JSON"),
+    (b"e 1 2", "json", None, "expected a json record, the bytes look like text"),
+    (b"e 1 2", "auto", {"content-type": b"application/json"}, "expected a json record"),
+    (b"e 1 2", "auto", {"content-type": b"image/png"}, "unknown content-type"),
+    (b"\xff\xff\xff\xff\x10\x00", "auto", None, "not a readable Arrow IPC message"),
+])
+def test_bad_records_are_refused_with_a_reason(value, fmt, headers, reason):
+    with pytest.raises(BadRecord) as exc:
+        decode_updates(_rec(value, headers), fmt)
+    assert reason in str(exc.value)
+
+
+def test_bad_arrow_records():
+    cases = [(_arrow(src=[1], dst=[2]), "missing column 'op'"),
+             (_arrow(op=["e"], u=[1], v=[2], w=[1]), "unknown column(s) w"),
+             (_arrow(op=["e"], u=["a"], v=["b"]), "column 'u' is string, expected integer"),
+             (_arrow(op=[1], u=[1], v=[2]), "column 'op' is int64, expected string"),
+             (_arrow(op=["e", "x"], u=[1, 1], v=[2, 3]), "row 1: unknown op 'x'"),
+             (_arrow(op=["e"], u=[1], v=[None]), "row 0: op 'e' needs u and v")]
+    for value, reason in cases:
+        with pytest.raises(BadRecord) as exc:
+            decode_updates(_rec(value))
+        assert reason in str(exc.value)
+    assert decode_updates(_rec(_arrow(op=["e"], u=["a"], v=["b"])), str_ids=True)[0].u == "a"
+
+
+# ---- delivery -------------------------------------------------------------------------------------------
+def test_offsets_commit_only_past_records_whose_deltas_are_all_acknowledged():
+    done = []
+    t = DeliveryTracker(on_done=done.append)
+    o = [("in", 0, i) for i in range(5)]
+    t.submitted(o[0], 2, arrived=0.0)
+    t.submitted(o[1], 1, arrived=1.0)
+    t.submitted(o[2], 0, arrived=2.0)  # a dead letter: done once its own record is acknowledged
+    t.sending([o[2]])
+    t.submitted(o[3], 1, arrived=3.0)
+    assert t.committable() == {} and t.pending_updates() == 4
+    t.executed(1)  # half of record 0
+    t.sending([o[0]])
+    t.acked([o[2]])
+    assert t.committable() == {}
+    t.executed(2)  # the rest of 0, and 1
+    assert t.committable() == {}  # 0 still waits for its delta record
+    t.acked([o[0]])
+    assert t.committable() == {("in", 0): 3}  # 0, 1 and the dead letter 2
+    t.sending([o[3]])
+    t.executed(1)
+    t.acked([o[3]], error="broker said no")
+    assert t.committable() == {("in", 0): 3} and t.failed == ["broker said no"]
+    assert t.pending() == 1 and done == [0.0, 1.0, 2.0]
+
+
+def test_random_interleavings_never_commit_a_record_with_unacknowledged_deltas():
+    rng = random.Random(5)
+    for _ in range(50):
+        t = DeliveryTracker()
+        n = 30
+        sizes = [rng.randint(0, 3) for _ in range(n)]
+        acks = {i: 0 for i in range(n)}
+        for i, k in enumerate(sizes):
+            t.submitted(("in", 0, i), k)
+        executed = 0
+        total = sum(sizes)
+        outstanding = []
+        while executed < total or outstanding:
+            if executed < total and (not outstanding or rng.random() < 0.5):
+                step = rng.randint(1, total - executed)
+                # records whose updates this step covers send a delta record first
+                first, acc, covered = executed, 0, []
+                for i, k in enumerate(sizes):
+                    if k and acc + k > first and acc < first + step:
+                        covered.append(("in", 0, i))
+                    acc += k
+                t.sending(covered)
+                for o in covered:
+                    acks[o[2]] += 1
+                outstanding.append(covered)
+                t.executed(step)
+                executed += step
+            else:
+                batch = outstanding.pop(rng.randrange(len(outstanding)))
+                t.acked(batch)
+                for o in batch:
+                    acks[o[2]] -= 1
+            c = t.committable().get(("in", 0), 0)
+            assert all(acks[i] == 0 for i in range(c)), "committed past a record with deltas in flight"
+        assert t.committable() == {("in", 0): n} and t.pending() == 0
+
+
+# ---- metrics --------------------------------------------------------------------------------------------
+def test_histogram_quantiles_are_within_a_bucket_of_numpy():
+    rng = np.random.default_rng(1)
+    x = rng.lognormal(-5, 2, 20000)
+    h = LatencyHistogram()
+    h.observe(x)
+    for q in (0.5, 0.9, 0.99):
+        assert np.quantile(x, q) <= h.quantile(q) <= np.quantile(x, q) * 2 ** (1 / 8) * 1.001
+    text = Metrics().prometheus()
+    assert 'csmd_update_latency_seconds_bucket{le="+Inf"} 0' in text
+    lines = h.prometheus("lat", "help")
+    buckets = [int(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("lat_bucket")]
+    assert buckets == sorted(buckets) and buckets[-1] == len(x)
+    le_01 = next(int(line.rsplit(" ", 1)[1]) for line in lines if 'le="0.1"' in line)
+    assert abs(le_01 - (x <= 0.1).sum()) <= (abs(x - 0.1) < 0.01).sum()
+
+
+def test_metrics_text_format():
+    m = Metrics()
+    m.describe("csmd_deltas_total", "counter", "Deltas")
+    m.inc("csmd_deltas_total", 3, query='Q"1', sign="+")
+    m.inc("csmd_deltas_total", 2, query='Q"1', sign="+")
+    text = m.prometheus()
+    assert "# TYPE csmd_deltas_total counter" in text
+    assert 'csmd_deltas_total{query="Q\\"1",sign="+"} 5' in text
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------------
+def test_checkpoint_round_trip_keeps_ids_and_falls_back_when_damaged(tmp_path):
+    g0 = read_graph(HUMAN / "data.graph")
+    pipe = Pipeline(g0, [], threaded=False)
+    ups = list(read_updates(HUMAN / "insertion.graph"))[:500]
+    ups += [Update("-v", ups[0].u), Update("e", 10**9, ups[1].v, 2), Update("v", ups[0].u, 5)]
+    pipe.run(iter(ups), lambda r: None)
+    first = write_checkpoint(tmp_path, pipe.mvg, {"seq": 100, "offsets": {}})
+    second = write_checkpoint(tmp_path, pipe.mvg, {"seq": pipe.updater.next_seq, "offsets": {"0": 503}})
+    ck = read_checkpoint(tmp_path)
+    assert ck.state["seq"] == pipe.updater.next_seq and ck.state["offsets"] == {"0": 503}
+    restored = Pipeline(ck.graph, [], threaded=False, first_seq=ck.state["seq"]).mvg
+    assert list(restored.ext_ids) == list(pipe.mvg.ext_ids)
+    assert np.array_equal(restored.labels.view(), pipe.mvg.labels.view())
+    assert [a.tolist() for a in restored.live_edges()] == [a.tolist() for a in pipe.mvg.live_edges()]
+    assert ck.retired.sum() == 1 and np.array_equal(~ck.retired, pipe.mvg.live_mask())
+    (second / "edges.arrow").write_bytes(b"damaged")
+    assert read_checkpoint(tmp_path).state["seq"] == 100  # the one before it
+    assert first.exists() and read_checkpoint(tmp_path / "none") is None
