@@ -21,13 +21,18 @@ def gpu_unavailable_reason() -> str | None:
     return None
 
 
-def resolve_backend(name: str) -> str:
-    """The engine to run for `--backend name`; a clear error when the GPU is asked for and absent.
+def resolve_backend(name: str, gpu_engine: bool = False) -> str:
+    """The engine to run for `--backend name`: "cpu" or "gpu".
 
-    The GPU engine is not part of this build yet, so `auto` runs the CPU engine and
-    `gpu` says why it cannot run (no CuPy, no device, or no GPU engine).
+    gpu_engine: whether the command has a GPU engine (static matching has; the
+    continuous pipeline not yet). `auto` takes the GPU when there is one and the
+    command can use it; `gpu` raises a clear error when it cannot run.
     """
-    if name == "gpu":
-        reason = gpu_unavailable_reason() or "this build has no GPU engine yet"
+    if name == "cpu":
+        return "cpu"
+    reason = gpu_unavailable_reason()
+    if reason is None and not gpu_engine:
+        reason = "this command has no GPU engine yet"
+    if name == "gpu" and reason is not None:
         raise CsmdError(f"--backend gpu: {reason}; use --backend cpu or auto")
-    return "cpu"
+    return "cpu" if reason is not None else "gpu"

@@ -38,7 +38,7 @@ def cmd_match(args) -> int:
     from .progress import Progress
     from .static_query import run_query
 
-    backend = resolve_backend(args.backend)
+    backend = resolve_backend(args.backend, gpu_engine=True)
     g = read_graph(args.data)
     paths = query_files(args.query)
     queries = [(p, read_query(p)) for p in paths]  # refuse bad queries before any work

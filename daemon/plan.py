@@ -113,7 +113,11 @@ def _greedy_order(q: Graph, sizes: np.ndarray, prefix: list[int]) -> list[int]:
 
 
 def matching_order(q: Graph, cand: list[np.ndarray]) -> list[int]:
-    sizes = np.array([int(c.sum()) for c in cand])
+    return order_from_sizes(q, np.array([int(c.sum()) for c in cand]))
+
+
+def order_from_sizes(q: Graph, sizes: np.ndarray) -> list[int]:
+    """The static order from candidate counts alone (the GPU engine keeps its masks on the device)."""
     start = min(range(q.n), key=lambda u: (sizes[u] / max(int(q.degrees[u]), 1), u))
     return _greedy_order(q, sizes, [start])
 

@@ -1,0 +1,537 @@
+// Static subgraph enumeration: depth-first per warp over fine-grained tasks (gMatch), with a
+// global task queue fed by time-based offload for skewed search trees (BUG).
+//
+// Each warp keeps a stack of levels in shared memory. Level k holds up to 32 nodes: partial
+// matches whose vertex at depth k is v[s] and whose prefix continues at parent[s] on level
+// k - 1. Each node carries the candidate range for depth k + 1: the label-grouped neighbours
+// of its cheapest backward neighbour (depth piv[s]). The ranges of all nodes of a level are
+// one virtual list (exclusive offsets off[]); the warp consumes it 32 entries at a time, so
+// a batch mixes candidates of several parents and lanes never idle on small ranges.
+// Candidate sets are never materialized; the other backward edges are binary searches.
+//
+// Survivors of a batch form the next level, and the warp descends at once (depth-first, so
+// memory is |V(q)| x 32 nodes per warp whatever the number of matches). At the last depth
+// matches are counted, or written to a bounded output buffer: when it is full the warp
+// leaves its cursor where it was and the kernel returns; the host drains the buffer and
+// relaunches with the saved stacks, which recompute the same batch (no loss, no duplicate).
+#include "graph_access.cuh"
+
+#define MAXQ 32
+#define FULL_MASK 0xffffffffu
+
+// ctl[] slots (u64), persistent over the launches of one search unless noted
+#define CTL_POOL 0     // next root-pool entry
+#define CTL_HEAD 1     // task queue: next group to take
+#define CTL_TAIL 2     // task queue: next free slot
+#define CTL_IDLE 3     // warps that found no work (per launch)
+#define CTL_STOP 4     // why the launch ends early (per launch): STOP_*
+#define CTL_OUTN 5     // rows reserved in the output buffer (per launch)
+#define CTL_GCOUNT 6   // global match count, used only with a count limit
+#define CTL_STARTED 7  // warps that started (per launch): termination needs idle == started
+
+#define STOP_FULL 1   // output buffer full: drain and resume
+#define STOP_LIMIT 2  // limit reached: final
+#define STOP_TIME 3   // deadline passed: final
+
+// Per-depth checks of the plan, with depths as bit positions.
+struct QueryTable {
+    int n;      // depths searched (the BFS pre-pass searches 2)
+    int width;  // ints per output row
+    int nq;
+    int pad;
+    int outpos[MAXQ];      // output column of depth d
+    int label[MAXQ];       // vertex label of depth d
+    unsigned back[MAXQ];   // backward neighbours of depth d
+    unsigned same[MAXQ];   // earlier non-adjacent depths with the same label (injectivity)
+    unsigned less[MAXQ];   // earlier depths whose image must be smaller (symmetry breaking)
+    unsigned greater[MAXQ];
+    int el[MAXQ][MAXQ];    // edge label between depth d and backward depth j
+};
+
+struct Level {
+    i64 start[32];
+    i64 off[32];
+    int v[32];
+    int size[32];
+    unsigned char parent[32];
+    unsigned char piv[32];
+    i64 total;
+    i64 cursor;
+    int cnt;
+    int pad;
+};
+
+struct WarpState {
+    int top, base, active, pad;
+    i64 t_start;  // when the warp took its current work (for time-based offload)
+    u64 count;
+    u64 batches;  // batches of 32 candidates checked (load-balance statistics)
+};
+
+// An offloaded node: prefix v[0..m-1] and the rest of its candidate range for depth m.
+// The first task of a group pushed together carries the group size (taken whole).
+struct Task {
+    i64 start;
+    int size;
+    int m;
+    int piv;
+    int group;
+    int v[MAXQ];
+};
+
+struct Graph {
+    const i64* __restrict__ indptr;
+    const int* __restrict__ adj;
+    const int* __restrict__ adj_el;
+    const int* __restrict__ gadj;
+    const int* __restrict__ gadj_el;
+    const int* __restrict__ vlabel;
+    const unsigned* __restrict__ cbits;
+    LabelIndex li;
+    int check_el;
+};
+
+__device__ __forceinline__ i64 now_ns() {
+    i64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ u64 vload(u64* p) { return *(volatile u64*)p; }
+
+// The task queue is a ring: slot seq % cap holds task seq once ready[slot] == tag(seq); a
+// consumer sets it back to 0 after reading, and a producer writes only into a 0 slot.
+__device__ __forceinline__ int tag(u64 seq) { return (int)(seq % 2147483647ull) + 1; }
+__device__ __forceinline__ int vready(const int* ready, u64 slot) { return ((volatile const int*)ready)[slot]; }
+
+// Node s of a level holding virtual index idx (offsets strictly increase: no empty node).
+__device__ __forceinline__ int find_node(const Level* L, i64 idx) {
+    int lo = 0, hi = L->cnt - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (L->off[mid] <= idx) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+// All checks of candidate c at depth d against its prefix (parent slot s on level d - 1),
+// except its label, candidate bit and the pivot edge, which the caller checked.
+__device__ bool check_path(const Graph& g, const QueryTable* Q, const Level* lv, int d, int c, int s, int piv) {
+    const unsigned back = Q->back[d] & ~(1u << piv), same = Q->same[d], less = Q->less[d], greater = Q->greater[d];
+    unsigned need = back | same | less | greater;
+    int slot = s;
+    for (int j = d - 1; j >= 0 && need; --j) {
+        const unsigned bit = 1u << j;
+        const int v = lv[j].v[slot];
+        if (need & bit) {
+            if ((same & bit) && v == c) return false;
+            if ((less & bit) && !(v < c)) return false;
+            if ((greater & bit) && !(v > c)) return false;
+            if ((back & bit) && !has_edge(g.indptr, g.adj, g.adj_el, g.check_el, v, c, Q->el[d][j])) return false;
+            need &= ~bit;
+        }
+        slot = lv[j].parent[slot];
+    }
+    return true;
+}
+
+// Candidate range for depth e = d + 1 of node c at depth d (parent slot s on level d - 1):
+// the smallest label-grouped range among the backward neighbours of e. size 0 = dead node.
+__device__ void node_range(const Graph& g, const QueryTable* Q, const Level* lv, int d, int c, int s,
+                           i64* start, int* size, int* piv) {
+    const int e = d + 1, lab = Q->label[e];
+    unsigned need = Q->back[e];
+    *size = 0x7fffffff;
+    *start = 0;
+    *piv = 0;
+    int v = c, slot = s;
+    for (int j = d; j >= 0 && need; --j) {
+        if (j < d) {
+            v = lv[j].v[slot];
+            slot = lv[j].parent[slot];
+        }
+        const unsigned bit = 1u << j;
+        if (!(need & bit)) continue;
+        need &= ~bit;
+        i64 st;
+        int sz;
+        label_range(g.indptr, g.gadj, g.vlabel, g.li, v, lab, &st, &sz);
+        if (sz < *size) {
+            *size = sz;
+            *start = st;
+            *piv = j;
+            if (sz == 0) return;
+        }
+    }
+}
+
+// Make level k's nodes from the lanes with `keep` (rank = order among them); returns the count.
+__device__ __forceinline__ int build_level(Level* L, bool keep, int v, int parent, i64 start, int size, int piv,
+                                           int lane) {
+    const unsigned b = __ballot_sync(FULL_MASK, keep);
+    const int r = __popc(b & ((1u << lane) - 1));
+    i64 x = keep ? size : 0;
+    for (int o = 1; o < 32; o <<= 1) {
+        i64 y = __shfl_up_sync(FULL_MASK, x, o);
+        if (lane >= o) x += y;
+    }
+    if (keep) {
+        L->v[r] = v;
+        L->parent[r] = (unsigned char)parent;
+        L->start[r] = start;
+        L->size[r] = size;
+        L->piv[r] = (unsigned char)piv;
+        L->off[r] = x - size;
+    }
+    const i64 total = __shfl_sync(FULL_MASK, x, 31);
+    if (lane == 0) {
+        L->cnt = __popc(b);
+        L->total = total;
+        L->cursor = 0;
+    }
+    return __popc(b);
+}
+
+// The warp starts on prefixes of m vertices loaded into level m - 1.
+__device__ __forceinline__ void start_work(Level* lv, WarpState* ws, int m, int lane) {
+    if (lane < m - 1) {  // levels under the loaded one hold prefixes only: nothing to iterate
+        lv[lane].cnt = 0;
+        lv[lane].total = 0;
+        lv[lane].cursor = 0;
+    }
+    if (lane == 0) {
+        ws->top = ws->base = m - 1;
+        ws->active = 1;
+        ws->t_start = now_ns();
+    }
+    __syncwarp();
+}
+
+// Take the next group from the task queue; false if there is none (or it was taken first).
+// The caller is counted idle; while taking it is not.
+__device__ bool take_group(Level* lv, WarpState* ws, u64* ctl, const Task* queue, int* ready, i64 queue_cap,
+                           int lane) {
+    u64 h = 0;
+    int ok = 0, gsize = 0;
+    if (lane == 0) {
+        h = vload(&ctl[CTL_HEAD]);
+        if (h < vload(&ctl[CTL_TAIL])) {
+            atomicAdd(&ctl[CTL_IDLE], ~0ull);  // minus one: not idle while taking, so nobody terminates meanwhile
+            // wait for the group's first task, unless another warp takes it first (then the
+            // slot may even be reused: stop waiting as soon as the head moves)
+            bool seen = false;
+            while (!(seen = vready(ready, h % queue_cap) == tag(h)) && vload(&ctl[CTL_HEAD]) == h) __nanosleep(32);
+            if (seen) {
+                __threadfence();
+                gsize = ((volatile const Task*)queue)[h % queue_cap].group;
+                ok = atomicCAS(&ctl[CTL_HEAD], h, h + gsize) == h;  // a stale read fails here
+            }
+            if (!ok) atomicAdd(&ctl[CTL_IDLE], 1ull);
+        }
+    }
+    ok = __shfl_sync(FULL_MASK, ok, 0);
+    if (!ok) return false;
+    h = __shfl_sync(FULL_MASK, h, 0);
+    gsize = __shfl_sync(FULL_MASK, gsize, 0);
+    bool have = lane < gsize;
+    int m = 0, v = 0, piv = 0, size = 0;
+    i64 start = 0;
+    if (have) {
+        const u64 slot = (h + lane) % queue_cap;
+        while (vready(ready, slot) != tag(h + lane)) __nanosleep(32);
+        __threadfence();
+        const volatile Task* t = (const volatile Task*)&queue[slot];
+        m = t->m;
+        for (int j = 0; j < m - 1; ++j) {
+            lv[j].v[lane] = t->v[j];
+            lv[j].parent[lane] = (unsigned char)lane;
+        }
+        v = t->v[m - 1];
+        start = t->start;
+        size = t->size;
+        piv = t->piv;
+        __threadfence();
+        atomicExch(&ready[slot], 0);
+    }
+    m = __shfl_sync(FULL_MASK, m, 0);
+    build_level(&lv[m - 1], have, v, lane, start, size, piv, lane);
+    start_work(lv, ws, m, lane);
+    return true;
+}
+
+// Take up to 32 prefixes from the root pool (pool_m vertices each); false when it is empty.
+__device__ bool take_roots(const Graph& g, const QueryTable* Q, Level* lv, WarpState* ws, u64* ctl,
+                           const int* pool, i64 pool_n, int pool_m, int lane) {
+    while (true) {
+        u64 p = 0;
+        if (lane == 0) p = vload(&ctl[CTL_POOL]) < (u64)pool_n ? atomicAdd(&ctl[CTL_POOL], 32ull) : (u64)pool_n;
+        p = __shfl_sync(FULL_MASK, p, 0);
+        if (p >= (u64)pool_n) return false;
+        const i64 i = (i64)p + lane;
+        const bool have = i < pool_n;
+        int v = 0;
+        if (have) {
+            for (int j = 0; j < pool_m - 1; ++j) {
+                lv[j].v[lane] = pool[i * pool_m + j];
+                lv[j].parent[lane] = (unsigned char)lane;
+            }
+            v = pool[i * pool_m + pool_m - 1];
+        }
+        i64 start = 0;
+        int size = 0, piv = 0;
+        if (have) node_range(g, Q, lv, pool_m - 1, v, lane, &start, &size, &piv);
+        if (build_level(&lv[pool_m - 1], have && size > 0, v, lane, start, size, piv, lane)) {
+            start_work(lv, ws, pool_m, lane);
+            return true;
+        }
+    }
+}
+
+// Hand the rest of the shallowest unfinished level to the task queue (one task per node).
+__device__ void offload(Level* lv, WarpState* ws, u64* ctl, Task* queue, int* ready, i64 queue_cap, int lane) {
+    int l = -1;
+    for (int j = ws->base; j <= ws->top; ++j)
+        if (lv[j].cursor < lv[j].total) {
+            l = j;
+            break;
+        }
+    if (lane == 0) ws->t_start = now_ns();
+    if (l < 0) return;
+    Level* L = &lv[l];
+    const i64 cursor = L->cursor;
+    bool push = false;
+    i64 start = 0;
+    int size = 0;
+    if (lane < L->cnt) {
+        i64 from = cursor - L->off[lane];
+        if (from < 0) from = 0;
+        if (from < L->size[lane]) {
+            push = true;
+            start = L->start[lane] + from;
+            size = L->size[lane] - (int)from;
+        }
+    }
+    const unsigned b = __ballot_sync(FULL_MASK, push);
+    const int k = __popc(b);
+    u64 t = 0;
+    int ok = 0;
+    if (lane == 0 && k) {
+        u64 old = vload(&ctl[CTL_TAIL]);
+        while ((i64)(old + k) - (i64)vload(&ctl[CTL_HEAD]) <= queue_cap) {  // slots below the head are free
+            u64 prev = atomicCAS(&ctl[CTL_TAIL], old, old + k);
+            if (prev == old) {
+                ok = 1;
+                t = old;
+                break;
+            }
+            old = prev;
+        }
+    }
+    ok = __shfl_sync(FULL_MASK, ok, 0);
+    if (!ok) return;
+    t = __shfl_sync(FULL_MASK, t, 0);
+    if (push) {
+        const int r = __popc(b & ((1u << lane) - 1));
+        const u64 slot = (t + r) % queue_cap;
+        while (vready(ready, slot) != 0) __nanosleep(32);  // its last consumer is reading it
+        Task* task = &queue[slot];
+        task->start = start;
+        task->size = size;
+        task->m = l + 1;
+        task->piv = L->piv[lane];
+        task->group = r == 0 ? k : 0;
+        int node = lane;
+        for (int j = l; j >= 0; --j) {
+            task->v[j] = lv[j].v[node];
+            node = lv[j].parent[node];
+        }
+        __threadfence();
+        atomicExch(&ready[slot], tag(t + r));
+    }
+    __syncwarp();
+    if (lane == 0) L->cursor = L->total;
+    __syncwarp();
+}
+
+// Reserve k output rows (lane 0). Returns rows granted (<= k; fewer only at the limit), or
+// -1 when the buffer is full (nothing granted: the batch is redone after the drain).
+__device__ int reserve_rows(u64* ctl, int k, i64 out_cap, i64 limit_left, u64* first) {
+    u64 old = vload(&ctl[CTL_OUTN]);
+    while (true) {
+        if ((i64)old >= limit_left) {
+            atomicMax(&ctl[CTL_STOP], (u64)STOP_LIMIT);
+            return 0;
+        }
+        i64 take = k;
+        const bool at_limit = (i64)old + k > limit_left;
+        if (at_limit) take = limit_left - (i64)old;
+        if ((i64)old + take > out_cap) {
+            atomicMax(&ctl[CTL_STOP], (u64)STOP_FULL);
+            return -1;
+        }
+        u64 prev = atomicCAS(&ctl[CTL_OUTN], old, old + (u64)take);
+        if (prev == old) {
+            if (at_limit) atomicMax(&ctl[CTL_STOP], (u64)STOP_LIMIT);
+            *first = old;
+            return (int)take;
+        }
+        old = prev;
+    }
+}
+
+extern "C" __global__ void match(const i64* indptr, const int* adj, const int* adj_el, const int* gadj,
+                                 const int* gadj_el, const int* vlabel, const int* hub_of, const int* hub_tab,
+                                 int num_labels, int single_label, const unsigned* cbits, int check_el, const QueryTable* __restrict__ qtab, const int* __restrict__ pool,
+                                 i64 pool_n, int pool_m, u64* ctl, Task* queue, int* ready, i64 queue_cap,
+                                 u64* state, int resume, int emit, int* out, i64 out_cap, i64 limit_left,
+                                 u64 count_limit, i64 budget_ns, i64 offload_ns) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const Graph g{indptr, adj, adj_el, gadj, gadj_el, vlabel, cbits, {hub_of, hub_tab, num_labels, single_label},
+                  check_el};
+    QueryTable* Q = (QueryTable*)smem;
+    const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+    const int nwarp_block = blockDim.x >> 5;
+    const i64 gw = (i64)blockIdx.x * nwarp_block + wib;
+    for (int i = threadIdx.x; i < (int)(sizeof(QueryTable) / 4); i += blockDim.x)
+        ((int*)Q)[i] = ((const int*)qtab)[i];
+    __syncthreads();
+    const int n = Q->n, last = n - 1;
+    const int wwords = (int)((sizeof(WarpState) + (n - 1) * sizeof(Level)) / 8);
+    WarpState* ws = (WarpState*)(smem + sizeof(QueryTable) + (size_t)wib * wwords * 8);
+    Level* lv = (Level*)(ws + 1);
+    u64* saved = state + gw * wwords;
+    if (resume) {
+        for (int i = lane; i < wwords; i += 32) ((u64*)ws)[i] = saved[i];
+    } else if (lane == 0) {
+        ws->active = 0;
+        ws->count = 0;
+        ws->batches = 0;
+    }
+    if (lane == 0) atomicAdd(&ctl[CTL_STARTED], 1ull);
+    __syncwarp();
+    const i64 deadline = budget_ns > 0 ? now_ns() + budget_ns : 0x7fffffffffffffffll;
+    unsigned iter = 0;
+    bool idle_counted = false;
+
+    while (true) {
+        if (!ws->active) {
+            if (take_roots(g, Q, lv, ws, ctl, pool, pool_n, pool_m, lane)) continue;
+            if (!idle_counted) {
+                if (lane == 0) atomicAdd(&ctl[CTL_IDLE], 1ull);
+                idle_counted = true;
+            }
+            int verdict = 0;  // 0 keep waiting, 1 got work, 2 finished
+            while (!verdict) {
+                if (take_group(lv, ws, ctl, queue, ready, queue_cap, lane)) {
+                    verdict = 1;
+                    break;
+                }
+                if (lane == 0) {
+                    if (vload(&ctl[CTL_STOP]) || now_ns() > deadline) verdict = 2;
+                    else if (vload(&ctl[CTL_HEAD]) >= vload(&ctl[CTL_TAIL]) &&
+                             vload(&ctl[CTL_IDLE]) == vload(&ctl[CTL_STARTED])) verdict = 2;
+                    else __nanosleep(2000);
+                }
+                verdict = __shfl_sync(FULL_MASK, verdict, 0);
+            }
+            __syncwarp();
+            if (verdict == 2) break;
+            idle_counted = false;  // take_group left the idle count
+            continue;
+        }
+        if ((++iter & 7) == 0) {
+            int act = 0;  // 1 stop, 2 offload
+            if (lane == 0) {
+                const i64 t = now_ns();
+                if (t > deadline) atomicMax(&ctl[CTL_STOP], (u64)STOP_TIME);
+                if (vload(&ctl[CTL_STOP])) act = 1;
+                else if (offload_ns > 0 && t - ws->t_start > offload_ns) {
+                    // only while idle warps outnumber the queued groups (about 32 tasks each)
+                    const u64 idle = vload(&ctl[CTL_IDLE]);
+                    if (idle > 0 && vload(&ctl[CTL_TAIL]) - vload(&ctl[CTL_HEAD]) < 32 * idle) act = 2;
+                }
+            }
+            act = __shfl_sync(FULL_MASK, act, 0);
+            if (act == 1) break;
+            if (act == 2) {
+                offload(lv, ws, ctl, queue, ready, queue_cap, lane);
+                continue;
+            }
+        }
+        const int top = ws->top;
+        Level* L = &lv[top];
+        const i64 cursor = L->cursor, total = L->total;
+        if (cursor >= total) {
+            __syncwarp();
+            if (lane == 0) {
+                if (top == ws->base) ws->active = 0;
+                else ws->top = top - 1;
+            }
+            __syncwarp();
+            continue;
+        }
+        if (lane == 0) ws->batches++;
+        const int d = top + 1;
+        const i64 idx = cursor + lane;
+        bool pass = false;
+        int c = 0, s = 0, piv = 0;
+        if (idx < total) {
+            s = find_node(L, idx);
+            piv = L->piv[s];
+            const i64 pos = L->start[s] + (idx - L->off[s]);
+            c = __ldg(g.gadj + pos);
+            pass = (__ldg(g.cbits + c) >> d) & 1u;
+            if (pass && g.check_el) pass = __ldg(g.gadj_el + pos) == Q->el[d][piv];
+            if (pass) pass = check_path(g, Q, lv, d, c, s, piv);
+        }
+        if (d == last) {
+            const unsigned b = __ballot_sync(FULL_MASK, pass);
+            const int k = __popc(b);
+            if (emit && k) {
+                int take = 0;
+                u64 first = 0;
+                if (lane == 0) take = reserve_rows(ctl, k, out_cap, limit_left, &first);
+                take = __shfl_sync(FULL_MASK, take, 0);
+                if (take < 0) break;  // buffer full: this batch is redone after the drain
+                first = __shfl_sync(FULL_MASK, first, 0);
+                const int r = __popc(b & ((1u << lane) - 1));
+                if (pass && r < take) {
+                    int* row = out + (i64)(first + r) * Q->width;
+                    row[Q->outpos[d]] = c;
+                    int slot = s;
+                    for (int j = d - 1; j >= 0; --j) {
+                        row[Q->outpos[j]] = lv[j].v[slot];
+                        slot = lv[j].parent[slot];
+                    }
+                }
+                if (lane == 0) ws->count += take;
+                if (take < k) break;  // limit reached
+            } else if (count_limit && k) {
+                if (lane == 0) {
+                    const u64 old = atomicAdd(&ctl[CTL_GCOUNT], (u64)k);
+                    if (old + k >= count_limit) atomicMax(&ctl[CTL_STOP], (u64)STOP_LIMIT);
+                }
+            } else if (lane == 0) {
+                ws->count += k;
+            }
+            __syncwarp();
+            if (lane == 0) L->cursor = cursor + 32;
+        } else {
+            i64 start = 0;
+            int size = 0, npiv = 0;
+            if (pass) {
+                node_range(g, Q, lv, d, c, s, &start, &size, &npiv);
+                pass = size > 0;
+            }
+            const int k = build_level(&lv[d], pass, c, s, start, size, npiv, lane);
+            __syncwarp();
+            if (lane == 0) {
+                L->cursor = cursor + 32;
+                if (k) ws->top = d;
+            }
+        }
+        __syncwarp();
+    }
+    __syncwarp();
+    for (int i = lane; i < wwords; i += 32) saved[i] = ((u64*)ws)[i];
+}

@@ -1,0 +1,35 @@
+"""The CUDA sources of this package, compiled once per process with cupy.RawModule.
+
+CuPy also keeps compiled binaries in its on-disk kernel cache, keyed by the source
+text: local headers are pasted into the source so that editing one invalidates it.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OPTIONS = ("-std=c++17",)
+_INCLUDE = re.compile(r'^#include "([\w.]+)"$', re.M)
+
+
+def source(name: str) -> str:
+    """gpu/<name>.cu with its local #include "..." lines replaced by the headers' text."""
+    def paste(m):
+        return (HERE / m.group(1)).read_text().replace("#pragma once\n", "")
+
+    return _INCLUDE.sub(paste, (HERE / f"{name}.cu").read_text())
+
+
+@lru_cache(maxsize=None)
+def module(name: str):
+    """The compiled module of gpu/<name>.cu."""
+    import cupy
+
+    return cupy.RawModule(code=source(name), options=OPTIONS)
+
+
+def kernel(name: str, function: str):
+    return module(name).get_function(function)
