@@ -45,7 +45,10 @@ def ensure_topics(conf: dict, partitions: dict[str, int], replication: int = 1, 
 
 
 def topic_partitions(conf: dict, topic: str, timeout: float = 15.0) -> list[int]:
-    md = AdminClient(conf).list_topics(topic, timeout=timeout).topics.get(topic)
+    try:
+        md = AdminClient(conf).list_topics(topic, timeout=timeout).topics.get(topic)
+    except KafkaException as exc:
+        raise CsmdError(f"Kafka at {conf['bootstrap.servers']} does not answer: {exc}") from None
     if md is None or md.error is not None or not md.partitions:
         raise CsmdError(f"topic {topic!r} does not exist (set [topics] create = true, or create it)")
     return sorted(md.partitions)
@@ -59,7 +62,7 @@ class KafkaSource:
         self.partitions = topic_partitions(conf, topic)
         self.consumer = Consumer({
             **conf, "group.id": group, "enable.auto.commit": False, "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10, "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest", "fetch.wait.max.ms": 5, "isolation.level": "read_committed",
         })
         start = start or {}
         self._tps = [TopicPartition(topic, p, start.get(p, OFFSET_BEGINNING)) for p in self.partitions]
@@ -67,8 +70,14 @@ class KafkaSource:
         self.paused = False
 
     def poll(self, max_records: int = 500, timeout: float = 0.05) -> list[Record]:
+        """Up to max_records records: what is fetched already, else waits up to `timeout` for the first."""
         out = []
-        for msg in self.consumer.consume(max_records, timeout):
+        msgs = self.consumer.consume(max_records, 0)
+        if not msgs and timeout > 0:  # consume(n, t) waits for all n: wait for one, then take the rest
+            msgs = self.consumer.consume(1, timeout)
+            if msgs:
+                msgs += self.consumer.consume(max_records - 1, 0)
+        for msg in msgs:
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:

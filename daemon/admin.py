@@ -97,6 +97,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.daemon.log.exception("admin request failed", path=self.path)
             self._send(500, {"error": repr(exc)})
 
+    def _changed(self, result: dict) -> None:
+        """A control change's outcome: 409 when it took effect as a refusal (removing an unknown name)."""
+        self._send(409 if result.get("error") else 200, result)
+
     def do_GET(self):
         d = self.daemon
         if self.path == "/health":
@@ -119,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body = self._body()
                 msg = {"op": "add", "name": body.get("name"), "query": body.get("query"),
                        "count_only": body.get("count_only", False)}
-                self._send(200, d.request_change(msg))
+                self._changed(d.request_change(msg))
             self._guard(add)
         elif self.path == "/match":
             self._guard(lambda: self._send(200, _match(d, self._body())))
@@ -132,7 +136,7 @@ class _Handler(BaseHTTPRequestHandler):
         d = self.daemon
         if self.path.startswith("/queries/"):
             name = unquote(self.path[len("/queries/"):])
-            self._guard(lambda: self._send(200, d.request_change({"op": "remove", "name": name})))
+            self._guard(lambda: self._changed(d.request_change({"op": "remove", "name": name})))
         else:
             self._send(404, {"error": f"no such endpoint {self.path}"})
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from confluent_kafka import KafkaException
+
 from csmd.connectors.kafka import KafkaSink, KafkaSource, client_config, ensure_topics
 from csmd.connectors.records import BadRecord, Record, decode_updates
 from csmd.schemas import JSON, CONTENT_TYPE
@@ -143,6 +145,7 @@ class Daemon:
             ("csmd_queue_depth", "gauge", "Items waiting in front of each pipeline stage"),
             ("csmd_pending_records", "gauge", "Input records not yet done (executed and acknowledged)"),
             ("csmd_consumer_paused", "gauge", "1 while backpressure pauses the input consumer"),
+            ("csmd_consumer_pauses_total", "counter", "Times backpressure paused the input consumer"),
             ("csmd_consumer_lag", "gauge", "Input records behind the end of each partition"),
             ("csmd_committed_offset", "gauge", "Input offset committed, by partition"),
             ("csmd_gc_live_versions", "gauge", "Neighbor-array versions alive in the multi-version graph"),
@@ -459,8 +462,9 @@ class Daemon:
                 break
             self._poll_control()
             pending = self.tracker.pending_updates()
-            if pending >= max_pending:
+            if pending >= max_pending and not self.source.paused:
                 self.source.pause()
+                self.metrics.inc("csmd_consumer_pauses_total")
             elif self.source.paused and pending <= max_pending // 2:
                 self.source.resume()
             for rec in self.source.poll(self.cfg["input"]["max_poll_records"], 0.02):
@@ -502,7 +506,11 @@ class Daemon:
         offsets = {p: o for (t, p), o in self.tracker.committable().items() if t == topic}
         fresh = {p: o for p, o in offsets.items() if o != self._committed.get(p)}
         if fresh:
-            self.source.commit(fresh)
+            try:
+                self.source.commit(fresh)
+            except KafkaException as exc:  # the broker is away: the next interval tries again
+                self.log.warning("offset commit failed, will retry", reason=str(exc))
+                return
             self._committed = offsets
             for p, o in fresh.items():
                 self.metrics.set("csmd_committed_offset", o, partition=p)

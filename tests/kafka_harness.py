@@ -84,13 +84,13 @@ class Topics:
         return pa.concat_tables(tables) if tables else None
 
 
-def config_text(t: Topics, queries, *, admin_port: int, checkpoint_dir=None, **overrides) -> str:
+def config_text(t: Topics, query_names, *, admin_port: int, checkpoint_dir=None, **overrides) -> str:
     """A daemon config (TOML) for topics `t`; overrides: section=dict of settings."""
     cfg = {
         "kafka": {"bootstrap": t.bootstrap, "group": f"g-{t.input}"},
         "topics": {"input": t.input, "output": t.output, "control": t.control, "dead_letter": t.dead_letter},
         "graph": {"initial": str(HUMAN / "data.graph")},
-        "queries": {"paths": [str(HUMAN / "queries" / f"{q}.graph") for q in queries]},
+        "queries": {"paths": [str(HUMAN / "queries" / f"{q}.graph") for q in query_names]},
         "admin": {"listen": f"127.0.0.1:{admin_port}"},
         "log": {"format": "json", "level": "info"},
     }

@@ -85,6 +85,13 @@ def test_the_three_formats_decode_to_the_same_updates():
             got = decode_updates(_rec(value), fmt)
             assert [(u.op, u.u, u.v, u.label) for u in got] == [(w.op, w.u, w.v, w.label) for w in want]
             assert all(u.origin == ("in", 0, 7) for u in got)
+    from csmd.schemas import updates_schema
+
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, updates_schema()) as w:
+        w.write_batch(pa.record_batch([pa.array(["e"]), pa.array([1]), pa.array([2]), pa.array([3], pa.int32())],
+                                      schema=updates_schema()))
+    assert [(u.op, u.u, u.v, u.label) for u in decode_updates(_rec(sink.getvalue().to_pybytes()))] == [("e", 1, 2, 3)]
     one = decode_updates(_rec(b"e 1 2"))[0]
     assert one.source == "in/0/7"
 

@@ -221,6 +221,12 @@ def test_control_changes_take_effect_at_a_well_defined_update_and_survive_restar
     d = DaemonProcess(cfg, tmp_path / "d2.log", port)
     d.wait_offset(len(lines))
     assert {q["name"] for q in d.get("/queries")["queries"]} == {"Q_2"}
+    # refusals: an unknown name, a query that is not connected; the daemon goes on
+    assert csmd(["admin", "--url", d.url, "remove", "--name", "nope"]) == 2
+    bad = tmp_path / "bad.graph"
+    bad.write_text("v 0 1\nv 1 1\nv 2 1\ne 0 1\n")
+    assert csmd(["admin", "--url", d.url, "add", "--query", str(bad)]) == 2
+    assert d.get("/health")["status"] == "running"
     assert d.stop() == 0
     # a daemon rebuilding from nothing (new group, no committed offsets) re-derives the same deltas
     t2_out = Topics(kafka_bootstrap)
@@ -250,7 +256,8 @@ def test_admin_match_stats_and_backpressure(tmp_path, kafka_bootstrap):
     t.produce(t.input, lines)
     d.wait_offset(len(lines))
     assert d.get("/stats")["queries"]["Q_1"]["positive"] == expected_totals()["Q_1"]
-    assert "csmd_consumer_paused" in d.get("/metrics")
+    pauses = [ln for ln in d.get("/metrics").splitlines() if ln.startswith("csmd_consumer_pauses_total ")]
+    assert pauses and int(pauses[0].split()[1]) > 0, "the consumer never paused"
     g0 = read_graph(HUMAN / "data.graph")
     src, dst, el = g0.edge_list()
     ext = list(g0.ext_ids)
