@@ -104,10 +104,12 @@ class KafkaSource:
         tps = self.consumer.committed([TopicPartition(self.topic, p) for p in self.partitions], timeout=timeout)
         return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
 
-    def commit(self, offsets: dict[int, int]) -> None:
+    def commit(self, offsets: dict[int, int], wait: bool = True) -> None:
+        """Commit partition -> next offset; wait=False returns at once (the consume loop must not
+        stall for a broker round trip; a lost asynchronous commit only means an older offset)."""
         if offsets:
             self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
-                                 asynchronous=False)
+                                 asynchronous=not wait)
 
     def end_offsets(self) -> dict[int, int]:
         """High watermarks as last fetched (cached: some brokers answer fresh queries wrongly)."""

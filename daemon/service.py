@@ -501,13 +501,13 @@ class Daemon:
         for reason, n in list(self.pipe.updater.ignored.items()):
             m.set("csmd_ignored_updates_total", n, reason=reason)
 
-    def _commit(self) -> None:
+    def _commit(self, wait: bool = False) -> None:
         topic = self.cfg["topics"]["input"]
         offsets = {p: o for (t, p), o in self.tracker.committable().items() if t == topic}
         fresh = {p: o for p, o in offsets.items() if o != self._committed.get(p)}
         if fresh:
             try:
-                self.source.commit(fresh)
+                self.source.commit(fresh, wait)
             except KafkaException as exc:  # the broker is away: the next interval tries again
                 self.log.warning("offset commit failed, will retry", reason=str(exc))
                 return
@@ -537,7 +537,7 @@ class Daemon:
             tps = [TopicPartition(topic, p, o) for p, o in self._next_offsets.items()]
             self.sink.commit_transaction(tps, self.source.group_metadata())
         else:
-            self._commit()
+            self._commit(wait=True)
 
     def _checkpoint(self) -> None:
         t0 = time.monotonic()
