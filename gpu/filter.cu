@@ -58,7 +58,8 @@ extern "C" __global__ void ldf_nlf(i64 n, const i64* __restrict__ indptr, const 
 // arc_ptr[u]..arc_ptr[u+1] indexes u's arcs (arc_w, arc_el, arc_wlabel).
 extern "C" __global__ void refine(i64 n, const i64* __restrict__ indptr, const int* __restrict__ gadj,
                                   const int* __restrict__ gadj_el, const int* __restrict__ vlabel,
-                                  const int* hub_of, const int* hub_tab, int num_labels, int single_label, int check_el, const int* __restrict__ arc_ptr,
+                                  const int* hub_of, const int* hub_tab, int num_labels, int single_label,
+                                  int check_el, const int* __restrict__ arc_ptr,
                                   const int* __restrict__ arc_w, const int* __restrict__ arc_el,
                                   const int* __restrict__ arc_wlabel, unsigned* cbits, int* changed) {
     const LabelIndex li{hub_of, hub_tab, num_labels, single_label};

@@ -63,6 +63,7 @@ def by_depth(dg: DeviceGraph, cbits: cp.ndarray, order: list[int]) -> cp.ndarray
     """Renumber cbits in place to matching depths; returns the root candidates (depth 0)."""
     roots = cp.empty(dg.n, cp.int32)
     count = cp.zeros(1, cp.uint64)
-    kernel("filter", "by_depth")(flat_grid(dg.n), (THREADS,), (i64(dg.n), cbits, cp.asarray(np.asarray(order, np.int32)),
-                                                              i32(len(order)), roots, count))
+    order_d = cp.asarray(np.asarray(order, np.int32))
+    kernel("filter", "by_depth")(flat_grid(dg.n), (THREADS,), (i64(dg.n), cbits, order_d, i32(len(order)), roots,
+                                                              count))
     return roots[: int(count.get()[0])]

@@ -353,6 +353,58 @@ __device__ void offload(Level* lv, WarpState* ws, u64* ctl, Task* queue, int* re
     __syncwarp();
 }
 
+__device__ __forceinline__ i64 lower_bound(const int* __restrict__ a, i64 lo, i64 hi, int x) {
+    while (lo < hi) {
+        const i64 m = (lo + hi) >> 1;
+        if (__ldg(a + m) < x) lo = m + 1; else hi = m;
+    }
+    return lo;
+}
+
+// Is entry p of a last-depth candidate range counted by the prefix sums? (as last_flags)
+__device__ __forceinline__ bool counted(const Graph& g, int p, int d, int el) {
+    return ((__ldg(g.cbits + __ldg(g.gadj + p)) >> d) & 1u) && (!g.check_el || __ldg(g.gadj_el + p) == el);
+}
+
+// Matches of node s of level d - 1 when depth d is the last and has one backward edge:
+// the counted entries of its range (prefix sums), narrowed to the ids that the symmetry
+// constraints allow, minus the earlier same-label vertices inside it (injectivity).
+__device__ i64 count_last(const Graph& g, const QueryTable* Q, const Level* lv, const int* __restrict__ prefix,
+                          int d, int s, i64 cursor) {
+    const Level* L = &lv[d - 1];
+    i64 st = L->start[s], en = st + L->size[s];
+    const i64 used = cursor - L->off[s];
+    if (used > 0) st += used;
+    const unsigned less = Q->less[d], greater = Q->greater[d], same = Q->same[d];
+    int lo = -1, hi = 0x7fffffff;  // lo < c < hi
+    for (int j = d - 1, slot = s; j >= 0; slot = lv[j].parent[slot], --j) {
+        const int v = lv[j].v[slot];
+        if ((less >> j) & 1u) lo = max(lo, v);
+        if ((greater >> j) & 1u) hi = min(hi, v);
+    }
+    if (lo >= 0) st = lower_bound(g.gadj, st, en, lo + 1);
+    if (hi < 0x7fffffff) en = lower_bound(g.gadj, st, en, hi);
+    if (st >= en) return 0;
+    const int el = Q->el[d][L->piv[s]];
+    i64 n = __ldg(prefix + en) - __ldg(prefix + st);
+    for (int j = d - 1, slot = s; j >= 0; slot = lv[j].parent[slot], --j) {
+        const int v = lv[j].v[slot];
+        if (((same >> j) & 1u) && v > lo && v < hi) {
+            const i64 p = lower_bound(g.gadj, st, en, v);
+            if (p < en && __ldg(g.gadj + p) == v && counted(g, (int)p, d, el)) --n;
+        }
+    }
+    return n;
+}
+
+// Flags of the prefix sums of count_last: entry p of the label-grouped adjacency is a
+// candidate of depth `bit` reached over an edge labelled el.
+extern "C" __global__ void last_flags(i64 m2, const int* gadj, const int* gadj_el, int check_el, int el,
+                                      const unsigned* cbits, int bit, int* flags) {
+    for (i64 p = blockIdx.x * (i64)blockDim.x + threadIdx.x; p < m2; p += (i64)gridDim.x * blockDim.x)
+        flags[p] = ((cbits[gadj[p]] >> bit) & 1u) && (!check_el || gadj_el[p] == el);
+}
+
 // Reserve k output rows (lane 0). Returns rows granted (<= k; fewer only at the limit), or
 // -1 when the buffer is full (nothing granted: the batch is redone after the drain).
 __device__ int reserve_rows(u64* ctl, int k, i64 out_cap, i64 limit_left, u64* first) {
@@ -381,10 +433,12 @@ __device__ int reserve_rows(u64* ctl, int k, i64 out_cap, i64 limit_left, u64* f
 
 extern "C" __global__ void match(const i64* indptr, const int* adj, const int* adj_el, const int* gadj,
                                  const int* gadj_el, const int* vlabel, const int* hub_of, const int* hub_tab,
-                                 int num_labels, int single_label, const unsigned* cbits, int check_el, const QueryTable* __restrict__ qtab, const int* __restrict__ pool,
+                                 int num_labels, int single_label, const unsigned* cbits, int check_el,
+                                 const QueryTable* __restrict__ qtab, const int* __restrict__ pool,
                                  i64 pool_n, int pool_m, u64* ctl, Task* queue, int* ready, i64 queue_cap,
                                  u64* state, int resume, int emit, int* out, i64 out_cap, i64 limit_left,
-                                 u64 count_limit, i64 budget_ns, i64 offload_ns) {
+                                 u64 count_limit, i64 budget_ns, i64 offload_ns, const int* last_prefix,
+                                 int fast_last) {
     extern __shared__ __align__(16) unsigned char smem[];
     const Graph g{indptr, adj, adj_el, gadj, gadj_el, vlabel, cbits, {hub_of, hub_tab, num_labels, single_label},
                   check_el};
@@ -472,6 +526,21 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
         }
         if (lane == 0) ws->batches++;
         const int d = top + 1;
+        if (d == last && fast_last) {  // count the whole level at once (counting only)
+            i64 part = lane < L->cnt ? count_last(g, Q, lv, last_prefix, d, lane, cursor) : 0;
+            for (int o = 16; o > 0; o >>= 1) part += __shfl_down_sync(FULL_MASK, part, o);
+            if (lane == 0) {
+                if (count_limit) {
+                    const u64 old = atomicAdd(&ctl[CTL_GCOUNT], (u64)part);
+                    if (old + part >= count_limit) atomicMax(&ctl[CTL_STOP], (u64)STOP_LIMIT);
+                } else {
+                    ws->count += part;
+                }
+                L->cursor = total;
+            }
+            __syncwarp();
+            continue;
+        }
         const i64 idx = cursor + lane;
         bool pass = false;
         int c = 0, s = 0, piv = 0;

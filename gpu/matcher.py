@@ -22,7 +22,7 @@ from csmd.cpu_matcher import SearchResult
 from csmd.plan import Plan
 
 from .device_graph import DeviceGraph
-from .launch import i32, i64, or_dummy, u64
+from .launch import THREADS, flat_grid, i32, i64, or_dummy, u64
 from .module import kernel
 
 MAXQ = 32
@@ -47,6 +47,7 @@ class Tuning:
     bfs_rows: int = 1 << 25  # pre-pass prefixes kept (8 bytes each); a larger pre-pass is abandoned
     offload_us: float = 200.0  # a warp busy this long hands work to idle warps
     max_blocks_per_sm: int = 4  # fewer leaves more of the SM's on-chip memory to the L1 cache
+    prefix_entries: int = 1 << 26  # count_last's prefix sums (4 bytes an adjacency entry) up to this size
 
 
 def query_table(plan: Plan, depths: int, outpos: list[int]) -> np.ndarray:
@@ -101,6 +102,23 @@ class WarpSearch:
         self.ready = cp.zeros(tuning.queue_tasks, cp.int32)
         self.pool, self.pool_m = roots, 1
         self.table = cp.asarray(query_table(plan, depth, plan.order))
+        self.last_prefix = None
+
+    def _count_last_by_prefix(self) -> None:
+        """Counting, with one backward edge at the last depth: prefix sums of the adjacency
+        entries that are candidates of the last depth over the right edge label, so the kernel
+        counts a node's last-depth matches without checking its candidates one by one."""
+        dg, plan = self.dg, self.plan
+        m2 = len(dg.gadj)
+        if len(plan.backward[-1]) != 1 or m2 + 1 > min(self.tuning.prefix_entries, 2**31 - 1):
+            return
+        el = plan.backward[-1][0][1]
+        flags = cp.empty(m2, cp.int32)
+        kernel("matcher", "last_flags")(flat_grid(m2), (THREADS,), (
+            i64(m2), dg.gadj, or_dummy(dg.gadj_el), i32(dg.has_edge_labels), i32(el), self.cbits,
+            i32(plan.depth - 1), flags))
+        self.last_prefix = cp.zeros(m2 + 1, cp.int32)
+        self.last_prefix[1:] = cp.cumsum(flags, dtype=cp.int32)
 
     def _launch(self, table, emit: bool, out, out_cap: int, limit_left: int, count_limit: int,
                 budget_s: float | None, resume: bool) -> np.ndarray:
@@ -110,10 +128,11 @@ class WarpSearch:
         budget_ns = 0 if budget_s is None else max(1, int(budget_s * 1e9))
         self.fn((self.blocks,), (WARPS_PER_BLOCK * 32,), (
             dg.indptr, dg.adj, or_dummy(dg.adj_el), dg.gadj, or_dummy(dg.gadj_el), dg.labels, or_dummy(dg.hub_of),
-            or_dummy(dg.hub_tab), i32(dg.num_labels), i32(dg.single_label), self.cbits, i32(dg.has_edge_labels), table, self.pool, i64(len(self.pool) // self.pool_m),
-            i32(self.pool_m), self.ctl, self.queue, self.ready, i64(self.tuning.queue_tasks), self.state,
-            i32(resume), i32(emit), out, i64(out_cap), i64(limit_left), u64(count_limit), i64(budget_ns),
-            i64(int(self.tuning.offload_us * 1e3))), shared_mem=self.smem)
+            or_dummy(dg.hub_tab), i32(dg.num_labels), i32(dg.single_label), self.cbits, i32(dg.has_edge_labels),
+            table, self.pool, i64(len(self.pool) // self.pool_m), i32(self.pool_m), self.ctl, self.queue, self.ready,
+            i64(self.tuning.queue_tasks), self.state, i32(resume), i32(emit), out, i64(out_cap), i64(limit_left),
+            u64(count_limit), i64(budget_ns), i64(int(self.tuning.offload_us * 1e3)), or_dummy(self.last_prefix),
+            i32(self.last_prefix is not None and not emit)), shared_mem=self.smem)
         return self.ctl.get()
 
     def widen_pool(self, deadline: float | None) -> bool:
@@ -143,6 +162,8 @@ class WarpSearch:
         out_cap = max(32, self.tuning.out_rows) if emit else 0
         out = cp.empty(out_cap * width, cp.int32) if emit else or_dummy(None)
         count_limit = 0 if emit or limit is None else limit
+        if not emit:
+            self._count_last_by_prefix()
         drained, resume = 0, False
         while True:
             left = _left(deadline)
