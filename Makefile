@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 # The benchmark datasets live beside the repo (../shared/datasets); `make run` uses the shipped samples/human.
 DATASETS ?= ../shared/datasets
 
-.PHONY: setup run test test-full bench clean
+.PHONY: setup run test test-full bench bench-gpu clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,10 @@ bench: setup
 	$(BIN)/python bench/static_cpu.py --datasets $(DATASETS)
 	$(BIN)/python bench/replay.py --datasets $(DATASETS)
 	$(BIN)/python bench/kafka_e2e.py
+
+# on a machine with a CUDA device and CuPy
+bench-gpu: setup
+	$(BIN)/python bench/static_gpu.py --datasets $(DATASETS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
