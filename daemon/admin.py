@@ -20,7 +20,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
-from .errors import CsmdError, InputError
+from .errors import CsmdError, NotYetApplied
 
 MAX_BODY = 1 << 20
 
@@ -89,10 +89,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _guard(self, fn) -> None:
         try:
             fn()
-        except InputError as exc:
+        except NotYetApplied as exc:
+            self._send(409, {"error": str(exc)})
+        except CsmdError as exc:  # InputError included: a bad request
             self._send(400, {"error": str(exc)})
-        except CsmdError as exc:
-            self._send(409 if "not taken effect" in str(exc) else 400, {"error": str(exc)})
         except Exception as exc:  # the endpoint reports; the daemon goes on
             self.daemon.log.exception("admin request failed", path=self.path)
             self._send(500, {"error": repr(exc)})

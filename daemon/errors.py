@@ -12,3 +12,7 @@ class InputError(CsmdError):
         self.source, self.line, self.reason = str(source), line, reason
         where = self.source if line is None else f"{self.source}:{line}"
         super().__init__(f"{where}: {reason}")
+
+
+class NotYetApplied(CsmdError):
+    """A control request was logged but has not taken effect within the wait (the daemon is busy)."""

@@ -47,16 +47,10 @@ class RegisteredQuery:
 
 
 class Executor:
-    """Runs every registered query on each batch; `muted` skips the matching (a restart
-    replaying records whose deltas were already delivered only rebuilds the graph)."""
-
     def __init__(self, queries: list[RegisteredQuery]):
         self.queries = list(queries)
-        self.muted = False
 
     def run(self, mvg: MultiVersionGraph, batch: Batch) -> list[QueryDeltas]:
-        if self.muted:
-            return []
         sign_of = dict(zip(batch.edge_seq.tolist(), batch.edge_sign.tolist()))
         return [self._query(mvg, batch, rq, sign_of) for rq in self.queries]
 

@@ -34,7 +34,7 @@ from csmd.schemas import JSON, CONTENT_TYPE
 from .checkpoint import read_checkpoint, write_checkpoint
 from .deltas import DeltaEncoder
 from .delivery import DeliveryTracker
-from .errors import CsmdError, InputError
+from .errors import CsmdError, InputError, NotYetApplied
 from .executor import Executor, RegisteredQuery
 from .formats import parse_query_text, query_files, read_graph
 from .graph import Graph
@@ -345,7 +345,7 @@ class Daemon:
         event, result = threading.Event(), {}
         self._waiters[offset[0]] = (event, result)
         if not event.wait(timeout):
-            raise CsmdError("the request was logged but has not taken effect yet (the daemon is busy)")
+            raise NotYetApplied("the request was logged but has not taken effect yet (the daemon is busy)")
         return result
 
     # ---- input -----------------------------------------------------------------------------------------

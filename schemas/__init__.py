@@ -65,7 +65,6 @@ def updates_schema() -> pa.Schema:
 #    "at": {"PARTITION": OFFSET, ...}, "seq": S, "error": null | reason}
 #     written by the daemon: request OFFSET took effect before the input record at
 #     `at` (the next record of each partition) and update S.
-CONTROL_OPS = ("add", "remove", "applied")
 
 
 def id_type_of(ext_ids) -> pa.DataType:
