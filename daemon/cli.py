@@ -36,7 +36,7 @@ def cmd_match(args) -> int:
     from .arrow_writer import MatchFile
     from .formats import query_files, read_graph, read_query
     from .progress import Progress
-    from .static_query import run_query
+    from .static_query import run_queries
 
     backend = resolve_backend(args.backend, gpu_engine=True)
     g = read_graph(args.data)
@@ -48,11 +48,10 @@ def cmd_match(args) -> int:
         print(f"{'query':<32} {'matches':>20} {'complete':>9} {'seconds':>10}")
     total = 0
     try:
-        for path, q in queries:
-            res = run_query(g, q, path.stem, backend=backend, distinct=args.distinct,
-                            limit=args.limit, time_limit=args.time_limit, writer=writer)
+        for res in run_queries(g, [(p.stem, q) for p, q in queries], backend=backend, distinct=args.distinct,
+                               limit=args.limit, time_limit=args.time_limit, writer=writer):
             total += res["matches"]
-            progress.step(note=path.stem)
+            progress.step(note=res["query"])
             if args.json:
                 print(json.dumps(res), flush=True)
             else:

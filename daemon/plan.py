@@ -90,41 +90,86 @@ def filter_candidates(g: Graph, q: Graph) -> list[np.ndarray]:
 
 
 # ---- ordering ------------------------------------------------------------------------
-def _greedy_order(q: Graph, sizes: np.ndarray, prefix: list[int]) -> list[int]:
-    """Extend `prefix` to a connected order: most edges back to the matched set first
-    (each is a filter), then the fewest candidates, then the highest degree."""
-    order = list(prefix)
-    placed = np.zeros(q.n, bool)
-    placed[order] = True
-    while len(order) < q.n:
-        best, best_key = -1, None
-        for u in range(q.n):
-            if placed[u]:
-                continue
-            back = int(placed[q.neighbors(u)].sum())
-            if back == 0:
-                continue
-            key = (-back, int(sizes[u]), -int(q.degrees[u]), u)
-            if best_key is None or key < best_key:
-                best, best_key = u, key
-        order.append(best)
-        placed[best] = True
+def query_adjacency(q: Graph) -> np.ndarray:
+    """q's adjacency matrix (n x n, bool)."""
+    a = np.zeros((q.n, q.n), bool)
+    a[np.repeat(np.arange(q.n), np.diff(q.indptr)), q.indices] = True
+    return a
+
+
+def two_core(adj: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """The vertices of each query's 2-core: peel vertices of degree <= 1 until none is left.
+    adj (Q, n, n) bool, valid (Q, n) bool; a tree has an empty core."""
+    alive = valid.copy()
+    while True:
+        drop = alive & ((adj & alive[:, None, :]).sum(2) <= 1)
+        if not drop.any():
+            return alive
+        alive &= ~drop
+
+
+def greedy_orders(adj: np.ndarray, sizes: np.ndarray, nq: np.ndarray, prefix: np.ndarray | None = None
+                  ) -> np.ndarray:
+    """Connected matching orders of a batch of queries at once (GPU planning does hundreds).
+
+    adj (Q, n, n) bool with query i using vertices < nq[i]; sizes (Q, n) candidate counts;
+    prefix (Q, k) fixes the first k vertices, else each order starts at the 2-core vertex
+    with the fewest candidates per edge. Then, among the vertices adjacent to the placed
+    ones: 2-core vertices before the trees hanging off it, and vertices with neighbours
+    still to place before those whose neighbours are all placed (such a vertex constrains
+    nothing after it: its candidates only multiply the partial matches, so it goes last);
+    then the most edges back to the placed vertices (each is a filter), the fewest
+    candidates, the highest degree, the lowest id. Returns (Q, n), padded with -1.
+    """
+    nb, n, _ = adj.shape
+    adj = adj.astype(bool)
+    deg = adj.sum(2)
+    valid = np.arange(n) < nq[:, None]
+    core = two_core(adj, valid)
+    sizes = np.asarray(sizes, np.int64)
+    placed = np.zeros((nb, n), bool)
+    back = np.zeros((nb, n), np.int64)
+    order = np.full((nb, n), -1, np.int64)
+    rows = np.arange(nb)
+
+    def place(k: int, u: np.ndarray) -> None:
+        live = k < nq
+        r, u = rows[live], u[live]
+        order[r, k] = u
+        placed[r, u] = True
+        back[r] += adj[r, u]
+
+    if prefix is None:
+        first = np.where(core.any(1)[:, None], core, valid)
+        place(0, np.where(first, sizes / np.maximum(deg, 1), np.inf).argmin(1))
+    else:
+        for k in range(prefix.shape[1]):
+            place(k, prefix[:, k])
+    span = int(sizes.max(initial=0)) + 1
+    for k in range(1 if prefix is None else prefix.shape[1], n):
+        key = ((~core * 2 + (back == deg)) * (n + 1) + n - back) * span + sizes
+        key = key * (n + 1) + n - deg
+        place(k, np.where(valid & ~placed & (back > 0), key, np.iinfo(np.int64).max).argmin(1))
     return order
 
 
-def matching_order(q: Graph, cand: list[np.ndarray]) -> list[int]:
-    return order_from_sizes(q, np.array([int(c.sum()) for c in cand]))
+def _greedy_order(q: Graph, sizes: np.ndarray, prefix: list[int] | None) -> list[int]:
+    pre = None if prefix is None else np.array([prefix])
+    return greedy_orders(query_adjacency(q)[None], np.asarray(sizes)[None], np.array([q.n]), pre)[0].tolist()
 
 
 def order_from_sizes(q: Graph, sizes: np.ndarray) -> list[int]:
-    """The static order from candidate counts alone (the GPU engine keeps its masks on the device)."""
-    start = min(range(q.n), key=lambda u: (sizes[u] / max(int(q.degrees[u]), 1), u))
-    return _greedy_order(q, sizes, [start])
+    """The static order from candidate counts alone."""
+    return _greedy_order(q, sizes, None)
 
 
 def anchor_order(q: Graph, sizes: np.ndarray, a: int, b: int) -> list[int]:
     """Order for incremental matching seeded with query edge (a, b)."""
     return _greedy_order(q, sizes, [a, b])
+
+
+def matching_order(q: Graph, cand: list[np.ndarray]) -> list[int]:
+    return order_from_sizes(q, np.array([int(c.sum()) for c in cand]))
 
 
 def make_plan(q: Graph, cand: list[np.ndarray], order: list[int], sym: list[tuple[int, int]] = ()) -> Plan:

@@ -1,8 +1,9 @@
-// Candidate filtering on the device: one thread per data vertex, one bit per query vertex.
+// Candidate filtering on the device for a batch of queries: one thread per data vertex and
+// query, one bit per query vertex.
 //
-// cbits[v] bit u  <=>  v is a candidate of query vertex u. LDF + NLF first, then rounds of
-// arc consistency; the final kernel renumbers the bits by matching depth and gathers the
-// root candidates (depth 0) for the search.
+// cbits[i][v] bit u  <=>  v is a candidate of vertex u of query i. LDF + NLF first, then
+// rounds of arc consistency; the final kernel renumbers the bits by matching depth and
+// gathers the root candidates (depth 0) for the search.
 #include "graph_access.cuh"
 
 // Fill the offset rows of the hubs (one thread per hub and label; label num_labels = end).
@@ -23,58 +24,99 @@ extern "C" __global__ void label_index(i64 nh, const int* __restrict__ hubs, int
     }
 }
 
-// LDF (label, degree) and NLF (per neighbour label, at least as many neighbours as u has).
-// nlf_ptr[u]..nlf_ptr[u+1] indexes u's (neighbour label, count) pairs.
+// A batch of queries, one per blockIdx.y: query i has qn[i] vertices, labels qlab[i][u],
+// neighbour masks qnbr[i][u] (bit w: edge u-w) and, with edge labels, qel[i][u][w].
+// cbits holds one row of n words per query.
+#define MAXQ 32
+
+struct QueryView {
+    int n;
+    int lab[MAXQ];
+    unsigned nbr[MAXQ];
+};
+
+// The block's query, in shared memory.
+__device__ __forceinline__ void load_query(QueryView* s, const int* qn, const int* qlab, const unsigned* qnbr) {
+    const int qi = blockIdx.y;
+    if (threadIdx.x == 0) s->n = qn[qi];
+    if (threadIdx.x < MAXQ) {
+        s->lab[threadIdx.x] = qlab[qi * MAXQ + threadIdx.x];
+        s->nbr[threadIdx.x] = qnbr[qi * MAXQ + threadIdx.x];
+    }
+    __syncthreads();
+}
+
+// LDF (label, degree) and NLF: for each label among u's neighbours, v has at least as many
+// neighbours with that label (counted once, at the lowest neighbour carrying it).
 extern "C" __global__ void ldf_nlf(i64 n, const i64* __restrict__ indptr, const int* __restrict__ gadj,
                                    const int* __restrict__ vlabel, const int* hub_of, const int* hub_tab,
-                                   int num_labels, int single_label, int nq,
-                                   const int* __restrict__ qlabel, const int* __restrict__ qdeg,
-                                   const int* __restrict__ nlf_ptr, const int* __restrict__ nlf_lab,
-                                   const int* __restrict__ nlf_cnt, unsigned* __restrict__ cbits) {
+                                   int num_labels, int single_label, const int* qn, const int* qlab,
+                                   const unsigned* qnbr, unsigned* __restrict__ cbits) {
+    __shared__ QueryView Q;
+    load_query(&Q, qn, qlab, qnbr);
     const LabelIndex li{hub_of, hub_tab, num_labels, single_label};
+    unsigned* cb = cbits + (i64)blockIdx.y * n;
     for (i64 v = blockIdx.x * (i64)blockDim.x + threadIdx.x; v < n; v += (i64)gridDim.x * blockDim.x) {
-        int lab = vlabel[v];
-        i64 deg = indptr[v + 1] - indptr[v];
+        const int lab = vlabel[v];
+        const i64 deg = indptr[v + 1] - indptr[v];
         unsigned bits = 0;
-        for (int u = 0; u < nq; ++u) {
-            if (qlabel[u] != lab || deg < qdeg[u]) continue;
+        for (int u = 0; u < Q.n; ++u) {
+            const unsigned nb = Q.nbr[u];
+            if (Q.lab[u] != lab || deg < __popc(nb)) continue;
             bool ok = true;
-            for (int k = nlf_ptr[u]; k < nlf_ptr[u + 1] && ok; ++k) {
+            for (unsigned rest = nb; rest && ok; rest &= rest - 1) {
+                const int w = __ffs(rest) - 1, wl = Q.lab[w];
+                int need = 0;
+                bool first = true;
+                for (unsigned r2 = nb; r2; r2 &= r2 - 1) {
+                    const int x = __ffs(r2) - 1;
+                    if (Q.lab[x] == wl) {
+                        ++need;
+                        first &= x >= w;
+                    }
+                }
+                if (!first) continue;
                 i64 s;
                 int size;
-                label_range(indptr, gadj, vlabel, li, (int)v, nlf_lab[k], &s, &size);
-                ok = size >= nlf_cnt[k];
+                label_range(indptr, gadj, vlabel, li, (int)v, wl, &s, &size);
+                ok = size >= need;
             }
             if (ok) bits |= 1u << u;
         }
-        cbits[v] = bits;
+        cb[v] = bits;
     }
 }
 
 // One round of arc consistency: v stays a candidate of u only if, for every query edge
-// (u, w, el), some neighbour x of v with w's label is a candidate of w over an edge labelled
-// el. Bits are cleared in place; a concurrent reader sees a bit either set or cleared, and
-// both are sound (a cleared bit had no support among a superset of the final candidates).
-// arc_ptr[u]..arc_ptr[u+1] indexes u's arcs (arc_w, arc_el, arc_wlabel).
+// (u, w), some neighbour x of v with w's label is a candidate of w over an edge with the
+// query edge's label. Bits are cleared in place; a concurrent reader sees a bit either set
+// or cleared, and both are sound (a cleared bit had no support among a superset of the
+// final candidates).
 extern "C" __global__ void refine(i64 n, const i64* __restrict__ indptr, const int* __restrict__ gadj,
                                   const int* __restrict__ gadj_el, const int* __restrict__ vlabel,
                                   const int* hub_of, const int* hub_tab, int num_labels, int single_label,
-                                  int check_el, const int* __restrict__ arc_ptr,
-                                  const int* __restrict__ arc_w, const int* __restrict__ arc_el,
-                                  const int* __restrict__ arc_wlabel, unsigned* cbits, int* changed) {
+                                  int check_el, const int* qn, const int* qlab, const unsigned* qnbr,
+                                  const int* __restrict__ qel, unsigned* cbits, int* changed) {
+    __shared__ QueryView Q;
+    load_query(&Q, qn, qlab, qnbr);
     const LabelIndex li{hub_of, hub_tab, num_labels, single_label};
+    unsigned* cb = cbits + (i64)blockIdx.y * n;
+    const int* el = qel + (i64)blockIdx.y * MAXQ * MAXQ;
     for (i64 v = blockIdx.x * (i64)blockDim.x + threadIdx.x; v < n; v += (i64)gridDim.x * blockDim.x) {
-        unsigned bits = cbits[v], keep = bits;
+        const unsigned bits = cb[v];
+        unsigned keep = bits;
         for (unsigned rest = bits; rest; rest &= rest - 1) {
-            int u = __ffs(rest) - 1;
-            for (int a = arc_ptr[u]; a < arc_ptr[u + 1]; ++a) {
+            const int u = __ffs(rest) - 1;
+            for (unsigned arcs = Q.nbr[u]; arcs; arcs &= arcs - 1) {
+                const int w = __ffs(arcs) - 1;
+                const int e = check_el ? el[u * MAXQ + w] : 0;
                 i64 s;
                 int size;
-                label_range(indptr, gadj, vlabel, li, (int)v, arc_wlabel[a], &s, &size);
-                unsigned wbit = 1u << arc_w[a];
+                label_range(indptr, gadj, vlabel, li, (int)v, Q.lab[w], &s, &size);
+                const unsigned wbit = 1u << w;
                 bool found = false;
                 for (i64 p = s; p < s + size && !found; ++p)
-                    found = (((volatile unsigned*)cbits)[gadj[p]] & wbit) && (!check_el || gadj_el[p] == arc_el[a]);
+                    found = (((volatile unsigned*)cb)[gadj[p]] & wbit) && (!check_el || gadj_el[p] == e);
                 if (!found) {
                     keep &= ~(1u << u);
                     break;
@@ -82,42 +124,46 @@ extern "C" __global__ void refine(i64 n, const i64* __restrict__ indptr, const i
             }
         }
         if (keep != bits) {
-            cbits[v] = keep;
+            cb[v] = keep;
             *changed = 1;
         }
     }
 }
 
 // Candidates per query vertex (block-local counts first: one global atomic per bit per block).
-extern "C" __global__ void count_bits(i64 n, const unsigned* __restrict__ cbits, int nq, u64* sizes) {
-    __shared__ u64 local[32];
-    if (threadIdx.x < 32) local[threadIdx.x] = 0;
+extern "C" __global__ void count_bits(i64 n, const unsigned* __restrict__ cbits, u64* sizes) {
+    __shared__ u64 local[MAXQ];
+    if (threadIdx.x < MAXQ) local[threadIdx.x] = 0;
     __syncthreads();
+    const unsigned* cb = cbits + (i64)blockIdx.y * n;
     for (i64 v = blockIdx.x * (i64)blockDim.x + threadIdx.x; v < n; v += (i64)gridDim.x * blockDim.x)
-        for (unsigned rest = cbits[v]; rest; rest &= rest - 1) atomicAdd(&local[__ffs(rest) - 1], 1ull);
+        for (unsigned rest = cb[v]; rest; rest &= rest - 1) atomicAdd(&local[__ffs(rest) - 1], 1ull);
     __syncthreads();
-    if (threadIdx.x < nq && local[threadIdx.x]) atomicAdd(&sizes[threadIdx.x], local[threadIdx.x]);
+    if (threadIdx.x < MAXQ && local[threadIdx.x]) atomicAdd(&sizes[blockIdx.y * MAXQ + threadIdx.x], local[threadIdx.x]);
 }
 
 // Renumber the bits from query vertex to matching depth (bit d <=> candidate of order[d]) and
-// gather the depth-0 candidates into roots (warp-aggregated: one atomic per warp).
-extern "C" __global__ void by_depth(i64 n, unsigned* cbits, const int* __restrict__ order, int nq,
-                                    int* __restrict__ roots, u64* roots_n) {
-    const int lane = threadIdx.x & 31;
+// write the depth-0 candidates of query i into its segment of the root pool, from pool_at[i]
+// (warp-aggregated: one atomic per warp).
+extern "C" __global__ void by_depth(i64 n, unsigned* cbits, const int* __restrict__ order, const int* qn,
+                                    const i64* __restrict__ pool_at, int* __restrict__ pool, u64* filled) {
+    const int lane = threadIdx.x & 31, qi = blockIdx.y, nq = qn[qi];
+    const int* ord = order + qi * MAXQ;
+    unsigned* cb = cbits + (i64)qi * n;
     const i64 stride = (i64)gridDim.x * blockDim.x;
     for (i64 base = blockIdx.x * (i64)blockDim.x; base < n; base += stride) {
-        i64 v = base + threadIdx.x;
+        const i64 v = base + threadIdx.x;
         unsigned out = 0;
         if (v < n) {
-            unsigned bits = cbits[v];
-            for (int d = 0; d < nq; ++d) out |= ((bits >> order[d]) & 1u) << d;
-            cbits[v] = out;
+            const unsigned bits = cb[v];
+            for (int d = 0; d < nq; ++d) out |= ((bits >> ord[d]) & 1u) << d;
+            cb[v] = out;
         }
-        unsigned m = __ballot_sync(0xffffffffu, out & 1u);
+        const unsigned m = __ballot_sync(0xffffffffu, out & 1u);
         if (!m) continue;
         u64 first = 0;
-        if (lane == __ffs(m) - 1) first = atomicAdd(roots_n, (u64)__popc(m));
+        if (lane == __ffs(m) - 1) first = atomicAdd(&filled[qi], (u64)__popc(m));
         first = __shfl_sync(0xffffffffu, first, __ffs(m) - 1);
-        if (out & 1u) roots[first + __popc(m & ((1u << lane) - 1))] = (int)v;
+        if (out & 1u) pool[pool_at[qi] + first + __popc(m & ((1u << lane) - 1))] = (int)v;
     }
 }

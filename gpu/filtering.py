@@ -1,69 +1,106 @@
-"""Candidate filtering on the device (GUIDE 3): LDF + NLF, then arc-consistency rounds.
+"""Candidate filtering on the device for a batch of queries (GUIDE 3): LDF + NLF, then
+arc-consistency rounds, all queries of the batch in the same launches.
 
-The result is one uint32 per data vertex with one bit per query vertex; only the
-per-query-vertex counts come back to the host (to choose the matching order).
+cbits holds one row of n uint32 per query, one bit per query vertex; only the
+per-query-vertex counts come back to the host (to choose the matching orders).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cupy as cp
 import numpy as np
 
+from csmd.errors import InputError
 from csmd.graph import Graph
 
 from .device_graph import DeviceGraph
 from .launch import THREADS, flat_grid, i32, i64, or_dummy
 from .module import kernel
 
+MAXQ = 32  # query vertices: one bit each in a uint32
 REFINE_ROUNDS = 3  # as the CPU planner: later rounds rarely remove anything
 
 
-def _query_arrays(q: Graph):
-    """NLF pairs and arcs of q as flat int32 arrays with per-vertex pointers."""
-    nlf_ptr, nlf_lab, nlf_cnt = [0], [], []
-    arc_ptr, arc_w, arc_el, arc_wl = [0], [], [], []
-    for u in range(q.n):
-        nb = q.neighbors(u)
-        labs, cnts = np.unique(q.labels[nb], return_counts=True)
-        nlf_lab += labs.tolist()
-        nlf_cnt += cnts.tolist()
-        nlf_ptr.append(len(nlf_lab))
-        els = q.elabels[q.indptr[u]:q.indptr[u + 1]]
-        arc_w += nb.tolist()
-        arc_el += els.tolist()
-        arc_wl += q.labels[nb].tolist()
-        arc_ptr.append(len(arc_w))
-    dev = lambda x: cp.asarray(np.asarray(x, np.int32))  # noqa: E731
-    return (dev(q.labels), dev(q.degrees), dev(nlf_ptr), dev(nlf_lab), dev(nlf_cnt),
-            dev(arc_ptr), dev(arc_w), dev(arc_el), dev(arc_wl))
+@dataclass
+class QueryBatch:
+    """Queries packed for the device, padded to MAXQ vertices: vertex labels, adjacency
+    matrices and (when some query has them) edge labels, all in query-vertex space."""
+
+    nq: np.ndarray  # (Q,) vertices per query
+    labels: np.ndarray  # (Q, MAXQ) int32, -1 past nq
+    adj: np.ndarray  # (Q, MAXQ, MAXQ) bool
+    el: np.ndarray | None  # (Q, MAXQ, MAXQ) int32
+
+    def __len__(self) -> int:
+        return len(self.nq)
+
+    @classmethod
+    def pack(cls, queries: list[Graph]) -> "QueryBatch":
+        big = [q.n for q in queries if q.n > MAXQ]
+        if big:
+            raise InputError(f"the GPU engine matches queries of at most {MAXQ} vertices, not {max(big)}")
+        nb = len(queries)
+        labels = np.full((nb, MAXQ), -1, np.int32)
+        adj = np.zeros((nb, MAXQ, MAXQ), bool)
+        el = np.zeros((nb, MAXQ, MAXQ), np.int32) if any(q.elabels.any() for q in queries) else None
+        for i, q in enumerate(queries):
+            labels[i, :q.n] = q.labels
+            rows = np.repeat(np.arange(q.n), np.diff(q.indptr))
+            adj[i, rows, q.indices] = True
+            if el is not None:
+                el[i, rows, q.indices] = q.elabels
+        return cls(np.array([q.n for q in queries], np.int32), labels, adj, el)
+
+    def take(self, which: np.ndarray) -> "QueryBatch":
+        return QueryBatch(self.nq[which], self.labels[which], self.adj[which],
+                          None if self.el is None else self.el[which])
+
+    @property
+    def masks(self) -> np.ndarray:
+        """(Q, MAXQ) uint32: bit w of row u <=> query edge u-w."""
+        return (self.adj.astype(np.uint64) << np.arange(MAXQ, dtype=np.uint64)).sum(2).astype(np.uint32)
 
 
-def filter_candidates(dg: DeviceGraph, q: Graph) -> tuple[cp.ndarray, np.ndarray]:
-    """(cbits, sizes): cbits[v] bit u <=> v is a candidate of query vertex u; sizes[u] = |C(u)|."""
-    qlabel, qdeg, nlf_ptr, nlf_lab, nlf_cnt, arc_ptr, arc_w, arc_el, arc_wl = _query_arrays(q)
-    cbits = cp.empty(dg.n, cp.uint32)
-    grid, n = flat_grid(dg.n), i64(dg.n)
+def _grid(dg: DeviceGraph, queries: int) -> tuple[int, int]:
+    return flat_grid(dg.n)[0], queries
+
+
+def filter_candidates(dg: DeviceGraph, batch: QueryBatch) -> tuple[cp.ndarray, np.ndarray]:
+    """(cbits, sizes): cbits[i, v] bit u <=> v is a candidate of vertex u of query i
+    (shape (Q, n)); sizes[i, u] = |C(u)| of query i (shape (Q, MAXQ))."""
+    nb = len(batch)
+    cbits = cp.empty((nb, dg.n), cp.uint32)
+    grid, n = _grid(dg, nb), i64(dg.n)
     index = (or_dummy(dg.hub_of), or_dummy(dg.hub_tab), i32(dg.num_labels), i32(dg.single_label))
-    kernel("filter", "ldf_nlf")(grid, (THREADS,), (n, dg.indptr, dg.gadj, dg.labels, *index, i32(q.n), qlabel, qdeg,
-                                                    nlf_ptr, nlf_lab, nlf_cnt, cbits))
+    query = (cp.asarray(batch.nq), cp.asarray(batch.labels), cp.asarray(batch.masks))
+    kernel("filter", "ldf_nlf")(grid, (THREADS,), (n, dg.indptr, dg.gadj, dg.labels, *index, *query, cbits))
+    qel = or_dummy(None)
+    if dg.has_edge_labels:  # a query without edge labels asks for label 0 on every edge
+        qel = cp.zeros((nb, MAXQ, MAXQ), cp.int32) if batch.el is None else cp.asarray(batch.el)
     changed = cp.zeros(1, cp.int32)
     for _ in range(REFINE_ROUNDS):
         changed.fill(0)
         kernel("filter", "refine")(grid, (THREADS,), (n, dg.indptr, dg.gadj, or_dummy(dg.gadj_el), dg.labels, *index,
-                                                       i32(dg.has_edge_labels), arc_ptr, arc_w, arc_el, arc_wl,
-                                                       cbits, changed))
+                                                       i32(dg.has_edge_labels), *query, qel, cbits, changed))
         if not int(changed.get()[0]):
             break
-    sizes = cp.zeros(32, cp.uint64)
-    kernel("filter", "count_bits")(grid, (THREADS,), (n, cbits, i32(q.n), sizes))
-    return cbits, sizes.get()[: q.n].astype(np.int64)
+    sizes = cp.zeros((nb, MAXQ), cp.uint64)
+    kernel("filter", "count_bits")(grid, (THREADS,), (n, cbits, sizes))
+    return cbits, sizes.get().astype(np.int64)
 
 
-def by_depth(dg: DeviceGraph, cbits: cp.ndarray, order: list[int]) -> cp.ndarray:
-    """Renumber cbits in place to matching depths; returns the root candidates (depth 0)."""
-    roots = cp.empty(dg.n, cp.int32)
-    count = cp.zeros(1, cp.uint64)
-    order_d = cp.asarray(np.asarray(order, np.int32))
-    kernel("filter", "by_depth")(flat_grid(dg.n), (THREADS,), (i64(dg.n), cbits, order_d, i32(len(order)), roots,
-                                                              count))
-    return roots[: int(count.get()[0])]
+def root_pool(dg: DeviceGraph, cbits: cp.ndarray, batch: QueryBatch, orders: np.ndarray, roots: np.ndarray
+              ) -> tuple[cp.ndarray, cp.ndarray]:
+    """Renumber cbits in place to matching depths and gather each query's depth-0
+    candidates (roots[i] of them) into one pool: (pool, chunk_q). Each query's segment is
+    padded with -1 to whole chunks of 32, and chunk_q names the query of every chunk."""
+    chunks = -(-roots // 32)
+    at = np.zeros(len(roots), np.int64)
+    at[1:] = np.cumsum(chunks[:-1]) * 32
+    pool = cp.full(int(chunks.sum()) * 32, -1, cp.int32)
+    filled = cp.zeros(len(roots), cp.uint64)
+    kernel("filter", "by_depth")(_grid(dg, len(roots)), (THREADS,), (
+        i64(dg.n), cbits, cp.asarray(orders.astype(np.int32)), cp.asarray(batch.nq), cp.asarray(at), pool, filled))
+    return pool, cp.asarray(np.repeat(np.arange(len(roots), dtype=np.int32), chunks))

@@ -1,5 +1,7 @@
 // Static subgraph enumeration: depth-first per warp over fine-grained tasks (gMatch), with a
-// global task queue fed by time-based offload for skewed search trees (BUG).
+// global task queue fed by time-based offload for skewed search trees (BUG). One launch
+// searches a batch of queries: every root-pool chunk and task names its query, and a warp
+// copies that query's table into its own shared memory when it switches.
 //
 // Each warp keeps a stack of levels in shared memory. Level k holds up to 32 nodes: partial
 // matches whose vertex at depth k is v[s] and whose prefix continues at parent[s] on level
@@ -20,24 +22,25 @@
 #define FULL_MASK 0xffffffffu
 
 // ctl[] slots (u64), persistent over the launches of one search unless noted
-#define CTL_POOL 0     // next root-pool entry
+#define CTL_POOL 0     // next root-pool entry (chunks of 32 entries, one query each)
 #define CTL_HEAD 1     // task queue: next group to take
 #define CTL_TAIL 2     // task queue: next free slot
 #define CTL_IDLE 3     // warps that found no work (per launch)
 #define CTL_STOP 4     // why the launch ends early (per launch): STOP_*
 #define CTL_OUTN 5     // rows reserved in the output buffer (per launch)
-#define CTL_GCOUNT 6   // global match count, used only with a count limit
+#define CTL_GCOUNT 6   // global match count, used only with a count limit (a batch of one)
 #define CTL_STARTED 7  // warps that started (per launch): termination needs idle == started
 
 #define STOP_FULL 1   // output buffer full: drain and resume
 #define STOP_LIMIT 2  // limit reached: final
 #define STOP_TIME 3   // deadline passed: final
 
-// Per-depth checks of the plan, with depths as bit positions.
+// Per-depth checks of one query's plan, with depths as bit positions. Edge labels by depth
+// are a separate table in global memory (read only when the graph has edge labels).
 struct QueryTable {
     int n;      // depths searched (the BFS pre-pass searches 2)
     int width;  // ints per output row
-    int nq;
+    int fast;   // count the last depth from prefix sums (count_last)
     int pad;
     int outpos[MAXQ];      // output column of depth d
     int label[MAXQ];       // vertex label of depth d
@@ -45,7 +48,6 @@ struct QueryTable {
     unsigned same[MAXQ];   // earlier non-adjacent depths with the same label (injectivity)
     unsigned less[MAXQ];   // earlier depths whose image must be smaller (symmetry breaking)
     unsigned greater[MAXQ];
-    int el[MAXQ][MAXQ];    // edge label between depth d and backward depth j
 };
 
 struct Level {
@@ -62,7 +64,8 @@ struct Level {
 };
 
 struct WarpState {
-    int top, base, active, pad;
+    int top, base, active;
+    int q;        // query of the current work (-1: none yet)
     i64 t_start;  // when the warp took its current work (for time-based offload)
     u64 count;
     u64 batches;  // batches of 32 candidates checked (load-balance statistics)
@@ -76,6 +79,7 @@ struct Task {
     int m;
     int piv;
     int group;
+    int q;
     int v[MAXQ];
 };
 
@@ -86,10 +90,43 @@ struct Graph {
     const int* __restrict__ gadj;
     const int* __restrict__ gadj_el;
     const int* __restrict__ vlabel;
-    const unsigned* __restrict__ cbits;
     LabelIndex li;
     int check_el;
+    i64 n;
 };
+
+// The query a warp works on: its table (in the warp's shared memory), its candidate bits,
+// its edge labels by depth ([d][j], read only with check_el) and its count_last prefix sums.
+struct Query {
+    const QueryTable* t;
+    const unsigned* __restrict__ cbits;
+    const int* __restrict__ el;
+    const int* __restrict__ prefix;
+};
+
+struct Batch {
+    const QueryTable* __restrict__ tabs;
+    const unsigned* __restrict__ cbits;
+    const int* __restrict__ el;
+    const int* __restrict__ prefix;
+    const i64* __restrict__ prefix_at;  // per query: offset into prefix, -1 none
+    const int* __restrict__ chunk_q;    // query of each root-pool chunk
+};
+
+__device__ __forceinline__ Query query_of(const Graph& g, const Batch& b, const QueryTable* t, int q) {
+    const i64 at = __ldg(b.prefix_at + q);
+    return {t, b.cbits + (i64)q * g.n, b.el + (i64)q * MAXQ * MAXQ, at < 0 ? nullptr : b.prefix + at};
+}
+
+// Make q the warp's query (copying its table) unless it already is.
+__device__ __forceinline__ void switch_query(QueryTable* Q, WarpState* ws, const Batch& b, int q, int lane) {
+    if (ws->q == q) return;
+    __syncwarp();
+    for (int i = lane; i < (int)(sizeof(QueryTable) / 4); i += 32) ((int*)Q)[i] = ((const int*)(b.tabs + q))[i];
+    __syncwarp();
+    if (lane == 0) ws->q = q;
+    __syncwarp();
+}
 
 __device__ __forceinline__ i64 now_ns() {
     i64 t;
@@ -116,7 +153,8 @@ __device__ __forceinline__ int find_node(const Level* L, i64 idx) {
 
 // All checks of candidate c at depth d against its prefix (parent slot s on level d - 1),
 // except its label, candidate bit and the pivot edge, which the caller checked.
-__device__ bool check_path(const Graph& g, const QueryTable* Q, const Level* lv, int d, int c, int s, int piv) {
+__device__ bool check_path(const Graph& g, const Query& qc, const Level* lv, int d, int c, int s, int piv) {
+    const QueryTable* Q = qc.t;
     const unsigned back = Q->back[d] & ~(1u << piv), same = Q->same[d], less = Q->less[d], greater = Q->greater[d];
     unsigned need = back | same | less | greater;
     int slot = s;
@@ -127,7 +165,8 @@ __device__ bool check_path(const Graph& g, const QueryTable* Q, const Level* lv,
             if ((same & bit) && v == c) return false;
             if ((less & bit) && !(v < c)) return false;
             if ((greater & bit) && !(v > c)) return false;
-            if ((back & bit) && !has_edge(g.indptr, g.adj, g.adj_el, g.check_el, v, c, Q->el[d][j])) return false;
+            if ((back & bit) && !has_edge(g.indptr, g.adj, g.adj_el, g.check_el, v, c,
+                                          g.check_el ? qc.el[d * MAXQ + j] : 0)) return false;
             need &= ~bit;
         }
         slot = lv[j].parent[slot];
@@ -209,8 +248,8 @@ __device__ __forceinline__ void start_work(Level* lv, WarpState* ws, int m, int 
 
 // Take the next group from the task queue; false if there is none (or it was taken first).
 // The caller is counted idle; while taking it is not.
-__device__ bool take_group(Level* lv, WarpState* ws, u64* ctl, const Task* queue, int* ready, i64 queue_cap,
-                           int lane) {
+__device__ bool take_group(QueryTable* Q, Level* lv, WarpState* ws, const Batch& b, u64* ctl, const Task* queue,
+                           int* ready, i64 queue_cap, int lane) {
     u64 h = 0;
     int ok = 0, gsize = 0;
     if (lane == 0) {
@@ -234,7 +273,7 @@ __device__ bool take_group(Level* lv, WarpState* ws, u64* ctl, const Task* queue
     h = __shfl_sync(FULL_MASK, h, 0);
     gsize = __shfl_sync(FULL_MASK, gsize, 0);
     bool have = lane < gsize;
-    int m = 0, v = 0, piv = 0, size = 0;
+    int m = 0, v = 0, piv = 0, size = 0, q = 0;
     i64 start = 0;
     if (have) {
         const u64 slot = (h + lane) % queue_cap;
@@ -242,6 +281,7 @@ __device__ bool take_group(Level* lv, WarpState* ws, u64* ctl, const Task* queue
         __threadfence();
         const volatile Task* t = (const volatile Task*)&queue[slot];
         m = t->m;
+        q = t->q;
         for (int j = 0; j < m - 1; ++j) {
             lv[j].v[lane] = t->v[j];
             lv[j].parent[lane] = (unsigned char)lane;
@@ -254,21 +294,24 @@ __device__ bool take_group(Level* lv, WarpState* ws, u64* ctl, const Task* queue
         atomicExch(&ready[slot], 0);
     }
     m = __shfl_sync(FULL_MASK, m, 0);
+    switch_query(Q, ws, b, __shfl_sync(FULL_MASK, q, 0), lane);
     build_level(&lv[m - 1], have, v, lane, start, size, piv, lane);
     start_work(lv, ws, m, lane);
     return true;
 }
 
-// Take up to 32 prefixes from the root pool (pool_m vertices each); false when it is empty.
-__device__ bool take_roots(const Graph& g, const QueryTable* Q, Level* lv, WarpState* ws, u64* ctl,
+// Take a chunk of 32 prefixes from the root pool (pool_m vertices each; -1 pads a query's
+// last chunk); false when it is empty.
+__device__ bool take_roots(const Graph& g, QueryTable* Q, Level* lv, WarpState* ws, const Batch& b, u64* ctl,
                            const int* pool, i64 pool_n, int pool_m, int lane) {
     while (true) {
         u64 p = 0;
         if (lane == 0) p = vload(&ctl[CTL_POOL]) < (u64)pool_n ? atomicAdd(&ctl[CTL_POOL], 32ull) : (u64)pool_n;
         p = __shfl_sync(FULL_MASK, p, 0);
         if (p >= (u64)pool_n) return false;
+        switch_query(Q, ws, b, __ldg(b.chunk_q + p / 32), lane);
         const i64 i = (i64)p + lane;
-        const bool have = i < pool_n;
+        const bool have = __ldg(pool + i * pool_m) >= 0;
         int v = 0;
         if (have) {
             for (int j = 0; j < pool_m - 1; ++j) {
@@ -340,6 +383,7 @@ __device__ void offload(Level* lv, WarpState* ws, u64* ctl, Task* queue, int* re
         task->m = l + 1;
         task->piv = L->piv[lane];
         task->group = r == 0 ? k : 0;
+        task->q = ws->q;
         int node = lane;
         for (int j = l; j >= 0; --j) {
             task->v[j] = lv[j].v[node];
@@ -362,15 +406,16 @@ __device__ __forceinline__ i64 lower_bound(const int* __restrict__ a, i64 lo, i6
 }
 
 // Is entry p of a last-depth candidate range counted by the prefix sums? (as last_flags)
-__device__ __forceinline__ bool counted(const Graph& g, int p, int d, int el) {
-    return ((__ldg(g.cbits + __ldg(g.gadj + p)) >> d) & 1u) && (!g.check_el || __ldg(g.gadj_el + p) == el);
+__device__ __forceinline__ bool counted(const Graph& g, const Query& qc, int p, int d, int el) {
+    return ((__ldg(qc.cbits + __ldg(g.gadj + p)) >> d) & 1u) && (!g.check_el || __ldg(g.gadj_el + p) == el);
 }
 
 // Matches of node s of level d - 1 when depth d is the last and has one backward edge:
 // the counted entries of its range (prefix sums), narrowed to the ids that the symmetry
 // constraints allow, minus the earlier same-label vertices inside it (injectivity).
-__device__ i64 count_last(const Graph& g, const QueryTable* Q, const Level* lv, const int* __restrict__ prefix,
-                          int d, int s, i64 cursor) {
+__device__ i64 count_last(const Graph& g, const Query& qc, const Level* lv, int d, int s, i64 cursor) {
+    const QueryTable* Q = qc.t;
+    const int* __restrict__ prefix = qc.prefix;
     const Level* L = &lv[d - 1];
     i64 st = L->start[s], en = st + L->size[s];
     const i64 used = cursor - L->off[s];
@@ -385,24 +430,29 @@ __device__ i64 count_last(const Graph& g, const QueryTable* Q, const Level* lv, 
     if (lo >= 0) st = lower_bound(g.gadj, st, en, lo + 1);
     if (hi < 0x7fffffff) en = lower_bound(g.gadj, st, en, hi);
     if (st >= en) return 0;
-    const int el = Q->el[d][L->piv[s]];
+    const int el = g.check_el ? qc.el[d * MAXQ + L->piv[s]] : 0;
     i64 n = __ldg(prefix + en) - __ldg(prefix + st);
     for (int j = d - 1, slot = s; j >= 0; slot = lv[j].parent[slot], --j) {
         const int v = lv[j].v[slot];
         if (((same >> j) & 1u) && v > lo && v < hi) {
             const i64 p = lower_bound(g.gadj, st, en, v);
-            if (p < en && __ldg(g.gadj + p) == v && counted(g, (int)p, d, el)) --n;
+            if (p < en && __ldg(g.gadj + p) == v && counted(g, qc, (int)p, d, el)) --n;
         }
     }
     return n;
 }
 
-// Flags of the prefix sums of count_last: entry p of the label-grouped adjacency is a
-// candidate of depth `bit` reached over an edge labelled el.
-extern "C" __global__ void last_flags(i64 m2, const int* gadj, const int* gadj_el, int check_el, int el,
-                                      const unsigned* cbits, int bit, int* flags) {
+// Flags of the prefix sums of count_last, one row of m2 per query of the list `which`
+// (blockIdx.y): entry p of the label-grouped adjacency is a candidate of the query's last
+// depth bit[i] reached over an edge labelled el[i].
+extern "C" __global__ void last_flags(i64 n, i64 m2, const int* gadj, const int* gadj_el, int check_el,
+                                      const int* which, const int* el, const int* bit, const unsigned* cbits,
+                                      int* flags) {
+    const int i = blockIdx.y, b = bit[i], e = el[i];
+    const unsigned* cb = cbits + (i64)which[i] * n;
+    int* f = flags + (i64)i * m2;
     for (i64 p = blockIdx.x * (i64)blockDim.x + threadIdx.x; p < m2; p += (i64)gridDim.x * blockDim.x)
-        flags[p] = ((cbits[gadj[p]] >> bit) & 1u) && (!check_el || gadj_el[p] == el);
+        f[p] = ((cb[gadj[p]] >> b) & 1u) && (!check_el || gadj_el[p] == e);
 }
 
 // Reserve k output rows (lane 0). Returns rows granted (<= k; fewer only at the limit), or
@@ -431,33 +481,41 @@ __device__ int reserve_rows(u64* ctl, int k, i64 out_cap, i64 limit_left, u64* f
     }
 }
 
+// Flush the warp's count into its query's total (when its work ends, and at exit).
+__device__ __forceinline__ void flush_count(WarpState* ws, u64* counts, int lane) {
+    if (lane == 0 && ws->count) {
+        atomicAdd(&counts[ws->q], ws->count);
+        ws->count = 0;
+    }
+    __syncwarp();
+}
+
 extern "C" __global__ void match(const i64* indptr, const int* adj, const int* adj_el, const int* gadj,
                                  const int* gadj_el, const int* vlabel, const int* hub_of, const int* hub_tab,
-                                 int num_labels, int single_label, const unsigned* cbits, int check_el,
-                                 const QueryTable* __restrict__ qtab, const int* __restrict__ pool,
-                                 i64 pool_n, int pool_m, u64* ctl, Task* queue, int* ready, i64 queue_cap,
-                                 u64* state, int resume, int emit, int* out, i64 out_cap, i64 limit_left,
-                                 u64 count_limit, i64 budget_ns, i64 offload_ns, const int* last_prefix,
-                                 int fast_last) {
+                                 int num_labels, int single_label, i64 n, int check_el, int nmax,
+                                 const QueryTable* __restrict__ qtabs, const unsigned* cbits, const int* qel,
+                                 const int* last_prefix, const i64* prefix_at, const int* __restrict__ pool,
+                                 const int* __restrict__ chunk_q, i64 pool_n, int pool_m, u64* ctl, Task* queue,
+                                 int* ready, i64 queue_cap, u64* state, u64* counts, int resume, int emit, int* out,
+                                 i64 out_cap, i64 limit_left, u64 count_limit, i64 budget_ns, i64 offload_ns) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const Graph g{indptr, adj, adj_el, gadj, gadj_el, vlabel, cbits, {hub_of, hub_tab, num_labels, single_label},
-                  check_el};
-    QueryTable* Q = (QueryTable*)smem;
+    const Graph g{indptr, adj, adj_el, gadj, gadj_el, vlabel, {hub_of, hub_tab, num_labels, single_label},
+                  check_el, n};
+    const Batch b{qtabs, cbits, qel, last_prefix, prefix_at, chunk_q};
     const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
     const int nwarp_block = blockDim.x >> 5;
     const i64 gw = (i64)blockIdx.x * nwarp_block + wib;
-    for (int i = threadIdx.x; i < (int)(sizeof(QueryTable) / 4); i += blockDim.x)
-        ((int*)Q)[i] = ((const int*)qtab)[i];
-    __syncthreads();
-    const int n = Q->n, last = n - 1;
-    const int wwords = (int)((sizeof(WarpState) + (n - 1) * sizeof(Level)) / 8);
-    WarpState* ws = (WarpState*)(smem + sizeof(QueryTable) + (size_t)wib * wwords * 8);
+    // per warp: its query's table, its state, then the levels of the deepest query
+    const int wwords = (int)((sizeof(QueryTable) + sizeof(WarpState) + (nmax - 1) * sizeof(Level)) / 8);
+    QueryTable* Q = (QueryTable*)(smem + (size_t)wib * wwords * 8);
+    WarpState* ws = (WarpState*)(Q + 1);
     Level* lv = (Level*)(ws + 1);
     u64* saved = state + gw * wwords;
     if (resume) {
-        for (int i = lane; i < wwords; i += 32) ((u64*)ws)[i] = saved[i];
+        for (int i = lane; i < wwords; i += 32) ((u64*)Q)[i] = saved[i];
     } else if (lane == 0) {
         ws->active = 0;
+        ws->q = -1;
         ws->count = 0;
         ws->batches = 0;
     }
@@ -469,14 +527,14 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
 
     while (true) {
         if (!ws->active) {
-            if (take_roots(g, Q, lv, ws, ctl, pool, pool_n, pool_m, lane)) continue;
+            if (take_roots(g, Q, lv, ws, b, ctl, pool, pool_n, pool_m, lane)) continue;
             if (!idle_counted) {
                 if (lane == 0) atomicAdd(&ctl[CTL_IDLE], 1ull);
                 idle_counted = true;
             }
             int verdict = 0;  // 0 keep waiting, 1 got work, 2 finished
             while (!verdict) {
-                if (take_group(lv, ws, ctl, queue, ready, queue_cap, lane)) {
+                if (take_group(Q, lv, ws, b, ctl, queue, ready, queue_cap, lane)) {
                     verdict = 1;
                     break;
                 }
@@ -512,22 +570,26 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
                 continue;
             }
         }
+        const Query qc = query_of(g, b, Q, ws->q);
+        const int last = Q->n - 1;
         const int top = ws->top;
         Level* L = &lv[top];
         const i64 cursor = L->cursor, total = L->total;
         if (cursor >= total) {
             __syncwarp();
+            const bool done = top == ws->base;
             if (lane == 0) {
-                if (top == ws->base) ws->active = 0;
+                if (done) ws->active = 0;
                 else ws->top = top - 1;
             }
             __syncwarp();
+            if (done) flush_count(ws, counts, lane);
             continue;
         }
         if (lane == 0) ws->batches++;
         const int d = top + 1;
-        if (d == last && fast_last) {  // count the whole level at once (counting only)
-            i64 part = lane < L->cnt ? count_last(g, Q, lv, last_prefix, d, lane, cursor) : 0;
+        if (d == last && Q->fast && !emit) {  // count the whole level at once (counting only)
+            i64 part = lane < L->cnt ? count_last(g, qc, lv, d, lane, cursor) : 0;
             for (int o = 16; o > 0; o >>= 1) part += __shfl_down_sync(FULL_MASK, part, o);
             if (lane == 0) {
                 if (count_limit) {
@@ -549,13 +611,13 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
             piv = L->piv[s];
             const i64 pos = L->start[s] + (idx - L->off[s]);
             c = __ldg(g.gadj + pos);
-            pass = (__ldg(g.cbits + c) >> d) & 1u;
-            if (pass && g.check_el) pass = __ldg(g.gadj_el + pos) == Q->el[d][piv];
-            if (pass) pass = check_path(g, Q, lv, d, c, s, piv);
+            pass = (__ldg(qc.cbits + c) >> d) & 1u;
+            if (pass && g.check_el) pass = __ldg(g.gadj_el + pos) == qc.el[d * MAXQ + piv];
+            if (pass) pass = check_path(g, qc, lv, d, c, s, piv);
         }
         if (d == last) {
-            const unsigned b = __ballot_sync(FULL_MASK, pass);
-            const int k = __popc(b);
+            const unsigned bal = __ballot_sync(FULL_MASK, pass);
+            const int k = __popc(bal);
             if (emit && k) {
                 int take = 0;
                 u64 first = 0;
@@ -563,7 +625,7 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
                 take = __shfl_sync(FULL_MASK, take, 0);
                 if (take < 0) break;  // buffer full: this batch is redone after the drain
                 first = __shfl_sync(FULL_MASK, first, 0);
-                const int r = __popc(b & ((1u << lane) - 1));
+                const int r = __popc(bal & ((1u << lane) - 1));
                 if (pass && r < take) {
                     int* row = out + (i64)(first + r) * Q->width;
                     row[Q->outpos[d]] = c;
@@ -602,5 +664,6 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
         __syncwarp();
     }
     __syncwarp();
-    for (int i = lane; i < wwords; i += 32) saved[i] = ((u64*)ws)[i];
+    if (ws->q >= 0) flush_count(ws, counts, lane);
+    for (int i = lane; i < wwords; i += 32) saved[i] = ((u64*)Q)[i];
 }

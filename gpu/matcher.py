@@ -1,7 +1,8 @@
 """Driver of the warp-parallel enumeration kernel (gpu/matcher.cu): shapes, memory, launches.
 
-One search = a root pool (optionally widened by a breadth-first pre-pass to depth 1),
-then launches of `match` until every warp is idle. A launch also ends when the output
+One search covers a batch of planned queries: a root pool in chunks of one query each
+(for a batch of one, optionally widened by a breadth-first pre-pass to depth 1), then
+launches of `match` until every warp is idle. A launch also ends when the output
 buffer fills (the host drains it and relaunches with the saved warp stacks), when the
 limit is reached or when the deadline passes (complete: false).
 
@@ -18,21 +19,20 @@ from dataclasses import dataclass
 import cupy as cp
 import numpy as np
 
-from csmd.cpu_matcher import SearchResult
-from csmd.plan import Plan
-
 from .device_graph import DeviceGraph
+from .filtering import MAXQ, QueryBatch
 from .launch import THREADS, flat_grid, i32, i64, or_dummy, u64
 from .module import kernel
 
-MAXQ = 32
-QT_INTS = 4 + 6 * MAXQ + MAXQ * MAXQ  # struct QueryTable
-QT_BYTES = 4 * QT_INTS
+QT_INTS = 4 + 6 * MAXQ  # struct QueryTable
+QT_WORDS = QT_INTS // 2  # in u64 words
 LEVEL_BYTES = 856  # struct Level
 WARP_BYTES = 40  # struct WarpState
-TASK_BYTES = 152  # struct Task
+TASK_BYTES = 160  # struct Task
+TASK_Q = 6  # Task.q, in ints
 WARPS_PER_BLOCK = 4
-COUNT_WORD, BATCHES_WORD = 3, 4  # WarpState.count and .batches, in u64 words
+# WarpState words (u64) in a warp's saved block, which starts with its QueryTable
+ACTIVE_WORD, COUNT_WORD, BATCHES_WORD = QT_WORDS + 1, QT_WORDS + 3, QT_WORDS + 4
 
 CTL_POOL, CTL_HEAD, CTL_TAIL, CTL_IDLE, CTL_STOP, CTL_OUTN, CTL_GCOUNT, CTL_STARTED = range(8)
 STOP_FULL, STOP_LIMIT, STOP_TIME = 1, 2, 3
@@ -43,34 +43,49 @@ class Tuning:
     """Capacities and the offload threshold; the defaults keep the extra memory under ~1 GB."""
 
     out_rows: int = 1 << 18  # output buffer rows per drain (at least 32: one batch)
-    queue_tasks: int = 1 << 18  # ring of offloaded tasks (152 bytes each)
+    queue_tasks: int = 1 << 18  # ring of offloaded tasks (160 bytes each)
     bfs_rows: int = 1 << 25  # pre-pass prefixes kept (8 bytes each); a larger pre-pass is abandoned
     offload_us: float = 200.0  # a warp busy this long hands work to idle warps
     max_blocks_per_sm: int = 4  # fewer leaves more of the SM's on-chip memory to the L1 cache
-    prefix_entries: int = 1 << 26  # count_last's prefix sums (4 bytes an adjacency entry) up to this size
+    prefix_entries: int = 1 << 26  # count_last's prefix sums (4 bytes an adjacency entry), all queries together
 
 
-def query_table(plan: Plan, depths: int, outpos: list[int]) -> np.ndarray:
-    """The kernel's QueryTable for the first `depths` depths of plan, rows laid out by outpos."""
-    t = np.zeros(QT_INTS, np.uint32)
-    q = plan.query
-    t[0], t[1], t[2] = depths, len(outpos), plan.depth
-    t[4:4 + len(outpos)] = outpos
-    lab, back, same, less, greater = (4 + MAXQ * k for k in range(1, 6))
-    el = 4 + 6 * MAXQ
-    for d, u in enumerate(plan.order):
-        t[lab + d] = q.labels[u]
-        for j, e in plan.backward[d]:
-            t[back + d] |= 1 << j
-            t[el + d * MAXQ + j] = e
-        t[same + d] = sum(1 << j for j in plan.same_label[d])
-        t[less + d] = sum(1 << j for j in plan.less[d])
-        t[greater + d] = sum(1 << j for j in plan.greater[d])
-    return t.view(np.int32)
+def query_tables(batch: QueryBatch, orders: np.ndarray, sym: list | None = None
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
+    """The kernel's QueryTable of every query of the batch (rows of QT_INTS int32) and, with
+    edge labels, its edge labels by depth ([d][j] flattened). orders (Q, MAXQ) as
+    greedy_orders gives them; sym[i] lists query i's (x, y) with f(x) < f(y)."""
+    nb = len(batch)
+    n = batch.nq.astype(np.int64)
+    valid = np.arange(MAXQ) < n[:, None]
+    order = np.where(valid, orders, 0)
+    r = np.arange(nb)[:, None, None]
+    adj = batch.adj[r, order[:, :, None], order[:, None, :]]  # by depth
+    lab = np.take_along_axis(batch.labels, order, 1)
+    earlier = np.tril(np.ones((MAXQ, MAXQ), bool), -1) & valid[:, None, :]
+    bit = np.uint64(1) << np.arange(MAXQ, dtype=np.uint64)
+    mask = lambda m: (m.astype(np.uint64) * bit).sum(2).astype(np.uint32)  # noqa: E731
+    t = np.zeros((nb, QT_INTS), np.uint32)
+    t[:, 0] = t[:, 1] = n
+    t[:, 4:4 + MAXQ] = order
+    t[:, 4 + MAXQ:4 + 2 * MAXQ] = lab
+    t[:, 4 + 2 * MAXQ:4 + 3 * MAXQ] = mask(adj & earlier)
+    t[:, 4 + 3 * MAXQ:4 + 4 * MAXQ] = mask(~adj & earlier & (lab[:, :, None] == lab[:, None, :]))
+    for i, pairs in enumerate(sym or []):
+        pos = {int(u): d for d, u in enumerate(orders[i, :n[i]])}
+        for x, y in pairs:  # f(x) < f(y): checked at the later of the two depths
+            dx, dy = pos[x], pos[y]
+            if dx < dy:
+                t[i, 4 + 4 * MAXQ + dy] |= 1 << dx  # less
+            else:
+                t[i, 4 + 5 * MAXQ + dx] |= 1 << dy  # greater
+    el = None if batch.el is None else batch.el[r, order[:, :, None], order[:, None, :]].reshape(nb, -1)
+    return t.view(np.int32), el
 
 
 def _warp_words(depths: int) -> int:
-    return (WARP_BYTES + (depths - 1) * LEVEL_BYTES) // 8
+    """u64 words of a warp's block: its QueryTable, WarpState and levels."""
+    return (4 * QT_INTS + WARP_BYTES + (depths - 1) * LEVEL_BYTES) // 8
 
 
 def _grid(fn, smem: int, max_blocks_per_sm: int) -> int:
@@ -86,41 +101,64 @@ def _grid(fn, smem: int, max_blocks_per_sm: int) -> int:
 
 
 class WarpSearch:
-    """One enumeration of `plan` over the candidates `cbits` (bits by depth) from `roots`."""
+    """One enumeration of a batch of planned queries (tables) over their candidates
+    (cbits, bits by depth) from a root pool with the query of each chunk (chunk_q)."""
 
-    def __init__(self, dg: DeviceGraph, plan: Plan, cbits: cp.ndarray, roots: cp.ndarray, tuning: Tuning):
-        self.dg, self.plan, self.cbits, self.tuning = dg, plan, cbits, tuning
+    def __init__(self, dg: DeviceGraph, tables: np.ndarray, el: np.ndarray | None, cbits: cp.ndarray,
+                 pool: cp.ndarray, chunk_q: cp.ndarray, tuning: Tuning):
+        self.dg, self.cbits, self.tuning = dg, cbits, tuning
+        self.tables = tables
+        self.nb = len(tables)
         self.fn = kernel("matcher", "match")
-        depth = plan.depth
-        self.smem = QT_BYTES + WARPS_PER_BLOCK * 8 * _warp_words(depth)
+        self.nmax = int(tables[:, 0].max())
+        self.smem = WARPS_PER_BLOCK * 8 * _warp_words(self.nmax)
         self.fn.max_dynamic_shared_size_bytes = self.smem
         self.blocks = _grid(self.fn, self.smem, tuning.max_blocks_per_sm)
         self.nwarps = self.blocks * WARPS_PER_BLOCK
         self.ctl = cp.zeros(8, cp.uint64)
-        self.state = cp.empty(self.nwarps * _warp_words(depth), cp.uint64)
+        self.state = cp.zeros(self.nwarps * _warp_words(self.nmax), cp.uint64)
         self.queue = cp.empty(tuning.queue_tasks * TASK_BYTES, cp.uint8)
         self.ready = cp.zeros(tuning.queue_tasks, cp.int32)
-        self.pool, self.pool_m = roots, 1
-        self.table = cp.asarray(query_table(plan, depth, plan.order))
-        self.last_prefix = None
+        self.counts = cp.zeros(self.nb, cp.uint64)
+        self.pool, self.pool_m, self.chunk_q = pool, 1, chunk_q
+        if dg.has_edge_labels and el is None:  # the kernel compares every edge's label: 0 in these queries
+            el = np.zeros((self.nb, MAXQ * MAXQ), np.int32)
+        self.el_host = el if dg.has_edge_labels else None
+        self.el = or_dummy(None if self.el_host is None else cp.asarray(el))
+        self.prefix, self.prefix_at = or_dummy(None), cp.full(self.nb, -1, cp.int64)
+        self.dev_tables = cp.asarray(tables)
 
     def _count_last_by_prefix(self) -> None:
-        """Counting, with one backward edge at the last depth: prefix sums of the adjacency
-        entries that are candidates of the last depth over the right edge label, so the kernel
-        counts a node's last-depth matches without checking its candidates one by one."""
-        dg, plan = self.dg, self.plan
+        """Counting, for the queries whose last depth has one backward edge: prefix sums of
+        the adjacency entries that are candidates of the last depth over the right edge
+        label, so the kernel counts a node's last-depth matches without checking its
+        candidates one by one. Queries get them while the total fits tuning.prefix_entries."""
+        dg, t = self.dg, self.tables
         m2 = len(dg.gadj)
-        if len(plan.backward[-1]) != 1 or m2 + 1 > min(self.tuning.prefix_entries, 2**31 - 1):
+        last = t[:, 0] - 1
+        back = t[np.arange(self.nb), 4 + 2 * MAXQ + last].view(np.uint32)
+        one = np.flatnonzero((last > 0) & (np.bitwise_count(back) == 1))
+        one = one[: min(self.tuning.prefix_entries, 2**31 - 1) // (m2 + 1)]
+        if not len(one) or m2 + 1 > 2**31 - 1:
             return
-        el = plan.backward[-1][0][1]
-        flags = cp.empty(m2, cp.int32)
-        kernel("matcher", "last_flags")(flat_grid(m2), (THREADS,), (
-            i64(m2), dg.gadj, or_dummy(dg.gadj_el), i32(dg.has_edge_labels), i32(el), self.cbits,
-            i32(plan.depth - 1), flags))
-        self.last_prefix = cp.zeros(m2 + 1, cp.int32)
-        self.last_prefix[1:] = cp.cumsum(flags, dtype=cp.int32)
+        j = np.log2(back[one]).astype(np.int64)  # the one backward depth
+        els = np.zeros(len(one), np.int32)
+        if self.el_host is not None:
+            els = self.el_host[one, last[one] * MAXQ + j].astype(np.int32)
+        flags = cp.empty((len(one), m2), cp.int32)
+        kernel("matcher", "last_flags")((flat_grid(m2)[0], len(one)), (THREADS,), (
+            i64(dg.n), i64(m2), dg.gadj, or_dummy(dg.gadj_el), i32(dg.has_edge_labels),
+            cp.asarray(one.astype(np.int32)), cp.asarray(els), cp.asarray(last[one].astype(np.int32)), self.cbits,
+            flags))
+        self.prefix = cp.zeros((len(one), m2 + 1), cp.int32)
+        cp.cumsum(flags, axis=1, dtype=cp.int32, out=self.prefix[:, 1:])
+        del flags
+        self.prefix_at[cp.asarray(one)] = cp.arange(len(one), dtype=cp.int64) * (m2 + 1)
+        fast = t.copy()
+        fast[one, 2] = 1
+        self.dev_tables = cp.asarray(fast)
 
-    def _launch(self, table, emit: bool, out, out_cap: int, limit_left: int, count_limit: int,
+    def _launch(self, tables, emit: bool, out, out_cap: int, limit_left: int, count_limit: int,
                 budget_s: float | None, resume: bool) -> np.ndarray:
         self.ctl[CTL_IDLE:CTL_OUTN + 1] = 0
         self.ctl[CTL_STARTED] = 0
@@ -128,36 +166,46 @@ class WarpSearch:
         budget_ns = 0 if budget_s is None else max(1, int(budget_s * 1e9))
         self.fn((self.blocks,), (WARPS_PER_BLOCK * 32,), (
             dg.indptr, dg.adj, or_dummy(dg.adj_el), dg.gadj, or_dummy(dg.gadj_el), dg.labels, or_dummy(dg.hub_of),
-            or_dummy(dg.hub_tab), i32(dg.num_labels), i32(dg.single_label), self.cbits, i32(dg.has_edge_labels),
-            table, self.pool, i64(len(self.pool) // self.pool_m), i32(self.pool_m), self.ctl, self.queue, self.ready,
-            i64(self.tuning.queue_tasks), self.state, i32(resume), i32(emit), out, i64(out_cap), i64(limit_left),
-            u64(count_limit), i64(budget_ns), i64(int(self.tuning.offload_us * 1e3)), or_dummy(self.last_prefix),
-            i32(self.last_prefix is not None and not emit)), shared_mem=self.smem)
+            or_dummy(dg.hub_tab), i32(dg.num_labels), i32(dg.single_label), i64(dg.n), i32(dg.has_edge_labels),
+            i32(self.nmax), tables, self.cbits, self.el, self.prefix, self.prefix_at, self.pool, self.chunk_q,
+            i64(len(self.pool) // self.pool_m), i32(self.pool_m), self.ctl, self.queue, self.ready,
+            i64(self.tuning.queue_tasks), self.state, self.counts, i32(resume), i32(emit), out, i64(out_cap),
+            i64(limit_left), u64(count_limit), i64(budget_ns), i64(int(self.tuning.offload_us * 1e3))),
+            shared_mem=self.smem)
         return self.ctl.get()
 
     def widen_pool(self, deadline: float | None) -> bool:
-        """Breadth-first pre-pass: replace the roots by their valid depth-1 extensions when
-        there are too few roots to occupy every warp and the extensions fit the pool cap.
-        False if the deadline passed."""
-        if self.plan.depth < 3 or len(self.pool) >= 4 * 32 * self.nwarps:
+        """Breadth-first pre-pass for a batch of one query: replace the roots by their valid
+        depth-1 extensions when there are too few roots to occupy every warp and the
+        extensions fit the pool cap. False if the deadline passed."""
+        if self.nb != 1 or self.nmax < 3 or len(self.pool) >= 4 * 32 * self.nwarps:
             return True
         cap = self.tuning.bfs_rows
         out = cp.empty(2 * cap, cp.int32)
-        table = cp.asarray(query_table(self.plan, 2, [0, 1]))
-        ctl = self._launch(table, True, out, cap, cap + 1, 0, _left(deadline), False)
+        t = self.tables.copy()
+        t[:, 0] = t[:, 1] = 2
+        t[:, 4:6] = [0, 1]
+        ctl = self._launch(cp.asarray(t), True, out, cap, cap + 1, 0, _left(deadline), False)
         if ctl[CTL_STOP] == STOP_TIME:
             return False
         if ctl[CTL_STOP] == 0:  # otherwise (buffer full) the pre-pass is abandoned
-            self.pool, self.pool_m = out[: 2 * int(ctl[CTL_OUTN])].copy(), 2
+            k = int(ctl[CTL_OUTN])
+            chunks = -(-k // 32)
+            self.pool = cp.full(64 * chunks, -1, cp.int32)
+            self.pool[: 2 * k] = out[: 2 * k]
+            self.pool_m, self.chunk_q = 2, cp.zeros(chunks, cp.int32)
         self.ctl.fill(0)  # the pre-pass may have used the task queue
         self.ready.fill(0)
+        self.counts.fill(0)
         return True
 
-    def run(self, *, limit: int | None, deadline: float | None, sink) -> tuple[int, bool]:
-        """(matches, complete); with `sink`, every match goes to sink(rows) as it is drained."""
+    def run(self, *, limit: int | None, deadline: float | None, sink) -> tuple[np.ndarray, np.ndarray]:
+        """(matches, complete) per query; with `sink` (a batch of one), every match goes to
+        sink(rows) as it is drained; a limit also needs a batch of one."""
+        assert self.nb == 1 or (limit is None and sink is None)
+        width = self.nmax
         if limit is not None and limit <= 0:
-            return 0, False
-        width = self.plan.depth
+            return np.zeros(1, np.int64), np.zeros(1, bool)
         emit = sink is not None
         out_cap = max(32, self.tuning.out_rows) if emit else 0
         out = cp.empty(out_cap * width, cp.int32) if emit else or_dummy(None)
@@ -168,64 +216,51 @@ class WarpSearch:
         while True:
             left = _left(deadline)
             if left is not None and left <= 0:
-                return self._count(drained, emit, count_limit), False
+                return self._counts(drained, emit, count_limit), self._finished()
             limit_left = (1 << 62) if limit is None else limit - drained
-            ctl = self._launch(self.table, emit, out, out_cap, limit_left, count_limit, left, resume)
+            ctl = self._launch(self.dev_tables, emit, out, out_cap, limit_left, count_limit, left, resume)
             if emit and ctl[CTL_OUTN]:
                 k = int(ctl[CTL_OUTN])
                 sink(out[: k * width].reshape(k, width).get())
                 drained += k
-            if ctl[CTL_STOP] != STOP_FULL:
-                return self._count(drained, emit, count_limit), bool(ctl[CTL_STOP] == 0)
-            if limit is not None and drained >= limit:
-                return drained, False
+            if ctl[CTL_STOP] == 0:
+                return self._counts(drained, emit, count_limit), np.ones(self.nb, bool)
+            if ctl[CTL_STOP] == STOP_TIME:
+                return self._counts(drained, emit, count_limit), self._finished()
+            if ctl[CTL_STOP] == STOP_LIMIT or (limit is not None and drained >= limit):
+                return self._counts(drained, emit, count_limit), np.zeros(1, bool)
             resume = True
+
+    def _finished(self) -> np.ndarray:
+        """Per query: no work of it is left (after a stop at the deadline): no untaken root
+        chunk, no queued task and no warp still on it."""
+        ctl = self.ctl.get()
+        left = set(self.chunk_q[min(int(ctl[CTL_POOL]), len(self.pool) // self.pool_m) // 32:].get().tolist())
+        head, tail = int(ctl[CTL_HEAD]), int(ctl[CTL_TAIL])
+        if tail > head:
+            slots = cp.asarray(np.arange(head, tail) % self.tuning.queue_tasks)
+            left |= set(self.queue.view(cp.int32).reshape(-1, TASK_BYTES // 4)[slots, TASK_Q].get().tolist())
+        words = self.state.reshape(self.nwarps, -1)[:, ACTIVE_WORD].get()
+        active, q = words & 0xFFFFFFFF, (words >> 32).astype(np.int64)
+        left |= set(q[(active != 0) & (q < self.nb)].tolist())
+        done = np.ones(self.nb, bool)
+        done[list(left)] = False
+        return done
 
     def balance(self) -> dict:
         """Batches checked per warp: total, mean and max (max / mean near 1 = balanced)."""
         b = self.state.reshape(self.nwarps, -1)[:, BATCHES_WORD].get().astype(np.int64)
         return {"warps": self.nwarps, "batches": int(b.sum()), "mean": float(b.mean()), "max": int(b.max())}
 
-    def _count(self, drained: int, emit: bool, count_limit: int) -> int:
+    def _counts(self, drained: int, emit: bool, count_limit: int) -> np.ndarray:
         if emit:
-            return drained
+            return np.array([drained], np.int64)
         if count_limit:
-            return min(int(self.ctl[CTL_GCOUNT].get()), count_limit)
-        return int(self.state.reshape(self.nwarps, -1)[:, COUNT_WORD].sum().get())
+            return np.array([min(int(self.ctl[CTL_GCOUNT].get()), count_limit)], np.int64)
+        return self.counts.get().astype(np.int64)
 
 
 def _left(deadline: float | None) -> float | None:
     return None if deadline is None else deadline - time.monotonic()
 
 
-def enumerate_matches(dg: DeviceGraph, plan: Plan, cbits: cp.ndarray, roots: cp.ndarray, *, limit=None,
-                      time_limit=None, sink=None, tuning: Tuning | None = None, balance: dict | None = None
-                      ) -> SearchResult:
-    """Count (and with `sink` stream) the matches of plan; cbits hold candidate bits by depth.
-
-    sink(rows) receives int32 arrays, one row per match, columns in query-vertex order.
-    balance, if given, receives WarpSearch.balance() of the search.
-    """
-    t0 = time.monotonic()
-    deadline = None if time_limit is None else t0 + time_limit
-    if plan.depth == 1:
-        return _single_vertex(plan, roots, limit, sink, t0)
-    if not len(roots):
-        return SearchResult(0, True, time.monotonic() - t0)
-    search = WarpSearch(dg, plan, cbits, roots, tuning or Tuning())
-    if not search.widen_pool(deadline):
-        return SearchResult(0, False, time.monotonic() - t0)
-    count, complete = search.run(limit=limit, deadline=deadline, sink=sink)
-    if balance is not None:
-        balance.update(search.balance())
-    return SearchResult(count, complete, time.monotonic() - t0)
-
-
-def _single_vertex(plan: Plan, roots: cp.ndarray, limit, sink, t0: float) -> SearchResult:
-    """A one-vertex query: its matches are its candidates."""
-    total = len(roots)
-    count = total if limit is None else min(limit, total)
-    if sink is not None and count:
-        sink(cp.sort(roots)[:count].get().reshape(-1, 1))
-    complete = limit is None or limit > total
-    return SearchResult(count, complete, time.monotonic() - t0)

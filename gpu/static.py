@@ -1,42 +1,84 @@
-"""The GPU engine's one-shot static query: filter on the device, plan on the host, enumerate."""
+"""The GPU engine's one-shot static queries: filter, plan and enumerate a batch of queries
+with a few launches each, whatever the batch size (hundreds of small queries cost about
+what one does).
+
+Planning stays on the device except the matching orders and tables, which the host
+computes for the whole batch at once from the candidate counts (plan.greedy_orders).
+"""
 
 from __future__ import annotations
 
 import time
 
+import cupy as cp
+import numpy as np
+
 from csmd.cpu_matcher import SearchResult
 from csmd.graph import Graph
-from csmd.plan import Plan, make_plan, order_from_sizes, symmetry_constraints
+from csmd.plan import greedy_orders, symmetry_constraints
 
 from .device_graph import DeviceGraph, device_graph
-from .filtering import by_depth, filter_candidates
-from .matcher import Tuning, enumerate_matches
+from .filtering import QueryBatch, filter_candidates, root_pool
+from .matcher import Tuning, WarpSearch, query_tables
 
 
-def plan_on_device(dg: DeviceGraph, q: Graph, distinct: bool = False):
-    """(plan, cbits by depth, roots), or None when some query vertex has no candidate
-    (or a query edge label the graph does not have): then there is no match."""
-    if q.elabels.any() and not dg.has_edge_labels:
-        return None
-    cbits, sizes = filter_candidates(dg, q)
-    if not sizes.all():
-        return None
-    order = order_from_sizes(q, sizes)
-    sym = symmetry_constraints(q)[0] if distinct else []
-    plan: Plan = make_plan(q, None, order, sym)
-    return plan, cbits, by_depth(dg, cbits, order)
+def match_many(g: Graph | DeviceGraph, queries: list[Graph], *, distinct: bool = False, time_limit=None,
+               tuning: Tuning | None = None) -> list[SearchResult]:
+    """Count the matches of every query, all in one search. Each query has `time_limit`
+    seconds from the start of the batch; one still running then is reported incomplete.
+    seconds = the batch's time (the same for every query)."""
+    return _search(g, queries, distinct=distinct, time_limit=time_limit, tuning=tuning)
 
 
 def match(g: Graph | DeviceGraph, q: Graph, *, distinct: bool = False, limit=None, time_limit=None, sink=None,
           tuning: Tuning | None = None, balance: dict | None = None) -> SearchResult:
-    """Plan and enumerate q in g on the GPU; `time_limit` covers both. seconds = both."""
+    """Plan and enumerate q in g; `time_limit` covers both, and so does seconds. sink(rows)
+    receives int32 arrays, one row per match, columns in query-vertex order. balance, if
+    given, receives WarpSearch.balance() of the search."""
+    return _search(g, [q], distinct=distinct, limit=limit, time_limit=time_limit, sink=sink, tuning=tuning,
+                   balance=balance)[0]
+
+
+def _search(g, queries, *, distinct, time_limit, tuning, limit=None, sink=None, balance=None) -> list[SearchResult]:
     t0 = time.monotonic()
+    deadline = None if time_limit is None else t0 + time_limit
     dg = g if isinstance(g, DeviceGraph) else device_graph(g)
-    planned = plan_on_device(dg, q, distinct)
-    if planned is None:
-        return SearchResult(0, limit is None or limit > 0, time.monotonic() - t0)
-    plan, cbits, roots = planned
-    left = None if time_limit is None else max(0.0, time_limit - (time.monotonic() - t0))
-    res = enumerate_matches(dg, plan, cbits, roots, limit=limit, time_limit=left, sink=sink, tuning=tuning,
-                            balance=balance)
-    return SearchResult(res.count, res.complete, time.monotonic() - t0)
+    batch = QueryBatch.pack(queries)
+    counts = np.zeros(len(queries), np.int64)
+    complete = np.ones(len(queries), bool)
+    cbits, sizes = filter_candidates(dg, batch)
+    valid = np.arange(sizes.shape[1]) < batch.nq[:, None]
+    # no match: a query vertex without candidates, or query edge labels the graph lacks
+    live = (sizes > 0).all(1, where=valid) & np.array([dg.has_edge_labels or not q.elabels.any() for q in queries])
+    single = live & (batch.nq == 1)
+    counts[single] = sizes[single, 0]
+    if single.any() and len(queries) == 1:  # its matches are its candidates
+        counts[0], complete[0] = _single_vertex(cbits[0], int(sizes[0, 0]), limit, sink)
+    idx = np.flatnonzero(live & ~single)
+    if len(idx):
+        sub = batch.take(idx)
+        cb = cbits if len(idx) == len(queries) else cbits[cp.asarray(idx)]
+        del cbits
+        orders = greedy_orders(sub.adj, sizes[idx], sub.nq)
+        sym = [symmetry_constraints(queries[i])[0] for i in idx] if distinct else None
+        tables, el = query_tables(sub, orders, sym)
+        pool, chunk_q = root_pool(dg, cb, sub, orders, sizes[idx, orders[:, 0]])
+        search = WarpSearch(dg, tables, el, cb, pool, chunk_q, tuning or Tuning())
+        if search.widen_pool(deadline):
+            counts[idx], complete[idx] = search.run(limit=limit, deadline=deadline, sink=sink)
+        else:
+            complete[idx] = False
+        if balance is not None:
+            balance.update(search.balance())
+    if limit is not None:
+        complete &= counts < limit
+    seconds = time.monotonic() - t0
+    return [SearchResult(int(c), bool(ok), seconds) for c, ok in zip(counts, complete)]
+
+
+def _single_vertex(cbits: cp.ndarray, total: int, limit, sink) -> tuple[int, bool]:
+    """A one-vertex query: its matches are its candidates."""
+    count = total if limit is None else min(limit, total)
+    if sink is not None and count:
+        sink(cp.flatnonzero(cbits & 1).astype(cp.int32)[:count].get().reshape(-1, 1))
+    return count, limit is None or limit > total

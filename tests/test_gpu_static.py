@@ -3,6 +3,7 @@
 Skipped without CUDA. The random cases are the CPU engine's (test_random_static), plus
 larger hub-heavy graphs (hubs of degree in the thousands) with queries of 2 to 16
 vertices, where the CPU engine (itself checked against brute force) is the reference.
+Batches (many queries in one search) are checked the same ways.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def gpu_collect(g, q, **kw):
     return res, [tuple(x) for r in rows for x in r.tolist()]
 
 
+def gpu_match_many(g, qs, **kw):
+    from csmd.gpu.static import match_many
+
+    return match_many(g, qs, **kw)
+
+
 def tuning(**kw):
     from csmd.gpu.matcher import Tuning
 
@@ -61,6 +68,14 @@ def test_hprd_all_queries_match_expected_counts():
         if (res.count, res.complete) != (count, True):
             wrong[name] = (res.count, res.complete, count)
     assert wrong == {}
+
+
+def test_hprd_all_queries_in_one_batch():
+    root = dataset("hprd")
+    g, expected = read_graph(root / "data.graph"), read_expected(root / "expected_counts.txt")
+    names = list(expected)
+    res = gpu_match_many(g, [read_query(root / "queries" / f"{name}.graph") for name in names])
+    assert {n: (r.count, r.complete) for n, r in zip(names, res)} == {n: (c, True) for n, c in expected.items()}
 
 
 # ---- the CPU engine's random cases, against brute force -------------------------------------
@@ -149,6 +164,30 @@ def test_hub_case_equals_cpu(seed):
         assert r.complete and len(got) == len(set(got)) == total and set(got) == want, ctx
 
 
+@pytest.mark.parametrize("seed", range(0, NUM_HUB_CASES, 4), ids=lambda s: f"hub{s}")
+def test_hub_graph_batch_equals_cpu(seed):
+    """Many queries on one hub-heavy graph in one search: random ones (with edge labels the
+    graph may lack), a one-vertex query and one whose label the graph lacks, beside the
+    hub case's own; counts equal the CPU engine's, with --distinct too."""
+    g, q, total = hub_case(seed)
+    rng = random.Random(seed + 7)
+    nlabels = int(g.labels.max()) + 1
+    queries, want = [q], [total]
+    while len(queries) < 24:
+        cand = to_graph(*random_connected_query(rng, rng.randint(2, 8), nlabels, 2))
+        res = search(g, plan_query(g, cand), time_limit=CPU_TIME_LIMIT)
+        if res.complete:
+            queries.append(cand)
+            want.append(res.count)
+    queries += [to_graph([1], []), to_graph([nlabels, 0], [(0, 1, 0)])]
+    want += [int((g.labels == 1).sum()), 0]
+    got = gpu_match_many(g, queries)
+    assert [(r.count, r.complete) for r in got] == [(w, True) for w in want], f"seed={seed}"
+    auts = [symmetry_constraints(x)[1] for x in queries]
+    dist = gpu_match_many(g, queries, distinct=True)
+    assert [r.count * a for r, a in zip(dist, auts)] == want and all(r.complete for r in dist), f"seed={seed}"
+
+
 def test_hub_cases_are_varied():
     sizes, degrees, counts = set(), [], []
     for seed in range(0, NUM_HUB_CASES, 2):
@@ -176,6 +215,14 @@ def test_time_limit_stops_inside_the_search():
     assert not res.complete and res.seconds < 2.0 and len(rows) == res.count == len(set(rows))
 
 
+def test_batch_time_limit_marks_only_unfinished_queries():
+    g, star = star_graph()
+    edge = to_graph([0, 0], [(0, 1, 0)])
+    res = gpu_match_many(g, [edge, star, edge], time_limit=0.5)
+    assert [(r.count, r.complete) for r in (res[0], res[2])] == [(6000, True)] * 2
+    assert not res[1].complete and res[1].seconds < 3.0
+
+
 def test_limit_stops_a_huge_search():
     g, q = star_graph()
     assert (gpu_match(g, q, limit=10**9).count, gpu_match(g, q, limit=10**9).complete) == (10**9, False)
@@ -192,6 +239,22 @@ def test_cli_match_on_gpu(backend, tmp_path, capsys):
     (res,) = run_cli(capsys, ["match", "--backend", backend, "--json", "--data", str(tmp_path / "data.graph"),
                               "--query", str(tmp_path / "q.graph")])
     assert res["backend"] == "gpu" and res["matches"] == len(truth) and res["complete"] is True
+
+
+def test_cli_match_batch_on_gpu(tmp_path, capsys):
+    """Several queries without --limit or --output run as one batch: counts equal the CPU's."""
+    _, glabels, gedges, _, _, _ = make_case(1037)
+    write_graph_file(tmp_path / "data.graph", glabels, gedges, random.Random(1))
+    rng = random.Random(5)
+    (tmp_path / "qs").mkdir()
+    for i in range(12):
+        write_query_file(tmp_path / "qs" / f"q{i}.graph", *random_connected_query(rng, rng.randint(2, 6), 3, 1))
+    argv = ["match", "--json", "--data", str(tmp_path / "data.graph"), "--query", str(tmp_path / "qs")]
+    gpu = run_cli(capsys, argv + ["--backend", "gpu"])
+    cpu = run_cli(capsys, argv + ["--backend", "cpu"])
+    assert [(r["query"], r["matches"], r["complete"]) for r in gpu] == \
+        [(r["query"], r["matches"], r["complete"]) for r in cpu]
+    assert sum(r["matches"] for r in cpu) > 0 and {r["backend"] for r in gpu} == {"gpu"}
 
 
 # ---- github: trillions of matches ------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""Matching orders (plan.greedy_orders) on random queries: what the rules promise.
+
+Every order is a connected permutation that keeps its prefix; the 2-core comes before
+the trees hanging off it; a vertex whose neighbours were all placed when it was chosen
+is chosen only when no eligible vertex of its class still had neighbours to place;
+a batch gives the same orders as one query at a time.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from csmd.plan import anchor_order, greedy_orders, order_from_sizes, query_adjacency, two_core
+from test_random_static import random_connected_query, to_graph
+
+
+def random_query(seed: int):
+    rng = random.Random(seed)
+    q = to_graph(*random_connected_query(rng, rng.randint(2, 20), 3, 1))
+    return q, np.array([rng.randint(1, 500) for _ in range(q.n)])
+
+
+def core_by_peeling(q) -> set[int]:
+    """The 2-core, the slow and obvious way."""
+    alive = set(range(q.n))
+    while True:
+        drop = {u for u in alive if len(set(q.neighbors(u).tolist()) & alive) <= 1}
+        if not drop:
+            return alive
+        alive -= drop
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_order_rules(seed):
+    q, sizes = random_query(seed)
+    order = order_from_sizes(q, sizes)
+    assert sorted(order) == list(range(q.n))
+    core = core_by_peeling(q)
+    nbrs = [set(q.neighbors(u).tolist()) for u in range(q.n)]
+    if core:
+        assert order[0] in core
+        assert all(u in core for u in order[:len(core)]), "the 2-core first"
+    for i in range(1, q.n):
+        placed, u = set(order[:i]), order[i]
+        assert nbrs[u] & placed, "connected"
+        frontier = [w for w in range(q.n) if w not in placed and nbrs[w] & placed]
+        same_class = [w for w in frontier if (w in core) == (u in core)]
+        if nbrs[u] <= placed | {u}:  # u constrains nothing after it
+            assert all(nbrs[w] <= placed | {w} for w in same_class), f"deferred vertex chosen early: {order}"
+    assert set(np.flatnonzero(two_core(query_adjacency(q)[None], np.ones((1, q.n), bool))[0]).tolist()) == core
+
+
+def test_anchor_order_keeps_the_edge():
+    for seed in range(50):
+        q, sizes = random_query(seed)
+        a = int(q.indices[0])
+        b = 0
+        order = anchor_order(q, sizes, b, a)
+        assert order[:2] == [b, a] and sorted(order) == list(range(q.n))
+
+
+def test_batch_equals_one_at_a_time():
+    cases = [random_query(seed) for seed in range(60)]
+    width = max(q.n for q, _ in cases)
+    adj = np.zeros((len(cases), width, width), bool)
+    sizes = np.zeros((len(cases), width), np.int64)
+    for i, (q, s) in enumerate(cases):
+        adj[i, :q.n, :q.n] = query_adjacency(q)
+        sizes[i, :q.n] = s
+    got = greedy_orders(adj, sizes, np.array([q.n for q, _ in cases]))
+    for i, (q, s) in enumerate(cases):
+        assert got[i, :q.n].tolist() == order_from_sizes(q, s) and (got[i, q.n:] == -1).all()
