@@ -98,14 +98,14 @@ def cpu_result(g: Graph, f: Path, cpu_limit: float, cache: dict) -> tuple[int, b
 
 
 def compare_engines(name: str, g: Graph, files: list[Path], runs: int, cpu_limit: float, cache: dict,
-                    expected=None, gpu_limit: float | None = None) -> list[str]:
+                    expected=None, gpu_limit: float | None = None, single: bool = True) -> list[str]:
     """One row: the queries the CPU engine finishes, on the CPU one at a time and on the GPU
-    as one batch (match_many; median of runs) and one at a time."""
+    as one batch (match_many; median of runs) and, with `single`, one at a time."""
     dg = device_graph(g)
     queries = [read_query(f) for f in files]
-    match_many(dg, queries[:2])
-    match(dg, queries[0])
-    search(g, plan_query(g, queries[0]))
+    match_many(dg, queries[:2], time_limit=1.0)
+    match(dg, queries[0], time_limit=1.0)
+    search(g, plan_query(g, queries[0]), time_limit=1.0)
     cpu = [cpu_result(g, f, cpu_limit, cache) for f in files]
     keep = [i for i, c in enumerate(cpu) if c[1]]
     batch = [queries[i] for i in keep]
@@ -116,7 +116,7 @@ def compare_engines(name: str, g: Graph, files: list[Path], runs: int, cpu_limit
         res = match_many(dg, batch, time_limit=gpu_limit)
         times.append(time.perf_counter() - t0)
     t_batch = statistics.median(times)
-    t_single = sum(timed_gpu(dg, q, 1, gpu_limit)[2] for q in batch)
+    t_single = sum(timed_gpu(dg, q, 1, gpu_limit)[2] for q in batch) if single else float("nan")
     done = [k for k, r in enumerate(res) if r.complete]  # a query the GPU left unfinished leaves the CPU total
     wrong = 0
     for k in done:
@@ -126,7 +126,8 @@ def compare_engines(name: str, g: Graph, files: list[Path], runs: int, cpu_limit
             log(f"  MISMATCH {files[i].stem}: gpu {res[k].count}, cpu {cpu[i][0]}")
     t_cpu = sum(cpu[keep[k]][2] for k in done)
     row = [name, str(len(done)), f"{len(files) - len(keep)} / {len(batch) - len(done)}", f"{t_cpu:.3f}",
-           f"{t_batch:.4f}", f"{t_cpu / t_batch:.0f}x", f"{t_single:.3f}", f"{t_cpu / t_single:.1f}x", str(wrong)]
+           f"{t_batch:.4f}", f"{t_cpu / t_batch:.0f}x", f"{t_single:.3f}" if single else "-",
+           f"{t_cpu / t_single:.1f}x" if single else "-", str(wrong)]
     log("  " + " | ".join(row))
     return row
 
@@ -147,12 +148,18 @@ def bench_small(datasets: Path, sections: list[str], runs: int, sample: int, cpu
     yeast = datasets / "yeast"
     if "yeast" in sections and (yeast / "data.graph").is_file():
         g = read_graph(yeast / "data.graph")
+        every = []
         for cls in YEAST_CLASSES:
             log(f"yeast {cls}")
             files = class_files(yeast / "queries", cls)[:sample]
+            every += files
             if files:
                 rows.append(compare_engines(f"yeast {cls}", g, files, runs, cpu_limit, cpu_cache,
                                             gpu_limit=gpu_limit))
+        if every:
+            log("yeast, every class in one batch")
+            rows.append(compare_engines("yeast (all above)", g, every, runs, cpu_limit, cpu_cache,
+                                        gpu_limit=gpu_limit, single=False))
     return table(["queries", "n", f"left out: CPU > {cpu_limit:g} s / GPU > {gpu_limit:g} s", "CPU total s",
                   f"GPU batch s (median of {runs})", "speed-up", "GPU one at a time s", "speed-up", "mismatches"],
                  rows)

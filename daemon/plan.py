@@ -112,13 +112,15 @@ def greedy_orders(adj: np.ndarray, sizes: np.ndarray, nq: np.ndarray, prefix: np
                   ) -> np.ndarray:
     """Connected matching orders of a batch of queries at once (GPU planning does hundreds).
 
-    adj (Q, n, n) bool with query i using vertices < nq[i]; sizes (Q, n) candidate counts;
+    adj (Q, n, n) bool with query i using vertices < nq[i]; sizes (Q, n) what each
+    vertex's candidates cost the engine (the CPU engine, which intersects candidate sets:
+    their number; the GPU engine, which scans their neighbour ranges: their total degree);
     prefix (Q, k) fixes the first k vertices, else each order starts at the 2-core vertex
-    with the fewest candidates per edge. Then, among the vertices adjacent to the placed
+    with the cheapest candidates per edge. Then, among the vertices adjacent to the placed
     ones: 2-core vertices before the trees hanging off it, and vertices with neighbours
     still to place before those whose neighbours are all placed (such a vertex constrains
     nothing after it: its candidates only multiply the partial matches, so it goes last);
-    then the most edges back to the placed vertices (each is a filter), the fewest
+    then the most edges back to the placed vertices (each is a filter), the cheapest
     candidates, the highest degree, the lowest id. Returns (Q, n), padded with -1.
     """
     nb, n, _ = adj.shape

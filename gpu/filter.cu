@@ -130,16 +130,29 @@ extern "C" __global__ void refine(i64 n, const i64* __restrict__ indptr, const i
     }
 }
 
-// Candidates per query vertex (block-local counts first: one global atomic per bit per block).
-extern "C" __global__ void count_bits(i64 n, const unsigned* __restrict__ cbits, u64* sizes) {
-    __shared__ u64 local[MAXQ];
-    if (threadIdx.x < MAXQ) local[threadIdx.x] = 0;
+// Candidates per query vertex, and their adjacency volume (the sum of their degrees: what
+// the search scans when it extends from them). Block-local sums first: one global atomic
+// per bit per block.
+extern "C" __global__ void count_bits(i64 n, const i64* __restrict__ indptr, const unsigned* __restrict__ cbits,
+                                      u64* sizes, u64* volume) {
+    __shared__ u64 local[MAXQ], vol[MAXQ];
+    if (threadIdx.x < MAXQ) local[threadIdx.x] = vol[threadIdx.x] = 0;
     __syncthreads();
     const unsigned* cb = cbits + (i64)blockIdx.y * n;
-    for (i64 v = blockIdx.x * (i64)blockDim.x + threadIdx.x; v < n; v += (i64)gridDim.x * blockDim.x)
-        for (unsigned rest = cb[v]; rest; rest &= rest - 1) atomicAdd(&local[__ffs(rest) - 1], 1ull);
+    for (i64 v = blockIdx.x * (i64)blockDim.x + threadIdx.x; v < n; v += (i64)gridDim.x * blockDim.x) {
+        const unsigned bits = cb[v];
+        if (!bits) continue;
+        const u64 deg = (u64)(indptr[v + 1] - indptr[v]);
+        for (unsigned rest = bits; rest; rest &= rest - 1) {
+            atomicAdd(&local[__ffs(rest) - 1], 1ull);
+            atomicAdd(&vol[__ffs(rest) - 1], deg);
+        }
+    }
     __syncthreads();
-    if (threadIdx.x < MAXQ && local[threadIdx.x]) atomicAdd(&sizes[blockIdx.y * MAXQ + threadIdx.x], local[threadIdx.x]);
+    if (threadIdx.x < MAXQ && local[threadIdx.x]) {
+        atomicAdd(&sizes[blockIdx.y * MAXQ + threadIdx.x], local[threadIdx.x]);
+        atomicAdd(&volume[blockIdx.y * MAXQ + threadIdx.x], vol[threadIdx.x]);
+    }
 }
 
 // Renumber the bits from query vertex to matching depth (bit d <=> candidate of order[d]) and

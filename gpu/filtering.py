@@ -67,9 +67,10 @@ def _grid(dg: DeviceGraph, queries: int) -> tuple[int, int]:
     return flat_grid(dg.n)[0], queries
 
 
-def filter_candidates(dg: DeviceGraph, batch: QueryBatch) -> tuple[cp.ndarray, np.ndarray]:
-    """(cbits, sizes): cbits[i, v] bit u <=> v is a candidate of vertex u of query i
-    (shape (Q, n)); sizes[i, u] = |C(u)| of query i (shape (Q, MAXQ))."""
+def filter_candidates(dg: DeviceGraph, batch: QueryBatch) -> tuple[cp.ndarray, np.ndarray, np.ndarray]:
+    """(cbits, sizes, volume): cbits[i, v] bit u <=> v is a candidate of vertex u of query i
+    (shape (Q, n)); sizes[i, u] = |C(u)| of query i and volume[i, u] the sum of the degrees
+    of those candidates (shape (Q, MAXQ))."""
     nb = len(batch)
     cbits = cp.empty((nb, dg.n), cp.uint32)
     grid, n = _grid(dg, nb), i64(dg.n)
@@ -86,9 +87,10 @@ def filter_candidates(dg: DeviceGraph, batch: QueryBatch) -> tuple[cp.ndarray, n
                                                        i32(dg.has_edge_labels), *query, qel, cbits, changed))
         if not int(changed.get()[0]):
             break
-    sizes = cp.zeros((nb, MAXQ), cp.uint64)
-    kernel("filter", "count_bits")(grid, (THREADS,), (n, cbits, sizes))
-    return cbits, sizes.get().astype(np.int64)
+    sizes = cp.zeros((2, nb, MAXQ), cp.uint64)
+    kernel("filter", "count_bits")(grid, (THREADS,), (n, dg.indptr, cbits, sizes[0], sizes[1]))
+    sizes, volume = sizes.get().astype(np.int64)
+    return cbits, sizes, volume
 
 
 def root_pool(dg: DeviceGraph, cbits: cp.ndarray, batch: QueryBatch, orders: np.ndarray, roots: np.ndarray

@@ -46,7 +46,9 @@ class Tuning:
     queue_tasks: int = 1 << 18  # ring of offloaded tasks (160 bytes each)
     bfs_rows: int = 1 << 25  # pre-pass prefixes kept (8 bytes each); a larger pre-pass is abandoned
     offload_us: float = 200.0  # a warp busy this long hands work to idle warps
-    max_blocks_per_sm: int = 4  # fewer leaves more of the SM's on-chip memory to the L1 cache
+    # fewer blocks leave more of the SM's on-chip memory to the L1 cache: on github (H200)
+    # 2 took 10.4 s for Q_0..Q_21, 3 took 10.6 and 4 took 13.0 (Q_13: 0.19 / 0.31 / 0.63 s)
+    max_blocks_per_sm: int = 2
     prefix_entries: int = 1 << 26  # count_last's prefix sums (4 bytes an adjacency entry), all queries together
 
 

@@ -3,7 +3,8 @@ with a few launches each, whatever the batch size (hundreds of small queries cos
 what one does).
 
 Planning stays on the device except the matching orders and tables, which the host
-computes for the whole batch at once from the candidate counts (plan.greedy_orders).
+computes for the whole batch at once from the candidates' adjacency volumes
+(plan.greedy_orders).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _search(g, queries, *, distinct, time_limit, tuning, limit=None, sink=None, 
     batch = QueryBatch.pack(queries)
     counts = np.zeros(len(queries), np.int64)
     complete = np.ones(len(queries), bool)
-    cbits, sizes = filter_candidates(dg, batch)
+    cbits, sizes, volume = filter_candidates(dg, batch)
     valid = np.arange(sizes.shape[1]) < batch.nq[:, None]
     # no match: a query vertex without candidates, or query edge labels the graph lacks
     live = (sizes > 0).all(1, where=valid) & np.array([dg.has_edge_labels or not q.elabels.any() for q in queries])
@@ -59,7 +60,9 @@ def _search(g, queries, *, distinct, time_limit, tuning, limit=None, sink=None, 
         sub = batch.take(idx)
         cb = cbits if len(idx) == len(queries) else cbits[cp.asarray(idx)]
         del cbits
-        orders = greedy_orders(sub.adj, sizes[idx], sub.nq)
+        # the search scans the neighbour ranges of partial matches: weigh vertices by the
+        # adjacency volume of their candidates (github Q_16: 1.8 s instead of 3.9 by count)
+        orders = greedy_orders(sub.adj, volume[idx], sub.nq)
         sym = [symmetry_constraints(queries[i])[0] for i in idx] if distinct else None
         tables, el = query_tables(sub, orders, sym)
         pool, chunk_q = root_pool(dg, cb, sub, orders, sizes[idx, orders[:, 0]])
