@@ -60,7 +60,12 @@ class QueryBatch:
     @property
     def masks(self) -> np.ndarray:
         """(Q, MAXQ) uint32: bit w of row u <=> query edge u-w."""
-        return (self.adj.astype(np.uint64) << np.arange(MAXQ, dtype=np.uint64)).sum(2).astype(np.uint32)
+        return bitmask(self.adj)
+
+
+def bitmask(m: np.ndarray) -> np.ndarray:
+    """Rows of MAXQ bools (last axis) as uint32 words, bit j = m[..., j]."""
+    return np.packbits(m, axis=-1, bitorder="little").view("<u4")[..., 0]
 
 
 def _grid(dg: DeviceGraph, queries: int) -> tuple[int, int]:

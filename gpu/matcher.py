@@ -20,7 +20,7 @@ import cupy as cp
 import numpy as np
 
 from .device_graph import DeviceGraph
-from .filtering import MAXQ, QueryBatch
+from .filtering import MAXQ, QueryBatch, bitmask
 from .launch import THREADS, flat_grid, i32, i64, or_dummy, u64
 from .module import kernel
 
@@ -65,14 +65,12 @@ def query_tables(batch: QueryBatch, orders: np.ndarray, sym: list | None = None
     adj = batch.adj[r, order[:, :, None], order[:, None, :]]  # by depth
     lab = np.take_along_axis(batch.labels, order, 1)
     earlier = np.tril(np.ones((MAXQ, MAXQ), bool), -1) & valid[:, None, :]
-    bit = np.uint64(1) << np.arange(MAXQ, dtype=np.uint64)
-    mask = lambda m: (m.astype(np.uint64) * bit).sum(2).astype(np.uint32)  # noqa: E731
     t = np.zeros((nb, QT_INTS), np.uint32)
     t[:, 0] = t[:, 1] = n
     t[:, 4:4 + MAXQ] = order
     t[:, 4 + MAXQ:4 + 2 * MAXQ] = lab
-    t[:, 4 + 2 * MAXQ:4 + 3 * MAXQ] = mask(adj & earlier)
-    t[:, 4 + 3 * MAXQ:4 + 4 * MAXQ] = mask(~adj & earlier & (lab[:, :, None] == lab[:, None, :]))
+    t[:, 4 + 2 * MAXQ:4 + 3 * MAXQ] = bitmask(adj & earlier)
+    t[:, 4 + 3 * MAXQ:4 + 4 * MAXQ] = bitmask(~adj & earlier & (lab[:, :, None] == lab[:, None, :]))
     for i, pairs in enumerate(sym or []):
         pos = {int(u): d for d, u in enumerate(orders[i, :n[i]])}
         for x, y in pairs:  # f(x) < f(y): checked at the later of the two depths
