@@ -28,8 +28,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from kafka_harness import HUMAN, DaemonProcess, Topics, config_text, human_lines, kill_leftovers, new_admin_port  # noqa: E402
 
 from csmd.connectors.broker import EmbeddedBroker  # noqa: E402
-from csmd.formats import read_graph, read_query  # noqa: E402
-from csmd.replay import replay  # noqa: E402
+from csmd.model.formats import read_graph, read_query  # noqa: E402
+from csmd.cli.replay import replay  # noqa: E402
 
 SETS = {
     "4 queries, every match": (["Q_1", "Q_2", "Q_5", "Q_8"], False),

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 
-from csmd.formats import read_graph, read_query
-from csmd.replay import replay
+from csmd.model.formats import read_graph, read_query
+from csmd.cli.replay import replay
 
 
 def measure(g0, stream, queries, batch_size, runs):

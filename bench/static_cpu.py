@@ -34,9 +34,9 @@ from pathlib import Path
 import networkx as nx
 from networkx.algorithms.isomorphism import GraphMatcher
 
-from csmd import cpu_matcher
-from csmd.formats import read_graph, read_query
-from csmd.plan import plan_query
+from csmd.cpu import matcher as cpu_matcher
+from csmd.model.formats import read_graph, read_query
+from csmd.model.plan import plan_query
 
 REPO = Path(__file__).resolve().parent.parent
 YEAST_CLASSES = ["query_dense_4", "query_dense_8", "query_sparse_8"]

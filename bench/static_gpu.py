@@ -37,13 +37,13 @@ from cupy.cuda.memory_hook import MemoryHook
 
 from static_cpu import class_files, natural_key, table
 
-from csmd.cpu_matcher import search
-from csmd.formats import read_graph, read_query
+from csmd.cpu.matcher import search
+from csmd.model.formats import read_graph, read_query
 from csmd.gpu.device_graph import device_graph
 from csmd.gpu.rmat import rmat_graph
 from csmd.gpu.static import match, match_many
-from csmd.graph import Graph
-from csmd.plan import plan_query
+from csmd.model.graph import Graph
+from csmd.model.plan import plan_query
 
 REPO = Path(__file__).resolve().parent.parent
 GMATCH_H200 = {13: 0.43, 15: 2.1, 16: 3.9, 21: 12.3}  # published; every other query < 0.7 s

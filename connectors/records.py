@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from csmd.errors import InputError
-from csmd.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update, parse_update
+from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update, parse_update
 from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, JSON, TEXT
 
 FORMATS = ("auto", "arrow", "json", "text")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import cupy as cp
 
-from csmd.graph import Graph
+from csmd.model.graph import Graph
 
 from .launch import THREADS, flat_grid, i32, i64
 from .module import kernel
@@ -50,7 +50,7 @@ class DeviceGraph:
         self.hub_of[hubs] = cp.arange(len(hubs), dtype=cp.int32)
         self.hub_tab = cp.empty(max(1, len(hubs) * row), cp.int32)
         if len(hubs):
-            kernel("filter", "label_index")(flat_grid(len(hubs) * row), (THREADS,), (
+            kernel("filtering", "label_index")(flat_grid(len(hubs) * row), (THREADS,), (
                 i64(len(hubs)), hubs.astype(cp.int32), i32(self.num_labels), self.indptr, self.gadj, self.labels,
                 self.hub_tab))
 

@@ -13,7 +13,7 @@ import cupy as cp
 import numpy as np
 
 from csmd.errors import InputError
-from csmd.graph import Graph
+from csmd.model.graph import Graph
 
 from .device_graph import DeviceGraph
 from .launch import THREADS, flat_grid, i32, i64, or_dummy
@@ -81,19 +81,19 @@ def filter_candidates(dg: DeviceGraph, batch: QueryBatch) -> tuple[cp.ndarray, n
     grid, n = _grid(dg, nb), i64(dg.n)
     index = (or_dummy(dg.hub_of), or_dummy(dg.hub_tab), i32(dg.num_labels), i32(dg.single_label))
     query = (cp.asarray(batch.nq), cp.asarray(batch.labels), cp.asarray(batch.masks))
-    kernel("filter", "ldf_nlf")(grid, (THREADS,), (n, dg.indptr, dg.gadj, dg.labels, *index, *query, cbits))
+    kernel("filtering", "ldf_nlf")(grid, (THREADS,), (n, dg.indptr, dg.gadj, dg.labels, *index, *query, cbits))
     qel = or_dummy(None)
     if dg.has_edge_labels:  # a query without edge labels asks for label 0 on every edge
         qel = cp.zeros((nb, MAXQ, MAXQ), cp.int32) if batch.el is None else cp.asarray(batch.el)
     changed = cp.zeros(1, cp.int32)
     for _ in range(REFINE_ROUNDS):
         changed.fill(0)
-        kernel("filter", "refine")(grid, (THREADS,), (n, dg.indptr, dg.gadj, or_dummy(dg.gadj_el), dg.labels, *index,
+        kernel("filtering", "refine")(grid, (THREADS,), (n, dg.indptr, dg.gadj, or_dummy(dg.gadj_el), dg.labels, *index,
                                                        i32(dg.has_edge_labels), *query, qel, cbits, changed))
         if not int(changed.get()[0]):
             break
     sizes = cp.zeros((2, nb, MAXQ), cp.uint64)
-    kernel("filter", "count_bits")(grid, (THREADS,), (n, dg.indptr, cbits, sizes[0], sizes[1]))
+    kernel("filtering", "count_bits")(grid, (THREADS,), (n, dg.indptr, cbits, sizes[0], sizes[1]))
     sizes, volume = sizes.get().astype(np.int64)
     return cbits, sizes, volume
 
@@ -108,6 +108,6 @@ def root_pool(dg: DeviceGraph, cbits: cp.ndarray, batch: QueryBatch, orders: np.
     at[1:] = np.cumsum(chunks[:-1]) * 32
     pool = cp.full(int(chunks.sum()) * 32, -1, cp.int32)
     filled = cp.zeros(len(roots), cp.uint64)
-    kernel("filter", "by_depth")(_grid(dg, len(roots)), (THREADS,), (
+    kernel("filtering", "by_depth")(_grid(dg, len(roots)), (THREADS,), (
         i64(dg.n), cbits, cp.asarray(orders.astype(np.int32)), cp.asarray(batch.nq), cp.asarray(at), pool, filled))
     return pool, cp.asarray(np.repeat(np.arange(len(roots), dtype=np.int32), chunks))

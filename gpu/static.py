@@ -14,9 +14,9 @@ import time
 import cupy as cp
 import numpy as np
 
-from csmd.cpu_matcher import SearchResult
-from csmd.graph import Graph
-from csmd.plan import greedy_orders, symmetry_constraints
+from csmd.cpu.matcher import SearchResult
+from csmd.model.graph import Graph
+from csmd.model.plan import greedy_orders, symmetry_constraints
 
 from .device_graph import DeviceGraph, device_graph
 from .filtering import QueryBatch, filter_candidates, root_pool

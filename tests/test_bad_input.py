@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-CSMD = [sys.executable, "-m", "csmd.cli"]
+CSMD = [sys.executable, "-m", "csmd"]
 GOOD_QUERY = "t 2 1\nv 0 1 1\nv 1 2 1\ne 0 1\n"
 GOOD_DATA = "t 3 2\nv 0 1 1\nv 1 2 2\nv 2 1 1\ne 0 1\ne 1 2\n"
 
@@ -89,7 +89,7 @@ def test_bad_arguments_are_refused(tmp_path):
 
 def test_gpu_backend_without_device_is_a_clear_error(tmp_path):
     pytest.importorskip("numpy")
-    from csmd.backend import gpu_unavailable_reason
+    from csmd.engines import gpu_unavailable_reason
 
     if gpu_unavailable_reason() is None:
         pytest.skip("a GPU is present")

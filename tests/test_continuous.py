@@ -12,8 +12,8 @@ import pyarrow.ipc as ipc
 import pytest
 
 from brute import embeddings
-from csmd.formats import read_graph, read_query
-from csmd.replay import replay
+from csmd.model.formats import read_graph, read_query
+from csmd.cli.replay import replay
 
 
 # ---- a random model graph and stream, with the truth computed on the model --------------------
@@ -210,7 +210,7 @@ def test_bad_stream_line_stops_replay_with_file_line_reason(tmp_path):
     }
     for text, message in cases.items():
         (tmp_path / "stream.txt").write_text(text)
-        proc = subprocess.run([sys.executable, "-m", "csmd.cli", "replay", "--data", str(tmp_path / "g0.graph"),
+        proc = subprocess.run([sys.executable, "-m", "csmd", "replay", "--data", str(tmp_path / "g0.graph"),
                                "--stream", str(tmp_path / "stream.txt"), "--query", str(tmp_path / "q.graph")],
                               capture_output=True, text=True)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

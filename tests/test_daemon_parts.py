@@ -10,14 +10,14 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from csmd.checkpoint import read_checkpoint, write_checkpoint
-from csmd.config import DEFAULTS, load_config
+from csmd.service.checkpoint import read_checkpoint, write_checkpoint
+from csmd.service.config import DEFAULTS, load_config
 from csmd.connectors.records import BadRecord, Record, decode_updates
-from csmd.delivery import DeliveryTracker
+from csmd.service.delivery import DeliveryTracker
 from csmd.errors import CsmdError
-from csmd.formats import Update, read_graph, read_updates
-from csmd.metrics import LatencyHistogram, Metrics
-from csmd.pipeline import Pipeline
+from csmd.model.formats import Update, read_graph, read_updates
+from csmd.service.metrics import LatencyHistogram, Metrics
+from csmd.pipeline.stages import Pipeline
 
 from kafka_harness import HUMAN
 

@@ -6,8 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import dataset
-from csmd.formats import read_graph, write_graph_tables
-from csmd.graph import Graph
+from csmd.model.formats import read_graph, write_graph_tables
+from csmd.model.graph import Graph
 
 
 def write_ve_format(g: Graph, path, ext=None):

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from conftest import dataset, read_expected
-from csmd.backend import gpu_unavailable_reason
-from csmd.cpu_matcher import search
-from csmd.formats import read_graph, read_query
-from csmd.plan import plan_query, symmetry_constraints
+from csmd.engines import gpu_unavailable_reason
+from csmd.cpu.matcher import search
+from csmd.model.formats import read_graph, read_query
+from csmd.model.plan import plan_query, symmetry_constraints
 from test_random_static import (adjacency, brute_force, extracted_query, make_case, random_connected_query, run_cli,
                                 to_graph, write_graph_file, write_query_file)
 

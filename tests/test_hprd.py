@@ -3,9 +3,9 @@
 import pytest
 
 from conftest import dataset, read_expected
-from csmd.formats import read_graph, read_query
-from csmd.plan import plan_query
-from csmd.cpu_matcher import search
+from csmd.model.formats import read_graph, read_query
+from csmd.model.plan import plan_query
+from csmd.cpu.matcher import search
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from csmd.formats import read_graph, read_query
-from csmd.replay import replay
+from csmd.model.formats import read_graph, read_query
+from csmd.cli.replay import replay
 
 from kafka_harness import (HUMAN, DaemonProcess, Topics, config_text, expected_totals, human_lines, kill_leftovers,
                            new_admin_port)
@@ -245,9 +245,9 @@ def test_control_changes_take_effect_at_a_well_defined_update_and_survive_restar
 def test_admin_match_stats_and_backpressure(tmp_path, kafka_bootstrap):
     """A one-shot query against the live graph equals `csmd match` on the same graph as a file;
     a tiny pending limit pauses the consumer and still loses nothing."""
-    from csmd.admin import call
-    from csmd.graph import Graph
-    from csmd.static_query import run_query
+    from csmd.service.admin import call
+    from csmd.model.graph import Graph
+    from csmd.cli.match import run_query
 
     t, cfg, port = start(tmp_path, kafka_bootstrap, queries=["Q_1"],
                          pipeline={"max_pending_records": 40, "batch_size": 16})

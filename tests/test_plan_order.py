@@ -13,7 +13,7 @@ import random
 import numpy as np
 import pytest
 
-from csmd.plan import anchor_order, greedy_orders, order_from_sizes, query_adjacency, two_core
+from csmd.model.plan import anchor_order, greedy_orders, order_from_sizes, query_adjacency, two_core
 from test_random_static import random_connected_query, to_graph
 
 

@@ -21,9 +21,9 @@ import pytest
 from networkx.algorithms.isomorphism import GraphMatcher
 
 from csmd import cli
-from csmd.cpu_matcher import search
-from csmd.graph import Graph
-from csmd.plan import plan_query, symmetry_constraints
+from csmd.cpu.matcher import search
+from csmd.model.graph import Graph
+from csmd.model.plan import plan_query, symmetry_constraints
 
 NUM_CASES = 300
 MAX_TRUTH = 20_000  # cases whose embedding count exceeds this are redrawn (brute force stays fast)

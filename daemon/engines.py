@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import CsmdError
+from csmd.errors import CsmdError
 
 BACKENDS = ("cpu", "gpu", "auto")
 

@@ -18,7 +18,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from .errors import CsmdError
+from csmd.errors import CsmdError
 
 DEFAULTS: dict[str, dict] = {
     "kafka": {

@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .errors import CsmdError
-from .graph import Graph
+from csmd.errors import CsmdError
+from csmd.model.graph import Graph
 
 FORMAT_VERSION = 1
 

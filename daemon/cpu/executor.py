@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cpu_matcher import search
-from .graph import Graph
-from .mvg import MultiVersionGraph
-from .plan import Plan, anchor_order, make_plan
-from .updater import Batch
+from csmd.cpu.matcher import search
+from csmd.model.graph import Graph
+from csmd.cpu.mvg import MultiVersionGraph
+from csmd.model.plan import Plan, anchor_order, make_plan
+from csmd.pipeline.sequencer import Batch
 
 
 @dataclass

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .graph import Graph, gather_ranges
-from .plan import Plan
+from csmd.model.graph import Graph, gather_ranges
+from csmd.model.plan import Plan
 
 DEFAULT_BUDGET_BYTES = 256 << 20
 

@@ -31,17 +31,17 @@ from csmd.connectors.kafka import KafkaSink, KafkaSource, client_config, ensure_
 from csmd.connectors.records import BadRecord, Record, decode_updates
 from csmd.schemas import JSON, CONTENT_TYPE
 
-from .checkpoint import read_checkpoint, write_checkpoint
-from .deltas import DeltaEncoder
-from .delivery import DeliveryTracker
-from .errors import CsmdError, InputError, NotYetApplied
-from .executor import Executor, RegisteredQuery
-from .formats import parse_query_text, query_files, read_graph
-from .graph import Graph
-from .logs import get_logger
-from .metrics import Metrics
-from .mvg import MultiVersionGraph
-from .pipeline import Marker, Pipeline
+from csmd.service.checkpoint import read_checkpoint, write_checkpoint
+from csmd.pipeline.deltas import DeltaEncoder
+from csmd.service.delivery import DeliveryTracker
+from csmd.errors import CsmdError, InputError, NotYetApplied
+from csmd.cpu.executor import Executor, RegisteredQuery
+from csmd.model.formats import parse_query_text, query_files, read_graph
+from csmd.model.graph import Graph
+from csmd.service.logs import get_logger
+from csmd.service.metrics import Metrics
+from csmd.cpu.mvg import MultiVersionGraph
+from csmd.pipeline.stages import Marker, Pipeline
 
 _STOP = object()
 
@@ -239,7 +239,7 @@ class Daemon:
     def _start_admin(self):
         if not self.cfg["admin"]["listen"]:
             return None
-        from .admin import AdminServer
+        from csmd.service.admin import AdminServer
 
         server = AdminServer(self, self.cfg["admin"]["listen"])
         server.start()

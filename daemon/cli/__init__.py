@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from .backend import BACKENDS, resolve_backend
-from .errors import CsmdError
+from csmd.engines import BACKENDS, resolve_backend
+from csmd.errors import CsmdError
 
 
 def _positive_int(text: str) -> int:
@@ -33,10 +33,10 @@ def _positive_float(text: str) -> float:
 
 
 def cmd_match(args) -> int:
-    from .arrow_writer import MatchFile
-    from .formats import query_files, read_graph, read_query
-    from .progress import Progress
-    from .static_query import run_queries
+    from csmd.model.arrow_writer import MatchFile
+    from csmd.model.formats import query_files, read_graph, read_query
+    from csmd.cli.progress import Progress
+    from csmd.cli.match import run_queries
 
     backend = resolve_backend(args.backend, gpu_engine=True)
     g = read_graph(args.data)
@@ -66,8 +66,8 @@ def cmd_match(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from .formats import query_files, read_graph, read_query
-    from .replay import replay
+    from csmd.model.formats import query_files, read_graph, read_query
+    from csmd.cli.replay import replay
 
     if args.count_only and args.output:
         raise CsmdError("--output writes the matches of each delta; it cannot be combined with --count-only")
@@ -90,9 +90,9 @@ def cmd_replay(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .config import load_config
-    from .logs import setup_logging
-    from .service import run_daemon
+    from csmd.service.config import load_config
+    from csmd.service.logs import setup_logging
+    from csmd.service.daemon import run_daemon
 
     cfg = load_config(args.config)
     setup_logging(cfg["log"]["format"], cfg["log"]["level"])
@@ -100,7 +100,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_admin(args) -> int:
-    from .admin import call
+    from csmd.service.admin import call
 
     url = args.url
     if args.action == "add":
@@ -140,7 +140,7 @@ def _read_text(path: Path) -> str:
 
 
 def cmd_demo(args) -> int:
-    from .demo import run_demo
+    from csmd.cli.demo import run_demo
 
     return run_demo(args)
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update
-from .mvg import MultiVersionGraph
+from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update
+from csmd.cpu.mvg import MultiVersionGraph
 
 
 @dataclass

@@ -9,12 +9,12 @@ import numpy as np
 from csmd.connectors.files import FileSink, FileSource
 from csmd.connectors.records import BadRecord, decode_updates
 
-from .deltas import DeltaEncoder
-from .errors import InputError
-from .executor import RegisteredQuery
-from .graph import Graph
-from .pipeline import Pipeline
-from .progress import Progress
+from csmd.pipeline.deltas import DeltaEncoder
+from csmd.errors import InputError
+from csmd.cpu.executor import RegisteredQuery
+from csmd.model.graph import Graph
+from csmd.pipeline.stages import Pipeline
+from csmd.cli.progress import Progress
 
 
 def file_updates(source: FileSource):

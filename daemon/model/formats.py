@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
-from .graph import Graph, scalar
+from csmd.errors import InputError
+from csmd.model.graph import Graph, scalar
 
 MAX_QUERY_VERTICES = 32
 TABLE_SUFFIXES = (".arrow", ".ipc", ".feather", ".parquet")

@@ -19,12 +19,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .executor import Executor, QueryDeltas, RegisteredQuery
-from .gc import GarbageCollector
-from .graph import Graph
-from .metrics import LatencyHistogram
-from .mvg import MultiVersionGraph
-from .updater import Batch, GraphUpdater
+from csmd.cpu.executor import Executor, QueryDeltas, RegisteredQuery
+from csmd.pipeline.gc import GarbageCollector
+from csmd.model.graph import Graph
+from csmd.service.metrics import LatencyHistogram
+from csmd.cpu.mvg import MultiVersionGraph
+from csmd.pipeline.sequencer import Batch, GraphUpdater
 
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_BATCH_WAIT = 0.000125  # seconds: 0.125 ms

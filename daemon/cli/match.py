@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from .cpu_matcher import DEFAULT_BUDGET_BYTES, search
-from .graph import Graph
-from .plan import plan_query
+from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES, search
+from csmd.model.graph import Graph
+from csmd.model.plan import plan_query
 
 
 def run_query(g: Graph, q: Graph, name: str, *, backend: str = "cpu", distinct: bool = False,

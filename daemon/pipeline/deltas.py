@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from csmd.schemas import deltas_schema, id_type_of
 
-from .arrow_writer import vertex_lists
+from csmd.model.arrow_writer import vertex_lists
 
 
 class DeltaEncoder:

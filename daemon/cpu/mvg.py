@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .graph import Graph, gather_ranges, scalar
+from csmd.model.graph import Graph, gather_ranges, scalar
 
 INF = np.iinfo(np.int64).max
 SHIFT = np.int64(31)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .graph import Graph, gather_ranges
+from csmd.model.graph import Graph, gather_ranges
 
 REFINE_ROUNDS = 3  # arc-consistency rounds; later rounds rarely remove anything
 

@@ -20,7 +20,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
-from .errors import CsmdError, NotYetApplied
+from csmd.errors import CsmdError, NotYetApplied
 
 MAX_BODY = 1 << 20
 
@@ -142,8 +142,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _match(daemon, body: dict) -> dict:
-    from .formats import parse_query_text
-    from .static_query import run_query
+    from csmd.model.formats import parse_query_text
+    from csmd.cli.match import run_query
 
     text = body.get("query")
     if not isinstance(text, str):

@@ -23,9 +23,9 @@ import pyarrow.ipc as ipc
 
 from csmd.connectors.broker import EmbeddedBroker, free_port
 
-from .admin import call
-from .config import load_config
-from .errors import CsmdError
+from csmd.service.admin import call
+from csmd.service.config import load_config
+from csmd.errors import CsmdError
 
 
 def _expected(path: Path) -> dict[str, int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 
-from .mvg import MultiVersionGraph
+from csmd.cpu.mvg import MultiVersionGraph
 
 
 class GarbageCollector:

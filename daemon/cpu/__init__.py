@@ -1,0 +1,1 @@
+"""The CPU engine: multi-version graph, executor and static matcher (numpy)."""

@@ -1,0 +1,1 @@
+"""The graph model, input and output formats, and query planning."""

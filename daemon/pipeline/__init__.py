@@ -1,0 +1,1 @@
+"""The engine-neutral continuous pipeline: sequencer (GU's host side), stages, GC, delta order."""

@@ -1,0 +1,1 @@
+"""The Kafka service: `csmd run`, its admin endpoint, delivery, checkpoints, metrics, config and logs."""
