@@ -41,7 +41,7 @@ from csmd.cpu.matcher import search
 from csmd.model.formats import read_graph, read_query
 from csmd.gpu.device_graph import device_graph
 from csmd.gpu.rmat import rmat_graph
-from csmd.gpu.static import match, match_many
+from csmd.gpu.engine import match, match_many
 from csmd.model.graph import Graph
 from csmd.model.plan import plan_query
 

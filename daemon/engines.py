@@ -1,14 +1,20 @@
-"""Choosing an engine: `--backend cpu|gpu|auto`."""
+"""Choosing an engine (`--backend cpu|gpu|auto`, `[pipeline] backend`): the one place that does.
+
+CuPy is optional: the GPU engine is imported only when it is chosen.
+"""
 
 from __future__ import annotations
 
+from csmd.engine import ContinuousEngine, StaticMatcher
 from csmd.errors import CsmdError
+from csmd.model.graph import Graph
 
 BACKENDS = ("cpu", "gpu", "auto")
+GPU_CONTINUOUS = False  # the GPU continuous engine is not built yet
 
 
 def gpu_unavailable_reason() -> str | None:
-    """None when CuPy sees a CUDA device, else why not (imported lazily: CuPy is optional)."""
+    """None when CuPy sees a CUDA device, else why not."""
     try:
         import cupy
     except ImportError:
@@ -21,18 +27,42 @@ def gpu_unavailable_reason() -> str | None:
     return None
 
 
-def resolve_backend(name: str, gpu_engine: bool = False) -> str:
+def resolve_backend(name: str, gpu_engine: bool = True, setting: str = "--backend") -> str:
     """The engine to run for `--backend name`: "cpu" or "gpu".
 
-    gpu_engine: whether the command has a GPU engine (static matching has; the
-    continuous pipeline not yet). `auto` takes the GPU when there is one and the
-    command can use it; `gpu` raises a clear error when it cannot run.
+    gpu_engine: whether the work has a GPU engine. `auto` takes the GPU when there is
+    one and the work can use it; `gpu` raises a clear error, naming `setting`, when it
+    cannot run.
     """
+    if name not in BACKENDS:
+        raise CsmdError(f"{setting}: unknown backend {name!r}; use one of {', '.join(BACKENDS)}")
     if name == "cpu":
         return "cpu"
     reason = gpu_unavailable_reason()
     if reason is None and not gpu_engine:
-        reason = "this command has no GPU engine yet"
+        reason = "the continuous pipeline has no GPU engine yet"
     if name == "gpu" and reason is not None:
-        raise CsmdError(f"--backend gpu: {reason}; use --backend cpu or auto")
+        raise CsmdError(f"{setting} gpu: {reason}; use {setting} cpu or auto")
     return "cpu" if reason is not None else "gpu"
+
+
+def static_matcher(backend: str) -> StaticMatcher:
+    """The static matcher of a resolved backend ("cpu" or "gpu")."""
+    if backend == "gpu":
+        from csmd.gpu.engine import GpuMatcher
+
+        return GpuMatcher()
+    from csmd.cpu.engine import CpuMatcher
+
+    return CpuMatcher()
+
+
+def continuous_engine(backend: str, g0: Graph, setting: str = "--backend") -> ContinuousEngine:
+    """A continuous engine holding g0, for `backend` (cpu, gpu or auto)."""
+    if resolve_backend(backend, GPU_CONTINUOUS, setting) == "gpu":
+        from csmd.gpu.engine import GpuEngine
+
+        return GpuEngine(g0)
+    from csmd.cpu.engine import CpuEngine
+
+    return CpuEngine(g0)

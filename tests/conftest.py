@@ -7,6 +7,15 @@ REPO = Path(__file__).resolve().parents[1]
 DATASETS = Path(os.environ.get("CSMD_DATASETS", REPO.parent / "shared" / "datasets"))
 
 
+# the continuous engines that test_continuous runs every case on
+ENGINES = ["cpu"]
+
+
+@pytest.fixture(params=ENGINES)
+def backend(request) -> str:
+    return request.param
+
+
 def dataset(name: str) -> Path:
     path = DATASETS / name
     if not path.exists():

@@ -129,18 +129,16 @@ def make_case(tmp_path, seed: int, steps: int = 50):
     return qpaths, truth
 
 
-def run_replay(tmp_path, qpaths, batch_size, threaded=True, name="out.arrow"):
+def run_replay(tmp_path, qpaths, batch_size, threaded=True, name="out.arrow", backend="cpu", executor_lag=0):
     g0 = read_graph(tmp_path / "g0.graph")
     out = tmp_path / name
     results, pipe = replay(g0, tmp_path / "stream.txt", [(p.stem, read_query(p)) for p in qpaths],
-                           batch_size=batch_size, count_only=False, output=out, threaded=threaded, show_progress=False)
+                           batch_size=batch_size, count_only=False, output=out, threaded=threaded, show_progress=False,
+                           backend=backend, executor_lag=executor_lag)
     return ipc.open_file(out).read_all(), results, pipe
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_every_delta_equals_brute_force(tmp_path, seed):
-    qpaths, truth = make_case(tmp_path, seed)
-    table, results, _ = run_replay(tmp_path, qpaths, batch_size=random.Random(seed).choice([1, 3, 64]))
+def assert_brute_force(table, results, truth, seed):
     got = {name: Counter() for name in truth}
     for row in table.to_pylist():
         line = int(row["source"].rsplit(":", 1)[1])
@@ -152,13 +150,33 @@ def test_every_delta_equals_brute_force(tmp_path, seed):
         assert res["negative"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s < 0)
 
 
+@pytest.mark.parametrize("seed", range(60))
+def test_every_delta_equals_brute_force(tmp_path, seed, backend):
+    qpaths, truth = make_case(tmp_path, seed)
+    table, results, _ = run_replay(tmp_path, qpaths, batch_size=random.Random(seed).choice([1, 3, 64]),
+                                   backend=backend)
+    assert_brute_force(table, results, truth, seed)
+
+
+@pytest.mark.parametrize("seed", range(200, 220))
+def test_updater_runs_ahead_of_the_executor_and_deltas_stay_exact(tmp_path, seed, backend):
+    """The executor is held back until 4 more batches were applied: it reads every update at
+    its own timestamp from a graph that already holds later batches."""
+    qpaths, truth = make_case(tmp_path, seed, steps=60)
+    table, results, pipe = run_replay(tmp_path, qpaths, batch_size=random.Random(seed).choice([1, 2, 5]),
+                                      backend=backend, executor_lag=4)
+    assert pipe.stats.max_ahead >= 4
+    assert_brute_force(table, results, truth, seed)
+
+
 @pytest.mark.parametrize("seed", range(100, 112))
-def test_deltas_do_not_depend_on_batching_or_scheduling(tmp_path, seed):
+def test_deltas_do_not_depend_on_batching_or_scheduling(tmp_path, seed, backend):
     qpaths, _ = make_case(tmp_path, seed, steps=80)
-    reference, _, _ = run_replay(tmp_path, qpaths, batch_size=1, threaded=False, name="ref.arrow")
-    for b, threaded in ((1, True), (7, True), (64, True), (7, False), (64, False)):
-        table, _, _ = run_replay(tmp_path, qpaths, batch_size=b, threaded=threaded, name=f"b{b}{threaded}.arrow")
-        assert table.equals(reference), (b, threaded)
+    reference, _, _ = run_replay(tmp_path, qpaths, batch_size=1, threaded=False, name="ref.arrow")  # the CPU engine
+    for b, threaded, lag in ((1, True, 0), (7, True, 0), (64, True, 0), (7, False, 0), (64, False, 0), (3, True, 5)):
+        table, _, _ = run_replay(tmp_path, qpaths, batch_size=b, threaded=threaded, name=f"b{b}{threaded}{lag}.arrow",
+                                 backend=backend, executor_lag=lag)
+        assert table.equals(reference), (b, threaded, lag)
 
 
 def test_count_only_equals_materialized(tmp_path):
@@ -191,7 +209,7 @@ def test_gc_keeps_versions_and_memory_bounded(tmp_path):
     g0 = read_graph(tmp_path / "g0.graph")
     _, pipe = replay(g0, tmp_path / "stream.txt", [("q", read_query(tmp_path / "q.graph"))], batch_size=16,
                      count_only=True, show_progress=False)
-    mvg = pipe.mvg
+    mvg = pipe.engine.mvg  # the CPU engine's arena
     assert mvg.live_versions <= n  # one current version per vertex once drained
     assert pipe.gc.released > 1000
     assert mvg.compactions > 0
@@ -223,6 +241,6 @@ def test_ignored_updates_are_counted_not_fatal(tmp_path):
     g0 = read_graph(tmp_path / "g0.graph")
     res, pipe = replay(g0, tmp_path / "stream.txt", [("q", read_query(tmp_path / "q.graph"))], batch_size=4,
                        count_only=True, show_progress=False)
-    assert dict(pipe.updater.ignored) == {"duplicate_insert": 1, "missing_delete": 1, "duplicate_vertex": 1,
+    assert dict(pipe.ignored) == {"duplicate_insert": 1, "missing_delete": 1, "duplicate_vertex": 1,
                                           "missing_vertex": 1, "self_loop": 1}
     assert res[0]["positive"] == 2 and res[0]["negative"] == 0 and res[0]["updates"] == 6

@@ -227,19 +227,21 @@ def test_metrics_text_format():
 # ---- checkpoints ------------------------------------------------------------------------------------------
 def test_checkpoint_round_trip_keeps_ids_and_falls_back_when_damaged(tmp_path):
     g0 = read_graph(HUMAN / "data.graph")
-    pipe = Pipeline(g0, [], threaded=False)
+    pipe = Pipeline(g0, threaded=False)
     ups = list(read_updates(HUMAN / "insertion.graph"))[:500]
     ups += [Update("-v", ups[0].u), Update("e", 10**9, ups[1].v, 2), Update("v", ups[0].u, 5)]
     pipe.run(iter(ups), lambda r: None)
-    first = write_checkpoint(tmp_path, pipe.mvg, {"seq": 100, "offsets": {}})
-    second = write_checkpoint(tmp_path, pipe.mvg, {"seq": pipe.updater.next_seq, "offsets": {"0": 503}})
+    first = write_checkpoint(tmp_path, pipe.graph_state(), {"seq": 100, "offsets": {}})
+    second = write_checkpoint(tmp_path, pipe.graph_state(), {"seq": pipe.next_seq, "offsets": {"0": 503}})
     ck = read_checkpoint(tmp_path)
-    assert ck.state["seq"] == pipe.updater.next_seq and ck.state["offsets"] == {"0": 503}
-    restored = Pipeline(ck.graph, [], threaded=False, first_seq=ck.state["seq"]).mvg
-    assert list(restored.ext_ids) == list(pipe.mvg.ext_ids)
-    assert np.array_equal(restored.labels.view(), pipe.mvg.labels.view())
-    assert [a.tolist() for a in restored.live_edges()] == [a.tolist() for a in pipe.mvg.live_edges()]
-    assert ck.retired.sum() == 1 and np.array_equal(~ck.retired, pipe.mvg.live_mask())
+    assert ck.state["seq"] == pipe.next_seq and ck.state["offsets"] == {"0": 503}
+    restored = Pipeline(ck.graph, threaded=False, first_seq=ck.state["seq"], retired=ck.retired).graph_state()
+    before = pipe.graph_state()
+    assert list(restored.ext_ids) == list(before.ext_ids)
+    assert np.array_equal(restored.labels, before.labels)
+    assert [a.tolist() for a in (restored.src, restored.dst, restored.elabel)] == \
+        [a.tolist() for a in (before.src, before.dst, before.elabel)]
+    assert ck.retired.sum() == 1 and np.array_equal(~ck.retired, before.alive) and np.array_equal(restored.alive, before.alive)
     (second / "edges.arrow").write_bytes(b"damaged")
     assert read_checkpoint(tmp_path).state["seq"] == 100  # the one before it
     assert first.exists() and read_checkpoint(tmp_path / "none") is None

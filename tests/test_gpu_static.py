@@ -32,7 +32,7 @@ MAX_SET = 300_000  # match sets compared row by row up to this size
 
 
 def gpu_match(g, q, **kw):
-    from csmd.gpu.static import match
+    from csmd.gpu.engine import match
 
     return match(g, q, **kw)
 
@@ -46,7 +46,7 @@ def gpu_collect(g, q, **kw):
 
 
 def gpu_match_many(g, qs, **kw):
-    from csmd.gpu.static import match_many
+    from csmd.gpu.engine import match_many
 
     return match_many(g, qs, **kw)
 

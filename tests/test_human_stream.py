@@ -18,7 +18,7 @@ def test_human_insertion_stream_all_40_queries_at_once(batch_size):
     got = {r["query"]: (r["positive"], r["negative"]) for r in results}
     assert got == {name: (count, 0) for name, count in expected.items()}
     assert results[0]["updates"] == 4314
-    assert pipe.mvg.live_versions == pipe.mvg.n  # drained: one version per vertex is left
+    assert pipe.engine_stats()["live_versions"] == pipe.vertices.n  # drained: one version per vertex is left
 
 
 def test_replay_cli_json_and_deltas_file(tmp_path, capsys):

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from csmd.engines import BACKENDS, resolve_backend
+from csmd.engines import BACKENDS, GPU_CONTINUOUS, resolve_backend
 from csmd.errors import CsmdError
 
 
@@ -71,17 +71,16 @@ def cmd_replay(args) -> int:
 
     if args.count_only and args.output:
         raise CsmdError("--output writes the matches of each delta; it cannot be combined with --count-only")
-    backend = resolve_backend(args.backend)
+    resolve_backend(args.backend, GPU_CONTINUOUS)  # a clear error before any reading
     g0 = read_graph(args.data)
     queries = [(p.stem, read_query(p)) for p in query_files(args.query)]
     if not args.stream.is_file():
         raise CsmdError(f"{args.stream}: no such file")
     results, _ = replay(g0, args.stream, queries, batch_size=args.batch_size, count_only=args.count_only,
-                        output=args.output)
+                        output=args.output, backend=args.backend)
     if not args.json:
         print(f"{'query':<32} {'positive':>14} {'negative':>14} {'updates':>9} {'seconds':>9}")
     for res in results:
-        res["backend"] = backend
         if args.json:
             print(json.dumps(res))
         else:

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from csmd.connectors.files import FileSink, FileSource
 from csmd.connectors.records import BadRecord, decode_updates
-
-from csmd.pipeline.deltas import DeltaEncoder
-from csmd.errors import InputError
-from csmd.cpu.executor import RegisteredQuery
-from csmd.model.graph import Graph
-from csmd.pipeline.stages import Pipeline
 from csmd.cli.progress import Progress
+from csmd.engines import continuous_engine
+from csmd.errors import InputError
+from csmd.model.graph import Graph
+from csmd.pipeline.deltas import DeltaEncoder
+from csmd.pipeline.stages import Pipeline
 
 
 def file_updates(source: FileSource):
@@ -28,18 +25,20 @@ def file_updates(source: FileSource):
 
 
 def replay(g0: Graph, stream_path, queries: list[tuple[str, Graph]], *, batch_size: int, count_only: bool,
-           output=None, threaded: bool = True, show_progress: bool | None = None) -> tuple[list[dict], "Pipeline"]:
-    """Run the stream through the pipeline; returns one result dict per query and the pipeline."""
-    label_sizes = np.bincount(g0.labels) if g0.n else np.zeros(1, np.int64)
-    registered = [RegisteredQuery(name, q, label_sizes, count_only=count_only) for name, q in queries]
-    pipe = Pipeline(g0, registered, batch_size=batch_size, threaded=threaded)
+           output=None, threaded: bool = True, show_progress: bool | None = None, backend: str = "cpu",
+           executor_lag: int = 0) -> tuple[list[dict], "Pipeline"]:
+    """Run the stream through the pipeline on `backend`; returns one result dict per query and the pipeline."""
+    pipe = Pipeline(g0, engine=continuous_engine(backend, g0), batch_size=batch_size, threaded=threaded,
+                    executor_lag=executor_lag)
+    for name, q in queries:
+        pipe.add_query(name, q, count_only)
     totals = {name: [0, 0] for name, _ in queries}
     progress = Progress(0, "updates", enabled=show_progress)
     if progress.enabled:  # the bar's total costs a read of the whole stream: only when it is drawn
         with open(stream_path, "rb") as f:
             progress.total = sum(1 for _ in f)
     source = FileSource(stream_path)
-    encoder = DeltaEncoder(pipe.mvg)
+    encoder = DeltaEncoder(pipe.vertices)
     sink = FileSink(output, encoder.schema) if output else None
 
     def on_result(result):  # replay's source yields no markers
@@ -58,9 +57,10 @@ def replay(g0: Graph, stream_path, queries: list[tuple[str, Graph]], *, batch_si
         source.close()
         if sink is not None:
             sink.close()
+        pipe.engine.close()
     seconds = time.monotonic() - t0
-    ignored = dict(pipe.updater.ignored)
+    ignored = dict(pipe.ignored)
     return [{
         "query": name, "positive": pos, "negative": neg, "updates": stats.updates, "records": stats.records,
-        "ignored": sum(ignored.values()), "seconds": round(seconds, 6),
+        "ignored": sum(ignored.values()), "seconds": round(seconds, 6), "backend": pipe.engine.name,
     } for name, (pos, neg) in totals.items()], pipe

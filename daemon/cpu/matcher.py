@@ -16,11 +16,10 @@ many matches there are. The last level is only counted unless matches are asked.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-
 import numpy as np
 
-from csmd.model.graph import Graph, gather_ranges
+from csmd.engine import SearchResult
+from csmd.model.graph import gather_ranges
 from csmd.model.plan import Plan
 
 DEFAULT_BUDGET_BYTES = 256 << 20
@@ -28,15 +27,6 @@ DEFAULT_BUDGET_BYTES = 256 << 20
 
 class _Stop(Exception):
     """Unwinds the recursion when the limit or the deadline is reached."""
-
-
-@dataclass
-class SearchResult:
-    count: int
-    complete: bool
-    seconds: float
-    per_ts: np.ndarray | None = None  # matches per timestamp, index ts - ts_base (timestamped seeds)
-    ts_base: int = 0
 
 
 class _Search:

@@ -2,8 +2,9 @@
 
 Each vertex owns a chain of versions of its neighbor array (newest first, linked
 by `prev`). An entry carries its lifetime (ct, dt]: it is visible to a read at
-timestamp T iff ct < T <= dt. A version carries (ct_min, dt_max]: the
-timestamps it serves. A read at T takes the newest version with ct_min < T.
+timestamp T iff ct < T <= dt. A version serves the
+timestamps after its ct_min (until the next version's): a read at T takes the
+newest version with ct_min < T.
 
 A batch is applied per vertex: the deletions before the vertex's first insertion
 set dt in place (readers at earlier timestamps still see the entry); the rest go
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from csmd.model.graph import Graph, gather_ranges, scalar
+from csmd.model.graph import Graph, gather_ranges
 
 INF = np.iinfo(np.int64).max
 SHIFT = np.int64(31)
@@ -61,18 +62,15 @@ class _Buf:
 
 
 class MultiVersionGraph:
-    """Vertices, their labels and external ids, and the versioned adjacency."""
+    """Vertex labels and the versioned adjacency (external ids live in the sequencer's vertex table)."""
 
     def __init__(self, g: Graph):
         n = g.n
         self.labels = _Buf(np.int32, g.labels)
-        self.ext_ids: list = [scalar(x) for x in g.ext_ids]
-        self.index: dict = {x: i for i, x in enumerate(self.ext_ids)}
         self.cur = _Buf(np.int64, np.arange(n))  # newest version of each vertex, -1: none
         # version table
         self.v_vertex = _Buf(np.int64, np.arange(n))
         self.v_ct_min = _Buf(np.int64, np.full(n, -1))
-        self.v_dt_max = _Buf(np.int64, np.full(n, INF))
         self.v_prev = _Buf(np.int64, np.full(n, -1))
         self.v_es = _Buf(np.int64, g.indptr[:-1])
         self.v_ee = _Buf(np.int64, g.indptr[1:])
@@ -101,17 +99,10 @@ class MultiVersionGraph:
     def n(self) -> int:
         return self.labels.n
 
-    def add_vertex(self, ext, label: int) -> int:
-        v = self.labels.n
-        self.labels.extend([label])
-        self.cur.extend([-1])
-        self.ext_ids.append(ext)
-        self.index[ext] = v
-        return v
-
-    def retire_vertex(self, v: int) -> None:
-        """Forget the external id of a deleted vertex: a later record naming it creates a new vertex."""
-        del self.index[self.ext_ids[v]]
+    def add_vertices(self, labels: np.ndarray) -> None:
+        """New vertices (ids n, n+1, ...): no version until an edge touches them."""
+        self.labels.extend(labels)
+        self.cur.extend(np.full(len(labels), -1))
 
     # ---- reads (vectorized; each row has its own timestamp) ---------------------------------
     def version_at(self, v: np.ndarray, ts: np.ndarray) -> np.ndarray:
@@ -190,12 +181,6 @@ class MultiVersionGraph:
         s, e = self.v_es.a[vid], self.v_ee.a[vid]
         return self.e_nbr.a[s:e][self.e_dt.a[s:e] == INF]
 
-    def live_mask(self) -> np.ndarray:
-        """Which vertex ids are alive now (deleted vertices keep their id, retired)."""
-        mask = np.zeros(self.n, bool)
-        mask[np.fromiter(self.index.values(), np.int64, len(self.index))] = True
-        return mask
-
     def live_edges(self):
         """(src, dst, label) of every edge alive now, src < dst, in internal ids."""
         vid = self.cur.view()
@@ -207,15 +192,6 @@ class MultiVersionGraph:
         src, dst, lab = src[alive], self.e_nbr.a[pos][alive].astype(np.int64), self.e_el.a[pos][alive]
         keep = src < dst
         return src[keep], dst[keep], lab[keep]
-
-    def snapshot(self) -> Graph:
-        """The live graph now, as a static Graph of the live vertices (for one-shot queries)."""
-        live = np.flatnonzero(self.live_mask())
-        new_id = np.full(self.n, -1, np.int64)
-        new_id[live] = np.arange(len(live))
-        src, dst, lab = self.live_edges()
-        ext = np.array(self.ext_ids, dtype=object if any(isinstance(x, str) for x in self.ext_ids[:1]) else np.int64)
-        return Graph.from_edges(self.labels.view()[live], new_id[src], new_id[dst], lab, ext[live])
 
     # ---- writes (the graph updater) ------------------------------------------------------------
     def apply(self, seq, a, b, label, sign):
@@ -299,12 +275,10 @@ class MultiVersionGraph:
         self.e_key.extend((group_of.astype(np.int64) << SHIFT) | n_nbr)
         self.v_vertex.extend(vs)
         self.v_ct_min.extend(ts0)
-        self.v_dt_max.extend(np.full(len(vs), INF))
         self.v_prev.extend(old)
         self.v_es.extend(v_es)
         self.v_ee.extend(v_es + counts)
         self.v_live.extend(np.ones(len(vs), bool))
-        self.v_dt_max.a[old[has_old]] = ts0[has_old]
         self.cur.a[vs] = vids
         return list(zip(old[has_old].tolist(), ts0[has_old].tolist()))
 
@@ -313,7 +287,8 @@ class MultiVersionGraph:
         t = np.full(len(v), INF - 1, np.int64)
         start, end = self.ranges(v, self.labels.a[nbr], t)
         pos = self._find(start, end, nbr, t)
-        assert (pos >= 0).all(), "the updater only deletes edges that exist"
+        if (pos < 0).any():  # the sequencer only passes deletions of live edges
+            raise RuntimeError("multi-version graph: deleting an edge that is not live")
         return pos
 
     # ---- garbage collection ------------------------------------------------------------------------

@@ -47,11 +47,6 @@ def _neighbor_label_counts(q: Graph, u: int) -> dict[int, int]:
     return dict(zip(labels.tolist(), counts.tolist()))
 
 
-def label_candidates(g: Graph, q: Graph) -> list[np.ndarray]:
-    """Label-only candidates: what incremental matching may use on a changing graph."""
-    return [g.labels == q.labels[u] for u in range(q.n)]
-
-
 def filter_candidates(g: Graph, q: Graph) -> list[np.ndarray]:
     """LDF + NLF, then arc-consistency refinement over query edges (with edge labels)."""
     deg = g.degrees

@@ -20,9 +20,9 @@ from csmd.model.arrow_writer import vertex_lists
 class DeltaEncoder:
     """Turns each batch's deltas into one record batch per query, in update order."""
 
-    def __init__(self, mvg):
-        self.mvg = mvg
-        self._ext = np.array(mvg.ext_ids)
+    def __init__(self, vertices):
+        self.vertices = vertices  # the sequencer's vertex table
+        self._ext = np.array(vertices.ext_ids)
         self.id_type = id_type_of(self._ext)
         self.schema = deltas_schema(self.id_type)
         # per query: the origin of its last delta and the next index for that origin; an
@@ -30,8 +30,9 @@ class DeltaEncoder:
         self._last: dict[str, tuple[tuple, int]] = {}
 
     def ext_ids(self) -> np.ndarray:
-        if len(self.mvg.ext_ids) > len(self._ext):  # vertices created by the stream
-            self._ext = np.concatenate([self._ext, np.array(self.mvg.ext_ids[len(self._ext):], self._ext.dtype)])
+        ext_ids = self.vertices.ext_ids
+        if len(ext_ids) > len(self._ext):  # vertices created by the stream
+            self._ext = np.concatenate([self._ext, np.array(ext_ids[len(self._ext):], self._ext.dtype)])
         return self._ext
 
     def encode(self, result) -> list[tuple[str, pa.RecordBatch, list[tuple]]]:

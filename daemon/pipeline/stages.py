@@ -1,15 +1,18 @@
-"""The continuous pipeline: graph updater -> executor -> output, with the GC behind.
+"""The continuous pipeline: graph updater (GU) -> executor (EX) -> output, with the GC behind.
 
-Stages run in their own threads, connected by bounded queues: a full queue
-blocks the stage before it (backpressure up to the source). Results leave in
-update order because each stage handles batches in order. The MVG is shared:
-the updater mutates it and the executor reads it under one lock, so a read at
-timestamp T may happen after later batches were applied; the version rules make
-that read see exactly G_T. `threaded=False` runs the same stages inline.
+Stages run in their own threads, connected by bounded queues: a full queue blocks
+the stage before it (backpressure up to the source). GU sequences each batch
+(shared sequencer) and has the engine apply it; EX submits applied batches to the
+engine, which may still be matching batch k while GU applies batch k+1 (the version
+rules make a read at batch k's timestamps blind to later batches); the output stage
+waits for each batch's matches in stream order, puts them in the canonical delta
+order, hands them on and tells the GC which updates finished. `threaded=False` runs
+the same stages inline.
 
-A source may also yield Markers between records: each passes every stage in
-order, so whatever it does at the executor (register or remove a query, mute
-output) takes effect exactly between the records before and after it.
+A source may also yield Markers between records: each passes every stage in order,
+so what it does at the updater (take a consistent snapshot) or at the executor
+(register or remove a query) takes effect exactly between the records before and
+after it.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from csmd.cpu.executor import Executor, QueryDeltas, RegisteredQuery
-from csmd.pipeline.gc import GarbageCollector
+import numpy as np
+
+from csmd.engine import ContinuousEngine, QueryDeltas, UpdateBatch
 from csmd.model.graph import Graph
+from csmd.pipeline.gc import GarbageCollector
+from csmd.pipeline.queries import canonical, continuous_query, vertex_matches
+from csmd.pipeline.sequencer import Sequencer, Vertices
 from csmd.service.metrics import LatencyHistogram
-from csmd.cpu.mvg import MultiVersionGraph
-from csmd.pipeline.sequencer import Batch, GraphUpdater
 
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_BATCH_WAIT = 0.000125  # seconds: 0.125 ms
@@ -33,9 +38,9 @@ _END = object()
 
 @dataclass
 class BatchResult:
-    batch: Batch
+    batch: UpdateBatch
     deltas: list[QueryDeltas]
-    done: float  # when the executor finished it (monotonic)
+    done: float  # when its matches were ready (monotonic)
 
 
 class Marker:
@@ -43,7 +48,10 @@ class Marker:
 
     seq: int = -1
 
-    def at_executor(self, executor: Executor, mvg: MultiVersionGraph) -> None:
+    def at_updater(self, pipe: "Pipeline") -> None:
+        """Runs in the updater stage, after every batch before the marker was applied and before any after it."""
+
+    def at_executor(self, pipe: "Pipeline") -> None:
         """Runs in the executor stage, after every batch before the marker and before any after it."""
 
 
@@ -52,24 +60,94 @@ class Stats:
     records: int = 0
     updates: int = 0  # sequence numbers used
     batches: int = 0
+    max_ahead: int = 0  # most batches applied beyond the one the executor took (GU/EX overlap)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # per record: arrival to result
 
 
-class Pipeline:
-    """GU/EX/GC over one multi-version graph, for a fixed set of registered queries."""
+@dataclass
+class GraphState:
+    """A consistent copy of the graph between two batches (checkpoints, static queries)."""
 
-    def __init__(self, g0: Graph, queries: list[RegisteredQuery], *, batch_size: int = DEFAULT_BATCH_SIZE,
+    ext_ids: list
+    labels: np.ndarray
+    alive: np.ndarray  # per vertex; a deleted vertex keeps its internal id
+    src: np.ndarray  # live edges, internal ids, src < dst
+    dst: np.ndarray
+    elabel: np.ndarray
+    seq: int  # the updates before it are in
+
+    def live_graph(self) -> Graph:
+        """The live vertices and edges as a static Graph (renumbered)."""
+        live = np.flatnonzero(self.alive)
+        new_id = np.full(len(self.alive), -1, np.int64)
+        new_id[live] = np.arange(len(live))
+        str_ids = any(isinstance(x, str) for x in self.ext_ids[:1])
+        ext = np.array(self.ext_ids, dtype=object if str_ids else np.int64)
+        return Graph.from_edges(self.labels[live], new_id[self.src], new_id[self.dst], self.elabel, ext[live])
+
+
+class Pipeline:
+    """GU/EX/GC of one engine's multi-version graph, for the queries registered on it.
+
+    engine: a ContinuousEngine holding g0 (default: the CPU engine). retired marks the
+    vertices of g0 that were deleted (a restored checkpoint). executor_lag holds the
+    executor back until that many later batches were applied (a test switch that forces
+    GU/EX overlap; queue_depth must exceed it).
+    """
+
+    def __init__(self, g0: Graph, *, engine: ContinuousEngine | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
                  batch_wait: float = DEFAULT_BATCH_WAIT, queue_depth: int = 4, threaded: bool = True,
-                 first_seq: int = 0):
-        self.mvg = MultiVersionGraph(g0)
-        self.updater = GraphUpdater(self.mvg, first_seq)
-        self.executor = Executor(queries)
-        self.gc = GarbageCollector(self.mvg, first_seq)
+                 first_seq: int = 0, retired: np.ndarray | None = None, executor_lag: int = 0):
+        if engine is None:
+            from csmd.cpu.engine import CpuEngine
+
+            engine = CpuEngine(g0)
+        self.engine = engine
+        self.vertices = Vertices(g0, retired)
+        self.sequencer = Sequencer(self.vertices, engine, first_seq)
+        self.gc = GarbageCollector(first_seq)
         self.batch_size, self.batch_wait = batch_size, batch_wait
-        self.queue_depth, self.threaded = queue_depth, threaded
-        self.lock = threading.Lock()
+        self.queue_depth, self.threaded = max(queue_depth, executor_lag + 1), threaded
+        self.executor_lag = executor_lag
+        self.queries: dict[str, tuple] = {}  # name -> (ContinuousQuery, the engine's form); executor stage
         self.stats = Stats()
         self.queues: dict[str, queue.Queue] = {}  # between the stages, while running threaded
+        self._updating = threading.Lock()  # held while a batch is sequenced and applied
+        self._applied = threading.Condition()
+        self._applied_batches = 0
+        self._gu_done = False
+
+    # -- what the service uses -----------------------------------------------------------------
+    @property
+    def next_seq(self) -> int:
+        return self.sequencer.next_seq
+
+    @property
+    def ignored(self):
+        return self.sequencer.ignored
+
+    def add_query(self, name: str, q: Graph, count_only: bool = False) -> None:
+        """Register (or replace) a query: before run, or from a marker's at_executor."""
+        cq = continuous_query(name, q, self.vertices.labels, count_only)
+        self.queries[name] = (cq, self.engine.prepare(cq) if q.n > 1 else None)
+
+    def remove_query(self, name: str) -> bool:
+        return self.queries.pop(name, None) is not None
+
+    def query_names(self) -> list[str]:
+        return list(self.queries)
+
+    def graph_state(self) -> GraphState:
+        """The graph between two batches, with its sequence number (waits for a batch being applied)."""
+        with self._updating:
+            src, dst, lab = self.engine.live_edges()
+            vx = self.vertices
+            return GraphState(list(vx.ext_ids), vx.labels.copy(), vx.alive(), src, dst, lab, self.next_seq)
+
+    def engine_stats(self) -> dict:
+        s = self.engine.stats()
+        return {"engine": self.engine.name, "live_versions": s.live_versions, "memory_bytes": s.memory_bytes,
+                "released": self.gc.released}
 
     # -- stages ------------------------------------------------------------------------------
     def _batches(self, source):
@@ -99,45 +177,60 @@ class Pipeline:
         if records:
             yield records, arrived
 
-    def _update(self, records, arrived) -> Batch | Marker:
-        if isinstance(records, Marker):
-            records.seq = self.updater.next_seq
-            return records
-        with self.lock:
-            batch, replaced = self.updater.apply(records, arrived)
+    def _update(self, records, arrived) -> UpdateBatch | Marker:
+        with self._updating:
+            if isinstance(records, Marker):
+                records.at_updater(self)
+                records.seq = self.next_seq
+                return records
+            batch = self.sequencer.sequence(records, arrived)
+            replaced = self.engine.apply(batch)
         self.gc.replaced(replaced)
+        with self._applied:
+            self._applied_batches += 1
+            self._applied.notify_all()
         return batch
 
-    def _execute(self, batch: Batch | Marker) -> BatchResult | Marker:
-        with self.lock:
-            if isinstance(batch, Marker):
-                batch.at_executor(self.executor, self.mvg)
-                return batch
-            deltas = self.executor.run(self.mvg, batch)
-        return BatchResult(batch, deltas, time.monotonic())
+    def _execute(self, batch: UpdateBatch | Marker, index: int):
+        """Submit one batch (or pass a marker); returns what the output stage waits on."""
+        if isinstance(batch, Marker):
+            batch.at_executor(self)
+            return batch
+        if self.executor_lag and self.threaded:
+            with self._applied:
+                self._applied.wait_for(lambda: self._gu_done or self._applied_batches > index + self.executor_lag)
+        self.stats.max_ahead = max(self.stats.max_ahead, self._applied_batches - index - 1)
+        registered = list(self.queries.values())
+        searched = [pq for cq, pq in registered if pq is not None]
+        return batch, registered, self.engine.submit(batch, searched) if searched else None
 
-    def _collect(self, result: BatchResult | Marker, on_result) -> None:
-        """Hands a result (or a marker) on; on_result sees them in stream order."""
-        on_result(result)
-        if isinstance(result, Marker):
+    def _output(self, item, on_result) -> None:
+        """Wait for a batch's matches, put them in canonical order and hand them on (stream order)."""
+        if isinstance(item, Marker):
+            on_result(item)
             return
+        b, registered, pending = item
+        matches = pending.result() if pending is not None else {}
+        labels = self.vertices.labels
+        deltas = [canonical(cq, matches.get(cq.name) if pq is not None else vertex_matches(cq, b, labels), b)
+                  for cq, pq in registered]
         now = time.monotonic()
-        b = result.batch
+        on_result(BatchResult(b, deltas, now))
         self.stats.records += b.records
         self.stats.updates += b.end_seq - b.first_seq
         self.stats.batches += 1
         self.stats.latency.observe([now - t for t in b.arrived])
         free = self.gc.finished(b.first_seq, b.end_seq)
         if free:
-            with self.lock:
-                self.mvg.free(free)
+            self.engine.release(free)
 
     # -- driving -------------------------------------------------------------------------------
     def run(self, source, on_result) -> Stats:
         """Stream `source` through the pipeline; on_result(BatchResult or Marker) is called in stream order."""
+        self._gu_done = False
         if not self.threaded:
-            for records, arrived in self._batches(source):
-                self._collect(self._execute(self._update(records, arrived)), on_result)
+            for i, (records, arrived) in enumerate(self._batches(source)):
+                self._output(self._execute(self._update(records, arrived), i), on_result)
             return self.stats
         to_ex: queue.Queue = queue.Queue(self.queue_depth)
         to_out: queue.Queue = queue.Queue(self.queue_depth)
@@ -153,16 +246,6 @@ class Pipeline:
                 except queue.Full:
                     continue
 
-        def gu():
-            try:
-                for records, arrived in self._batches(source):
-                    if stop.is_set():
-                        break
-                    put(to_ex, self._update(records, arrived))
-            except BaseException as exc:  # re-raised in the caller's thread
-                errors.append(exc)
-            put(to_ex, _END)
-
         def get(q):
             while not stop.is_set():
                 try:
@@ -171,10 +254,28 @@ class Pipeline:
                     continue
             return _END
 
+        def gu_done():
+            with self._applied:
+                self._gu_done = True
+                self._applied.notify_all()
+
+        def gu():
+            try:
+                for records, arrived in self._batches(source):
+                    if stop.is_set():
+                        break
+                    put(to_ex, self._update(records, arrived))
+            except BaseException as exc:  # re-raised in the caller's thread
+                errors.append(exc)
+            gu_done()
+            put(to_ex, _END)
+
         def ex():
             try:
+                index = 0
                 while (item := get(to_ex)) is not _END:
-                    put(to_out, self._execute(item))
+                    put(to_out, self._execute(item, index))
+                    index += not isinstance(item, Marker)
             except BaseException as exc:
                 errors.append(exc)
                 stop.set()
@@ -186,12 +287,13 @@ class Pipeline:
             t.start()
         try:
             while (item := get(to_out)) is not _END:
-                self._collect(item, on_result)
+                self._output(item, on_result)
         except BaseException:
             stop.set()
             raise
         finally:
             stop.set()
+            gu_done()
             for t in threads:
                 t.join()
         if errors:

@@ -23,6 +23,7 @@ import pyarrow.ipc as ipc
 
 from csmd.errors import CsmdError
 from csmd.model.graph import Graph
+from csmd.pipeline.stages import GraphState
 
 FORMAT_VERSION = 1
 
@@ -48,8 +49,8 @@ def _write_table(table: pa.Table, path: Path) -> None:
     _fsync(path)
 
 
-def write_checkpoint(directory, mvg, state: dict, keep: int = 2) -> Path:
-    """Write the MVG's live state with `state`; returns the checkpoint folder."""
+def write_checkpoint(directory, graph: GraphState, state: dict, keep: int = 2) -> Path:
+    """Write the graph (a pipeline's graph_state()) with `state`; returns the checkpoint folder."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     seq = int(state["seq"])
@@ -57,16 +58,15 @@ def write_checkpoint(directory, mvg, state: dict, keep: int = 2) -> Path:
     tmp = root / f".tmp-{seq:015d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    ext = mvg.ext_ids
+    ext = graph.ext_ids
     str_ids = bool(ext) and isinstance(ext[0], str)
     _write_table(pa.table({
         "id": pa.array(ext, pa.string() if str_ids else pa.int64()),
-        "label": pa.array(mvg.labels.view(), pa.int32()),
-        "alive": pa.array(mvg.live_mask()),
+        "label": pa.array(graph.labels, pa.int32()),
+        "alive": pa.array(graph.alive),
     }), tmp / "vertices.arrow")
-    src, dst, lab = mvg.live_edges()
-    _write_table(pa.table({"src": pa.array(src, pa.int64()), "dst": pa.array(dst, pa.int64()),
-                           "label": pa.array(lab, pa.int32())}), tmp / "edges.arrow")
+    _write_table(pa.table({"src": pa.array(graph.src, pa.int64()), "dst": pa.array(graph.dst, pa.int64()),
+                           "label": pa.array(graph.elabel, pa.int32())}), tmp / "edges.arrow")
     (tmp / "state.json").write_text(json.dumps({"format": FORMAT_VERSION, **state}, indent=1))
     _fsync(tmp / "state.json")
     _fsync(tmp)

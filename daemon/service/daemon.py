@@ -35,12 +35,11 @@ from csmd.service.checkpoint import read_checkpoint, write_checkpoint
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.service.delivery import DeliveryTracker
 from csmd.errors import CsmdError, InputError, NotYetApplied
-from csmd.cpu.executor import Executor, RegisteredQuery
 from csmd.model.formats import parse_query_text, query_files, read_graph
 from csmd.model.graph import Graph
 from csmd.service.logs import get_logger
 from csmd.service.metrics import Metrics
-from csmd.cpu.mvg import MultiVersionGraph
+from csmd.engines import continuous_engine
 from csmd.pipeline.stages import Marker, Pipeline
 
 _STOP = object()
@@ -54,13 +53,8 @@ class QuerySpec:
     text: str
     count_only: bool = False
 
-    def registered(self, mvg: MultiVersionGraph) -> RegisteredQuery:
-        return RegisteredQuery(self.name, parse_query_text(self.text, self.name), _label_sizes(mvg), self.count_only)
-
-
-def _label_sizes(mvg: MultiVersionGraph) -> np.ndarray:
-    labels = mvg.labels.view()
-    return np.bincount(labels) if len(labels) else np.zeros(1, np.int64)
+    def register(self, pipe: Pipeline) -> None:
+        pipe.add_query(self.name, parse_query_text(self.text, self.name), self.count_only)
 
 
 class QueryChange(Marker):
@@ -76,15 +70,11 @@ class QueryChange(Marker):
         self.error: str | None = None
         self._query = parse_query_text(spec.text, spec.name) if action == "add" else None
 
-    def at_executor(self, executor: Executor, mvg: MultiVersionGraph) -> None:
-        names = [q.name for q in executor.queries]
-        if self.action == "remove" and self.spec.name not in names:
-            self.error = f"no query named {self.spec.name!r}"
-            return
-        kept = [q for q in executor.queries if q.name != self.spec.name]
+    def at_executor(self, pipe: Pipeline) -> None:
         if self.action == "add":
-            kept.append(RegisteredQuery(self.spec.name, self._query, _label_sizes(mvg), self.spec.count_only))
-        executor.queries = kept
+            pipe.add_query(self.spec.name, self._query, self.spec.count_only)
+        elif not pipe.remove_query(self.spec.name):
+            self.error = f"no query named {self.spec.name!r}"
 
 
 def control_request(body: bytes, source: str) -> dict:
@@ -200,16 +190,15 @@ class Daemon:
         ext = g0.ext_ids
         self._str_ids = getattr(ext, "dtype", None) is not None and ext.dtype.kind in "OUS"
         bs = self.cfg["pipeline"]
-        self.pipe = Pipeline(g0, [], batch_size=bs["batch_size"], batch_wait=bs["batch_wait_ms"] / 1000,
-                             queue_depth=bs["queue_depth"], first_seq=seq0)
-        if ckpt is not None:  # deleted vertices keep their ids, without a name
-            for v in np.flatnonzero(ckpt.retired).tolist():
-                if self.pipe.mvg.index.get(self.pipe.mvg.ext_ids[v]) == v:
-                    del self.pipe.mvg.index[self.pipe.mvg.ext_ids[v]]
-        self.pipe.executor.queries = [s.registered(self.pipe.mvg) for s in specs]
+        engine = continuous_engine(bs["backend"], g0, "[pipeline] backend")
+        self.pipe = Pipeline(g0, engine=engine, batch_size=bs["batch_size"], batch_wait=bs["batch_wait_ms"] / 1000,
+                             queue_depth=bs["queue_depth"], first_seq=seq0,
+                             retired=ckpt.retired if ckpt is not None else None)  # deleted vertices keep their ids
+        for s in specs:
+            s.register(self.pipe)
         self.specs = {s.name: s for s in specs}
         self.totals = {s.name: [0, 0] for s in specs}
-        self.encoder = DeltaEncoder(self.pipe.mvg)
+        self.encoder = DeltaEncoder(self.pipe.vertices)
         self.tracker = DeliveryTracker(on_done=lambda t0: self.metrics.latency.observe([time.monotonic() - t0]))
         k = self.cfg["kafka"]
         self.sink = KafkaSink(conf, t["output"], t["max_message_bytes"],
@@ -494,11 +483,12 @@ class Daemon:
         ends = self.source.end_offsets()
         for p, hi in ends.items():
             m.set("csmd_consumer_lag", max(0, hi - self._next_offsets.get(p, 0)), partition=p)
-        m.set("csmd_gc_live_versions", self.pipe.mvg.live_versions)
-        m.set("csmd_device_memory_bytes", 0)
-        m.set("csmd_seq", self.pipe.updater.next_seq)
+        engine = self.pipe.engine_stats()
+        m.set("csmd_gc_live_versions", engine["live_versions"])
+        m.set("csmd_device_memory_bytes", engine["memory_bytes"])
+        m.set("csmd_seq", self.pipe.next_seq)
         m.set("csmd_queries", len(self.specs))
-        for reason, n in list(self.pipe.updater.ignored.items()):
+        for reason, n in list(self.pipe.ignored.items()):
             m.set("csmd_ignored_updates_total", n, reason=reason)
 
     def _commit(self, wait: bool = False) -> None:
@@ -545,12 +535,12 @@ class Daemon:
         if self.fatal is not None:
             return
         self._commit_all()
-        state = {"seq": self.pipe.updater.next_seq, "offsets": {str(p): o for p, o in self._next_offsets.items()},
+        state = {"seq": self.pipe.next_seq, "offsets": {str(p): o for p, o in self._next_offsets.items()},
                  "control_applied": self.control_applied, "removed": sorted(self.removed),
                  "queries": [vars(s) for s in self.specs.values()], "input": self.cfg["topics"]["input"],
                  "written": time.time()}
-        with self.pipe.lock:
-            path = write_checkpoint(self.cfg["checkpoint"]["dir"], self.pipe.mvg, state, self.cfg["checkpoint"]["keep"])
+        path = write_checkpoint(self.cfg["checkpoint"]["dir"], self.pipe.graph_state(), state,
+                                self.cfg["checkpoint"]["keep"])
         self.metrics.inc("csmd_checkpoints_total")
         self.metrics.set("csmd_checkpoint_seq", state["seq"])
         self.log.info("checkpoint written", path=str(path), seq=state["seq"], seconds=round(time.monotonic() - t0, 3))
@@ -577,20 +567,20 @@ class Daemon:
             self.log.error("stopped after a fatal error; offsets were committed only up to delivered deltas",
                            reason=self.fatal)
             return 1
-        self.log.info("stopped cleanly", seq=self.pipe.updater.next_seq, committed=self._next_offsets)
+        self.log.info("stopped cleanly", seq=self.pipe.next_seq, committed=self._next_offsets)
         return 0
 
     # ---- views for the admin endpoint ----------------------------------------------------------------------
     def live_graph(self) -> tuple[Graph, int]:
         """The graph now, at a batch boundary, and its timestamp (updates before it are in)."""
-        with self.pipe.lock:
-            return self.pipe.mvg.snapshot(), self.pipe.updater.next_seq
+        state = self.pipe.graph_state()
+        return state.live_graph(), state.seq
 
     def stats(self) -> dict:
         lat = self.metrics.latency
         return {
             "status": self.status, "uptime_s": round(time.time() - self.started, 3),
-            "seq": self.pipe.updater.next_seq, "vertices": len(self.pipe.mvg.index),
+            "seq": self.pipe.next_seq, "vertices": len(self.pipe.vertices.index),
             "records": self.metrics.get("csmd_records_total"), "updates": self.metrics.get("csmd_updates_total"),
             "updates_per_s": round(self.metrics.updates_rate.per_second(), 3),
             "deltas_per_s": round(self.metrics.deltas_rate.per_second(), 3),
@@ -598,7 +588,7 @@ class Daemon:
             "pending_records": self.tracker.pending(), "paused": self.source.paused,
             "dead_letters": self.metrics.get("csmd_dead_letters_total"),
             "lag": self.metrics.snapshot().get("csmd_consumer_lag", {}),
-            "ignored": dict(self.pipe.updater.ignored), "gc_live_versions": self.pipe.mvg.live_versions,
+            "ignored": dict(self.pipe.ignored), "gc_live_versions": self.pipe.engine_stats()["live_versions"],
             "offsets": dict(self._next_offsets),
             "queries": {n: {"positive": t[0], "negative": t[1]} for n, t in self.totals.items() if n in self.specs},
         }

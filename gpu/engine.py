@@ -14,7 +14,7 @@ import time
 import cupy as cp
 import numpy as np
 
-from csmd.cpu.matcher import SearchResult
+from csmd.engine import SearchResult, StaticMatcher
 from csmd.model.graph import Graph
 from csmd.model.plan import greedy_orders, symmetry_constraints
 
@@ -87,3 +87,15 @@ def _single_vertex(cbits: cp.ndarray, total: int, limit, sink) -> tuple[int, boo
     if sink is not None and count:
         sink(cp.flatnonzero(cbits & 1).astype(cp.int32)[:count].get().reshape(-1, 1))
     return count, limit is None or limit > total
+
+
+class GpuMatcher(StaticMatcher):
+    """The static matcher of the GPU engine (one search for a batch of queries)."""
+
+    name = "gpu"
+
+    def match(self, g, q, *, distinct=False, limit=None, time_limit=None, sink=None):
+        return match(g, q, distinct=distinct, limit=limit, time_limit=time_limit, sink=sink)
+
+    def match_many(self, g, queries, *, distinct=False, time_limit=None):
+        return match_many(g, queries, distinct=distinct, time_limit=time_limit)

@@ -1,0 +1,80 @@
+"""The CPU engine: numpy static matcher and the continuous engine over the numpy MVG."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from csmd.cpu.executor import PreparedQuery, match_batch
+from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES, search
+from csmd.cpu.mvg import MultiVersionGraph
+from csmd.engine import ContinuousEngine, ContinuousQuery, Done, EngineStats, StaticMatcher, UpdateBatch
+from csmd.model.graph import Graph
+from csmd.model.plan import plan_query
+
+
+class CpuMatcher(StaticMatcher):
+    name = "cpu"
+
+    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES):
+        self.budget_bytes = budget_bytes
+
+    def match(self, g, q, *, distinct=False, limit=None, time_limit=None, sink=None):
+        t0 = time.monotonic()
+        plan = plan_query(g, q, distinct=distinct)
+        remaining = None if time_limit is None else max(0.0, time_limit - (time.monotonic() - t0))
+        return search(g, plan, limit=limit, time_limit=remaining, sink=sink, budget_bytes=self.budget_bytes)
+
+
+class CpuEngine(ContinuousEngine):
+    """Appends never disturb a read at an earlier timestamp, so apply runs beside submit;
+    a compaction moves entries, so it excludes both: `_writing` covers the updater stage
+    (apply and the latest-state reads), `_reading` the executor's searches."""
+
+    name = "cpu"
+
+    def __init__(self, g0: Graph):
+        self.mvg = MultiVersionGraph(g0)
+        self._writing = threading.Lock()
+        self._reading = threading.Lock()
+        self.released = 0
+
+    def apply(self, batch: UpdateBatch):
+        with self._writing:
+            if len(batch.new_labels):
+                self.mvg.add_vertices(batch.new_labels)
+            return self.mvg.apply(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
+
+    def release(self, tokens) -> None:
+        with self._writing, self._reading:
+            self.mvg.free(tokens)
+        self.released += len(tokens)
+
+    def live_edge_labels(self, a, b):
+        with self._writing:
+            return self.mvg.live_edge_label(np.asarray(a, np.int64), np.asarray(b, np.int64))
+
+    def live_neighbors(self, v: int):
+        with self._writing:
+            return self.mvg.live_neighbors(v)
+
+    def live_edges(self):
+        with self._writing:
+            return self.mvg.live_edges()
+
+    def prepare(self, query: ContinuousQuery) -> PreparedQuery:
+        return PreparedQuery(query)
+
+    def submit(self, batch: UpdateBatch, queries: list[PreparedQuery]) -> Done:
+        out = {}
+        with self._reading:
+            for pq in queries:
+                m = match_batch(self.mvg, batch, pq)
+                if m is not None:
+                    out[pq.name] = m
+        return Done(out)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(self.mvg.live_versions, 0)

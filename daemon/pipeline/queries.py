@@ -1,0 +1,68 @@
+"""Registered queries above the engines: anchored orders, one-vertex queries, the canonical delta order.
+
+Every engine gets the same anchored orders and returns its matches in any order;
+the pipeline puts them in the canonical order (by update, then by the match
+itself) and signs them, so deltas and their ids are identical whatever the engine
+and the batching.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from csmd.engine import Anchor, ContinuousQuery, Matches, QueryDeltas, UpdateBatch
+from csmd.model.graph import Graph
+from csmd.model.plan import anchor_order
+
+
+def continuous_query(name: str, q: Graph, labels: np.ndarray, count_only: bool = False) -> ContinuousQuery:
+    """One anchor per query edge, ordered by the data graph's label frequencies now."""
+    label_sizes = np.bincount(labels) if len(labels) else np.zeros(1, np.int64)
+    sizes = np.array([label_sizes[l] if l < len(label_sizes) else 0 for l in q.labels])
+    qs, qd, qe = q.edge_list()
+    return ContinuousQuery(name, q, count_only, [Anchor(x, y, el, anchor_order(q, sizes, x, y))
+                                                 for x, y, el in zip(qs.tolist(), qd.tolist(), qe.tolist())])
+
+
+def vertex_matches(cq: ContinuousQuery, batch: UpdateBatch, labels: np.ndarray) -> Matches | None:
+    """A one-vertex query matches on vertex creation (+) and removal (-)."""
+    hit = labels[batch.vertex_id] == cq.q.labels[0]
+    if not hit.any():
+        return None
+    seq = batch.vertex_seq[hit]
+    if cq.count_only:
+        return Matches(seq, counts=np.ones(len(seq), np.int64))
+    return Matches(seq, rows=batch.vertex_id[hit].astype(np.int32)[:, None])
+
+
+def canonical(cq: ContinuousQuery, m: Matches | None, batch: UpdateBatch) -> QueryDeltas:
+    """The query's deltas for the batch: sorted by update, then by the match; signed by the update."""
+    if m is None:
+        rows = None if cq.count_only else np.zeros((0, cq.q.n), np.int32)
+        return QueryDeltas(cq.name, np.zeros(0, np.int64), np.zeros(0, np.int8), rows, 0, 0,
+                           np.zeros(0, np.int64) if cq.count_only else None)
+    seq, rows, counts = np.asarray(m.seq, np.int64), m.rows, m.counts
+    if rows is not None:
+        order = np.lexsort(tuple(rows[:, c] for c in range(rows.shape[1] - 1, -1, -1)) + (seq,))
+        rows, seq = rows[order], seq[order]
+        weight = np.ones(len(seq), np.int64)
+    else:
+        keep = counts != 0
+        seq, counts = seq[keep], np.asarray(counts, np.int64)[keep]
+        order = np.argsort(seq, kind="stable")
+        seq, counts = seq[order], counts[order]
+        weight = counts
+    sign = _signs(batch, seq)
+    return QueryDeltas(cq.name, seq, sign, rows, int(weight[sign > 0].sum()), int(weight[sign < 0].sum()), counts)
+
+
+def _signs(batch: UpdateBatch, seq: np.ndarray) -> np.ndarray:
+    """The sign of each delta's update (edge and vertex ops of the batch)."""
+    op_seq = np.concatenate([batch.edge_seq, batch.vertex_seq])
+    op_sign = np.concatenate([batch.edge_sign, batch.vertex_sign]).astype(np.int8)
+    order = np.argsort(op_seq, kind="stable")
+    op_seq, op_sign = op_seq[order], op_sign[order]
+    pos = np.searchsorted(op_seq, seq)
+    # a vertex removal shares no number with its edge deletions; a creation may share its
+    # number with the edge insertion that created it, with the same sign
+    return op_sign[pos]

@@ -1,0 +1,45 @@
+"""Engine choice: --backend and [pipeline] backend do what they say, in one place."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from csmd.engines import GPU_CONTINUOUS, continuous_engine, gpu_unavailable_reason
+from csmd.errors import CsmdError
+from csmd.model.graph import Graph
+
+G = Graph.from_edges(np.array([0, 0, 1], np.int32), [0, 1], [1, 2])
+
+
+def test_cpu_and_auto_without_a_gpu_engine_run_on_the_cpu():
+    assert continuous_engine("cpu", G).name == "cpu"
+    if gpu_unavailable_reason() is not None or not GPU_CONTINUOUS:
+        assert continuous_engine("auto", G).name == "cpu"
+
+
+def test_gpu_without_a_gpu_engine_is_a_clear_error_naming_the_setting():
+    if gpu_unavailable_reason() is None and GPU_CONTINUOUS:
+        pytest.skip("the GPU continuous engine runs here")
+    with pytest.raises(CsmdError, match=r"^\[pipeline\] backend gpu: .*use \[pipeline\] backend cpu or auto"):
+        continuous_engine("gpu", G, "[pipeline] backend")
+    with pytest.raises(CsmdError, match="unknown backend 'tpu'"):
+        continuous_engine("tpu", G)
+
+
+def test_replay_backend_gpu_is_exit_2_with_reason(tmp_path):
+    if gpu_unavailable_reason() is None and GPU_CONTINUOUS:
+        pytest.skip("the GPU continuous engine runs here")
+    (tmp_path / "g.graph").write_text("v 1 0\nv 2 0\ne 1 2\n")
+    (tmp_path / "s.txt").write_text("e 1 3\n")
+    proc = subprocess.run([sys.executable, "-m", "csmd", "replay", "--backend", "gpu", "--data", str(tmp_path / "g.graph"),
+                           "--stream", str(tmp_path / "s.txt"), "--query", str(tmp_path / "g.graph")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--backend gpu:" in proc.stderr and "Traceback" not in proc.stderr
+    ok = subprocess.run([sys.executable, "-m", "csmd", "replay", "--backend", "auto", "--json", "--data",
+                         str(tmp_path / "g.graph"), "--stream", str(tmp_path / "s.txt"), "--query",
+                         str(tmp_path / "g.graph")], capture_output=True, text=True)
+    assert ok.returncode == 0 and '"backend": "cpu"' in ok.stdout and '"positive": 2' in ok.stdout  # an edge query: both orientations
