@@ -26,8 +26,7 @@ extern "C" __global__ void label_index(i64 nh, const int* __restrict__ hubs, int
 
 // A batch of queries, one per blockIdx.y: query i has qn[i] vertices, labels qlab[i][u],
 // neighbour masks qnbr[i][u] (bit w: edge u-w) and, with edge labels, qel[i][u][w].
-// cbits holds one row of n words per query.
-#define MAXQ 32
+// cbits holds one row of n words per query (MAXQ: layout.cuh).
 
 struct QueryView {
     int n;

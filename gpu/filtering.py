@@ -19,7 +19,7 @@ from .device_graph import DeviceGraph
 from .launch import THREADS, flat_grid, i32, i64, or_dummy
 from .module import kernel
 
-MAXQ = 32  # query vertices: one bit each in a uint32
+from .layout import MAXQ  # query vertices: one bit each in a uint32
 REFINE_ROUNDS = 3  # as the CPU planner: later rounds rarely remove anything
 
 

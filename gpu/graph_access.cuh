@@ -6,9 +6,7 @@
 //                   are a contiguous range, so candidates come without a label test.
 // With a single vertex label both orders are the same array.
 #pragma once
-
-typedef long long i64;
-typedef unsigned long long u64;
+#include "layout.cuh"
 
 // Where each label's neighbours start in the label-grouped slices of high-degree vertices:
 // row hub_of[v] of tab holds num_labels + 1 offsets relative to indptr[v] (-1: no row, the

@@ -17,71 +17,7 @@
 // leaves its cursor where it was and the kernel returns; the host drains the buffer and
 // relaunches with the saved stacks, which recompute the same batch (no loss, no duplicate).
 #include "graph_access.cuh"
-
-#define MAXQ 32
-#define FULL_MASK 0xffffffffu
-
-// ctl[] slots (u64), persistent over the launches of one search unless noted
-#define CTL_POOL 0     // next root-pool entry (chunks of 32 entries, one query each)
-#define CTL_HEAD 1     // task queue: next group to take
-#define CTL_TAIL 2     // task queue: next free slot
-#define CTL_IDLE 3     // warps that found no work (per launch)
-#define CTL_STOP 4     // why the launch ends early (per launch): STOP_*
-#define CTL_OUTN 5     // rows reserved in the output buffer (per launch)
-#define CTL_GCOUNT 6   // global match count, used only with a count limit (a batch of one)
-#define CTL_STARTED 7  // warps that started (per launch): termination needs idle == started
-
-#define STOP_FULL 1   // output buffer full: drain and resume
-#define STOP_LIMIT 2  // limit reached: final
-#define STOP_TIME 3   // deadline passed: final
-
-// Per-depth checks of one query's plan, with depths as bit positions. Edge labels by depth
-// are a separate table in global memory (read only when the graph has edge labels).
-struct QueryTable {
-    int n;      // depths searched (the BFS pre-pass searches 2)
-    int width;  // ints per output row
-    int fast;   // count the last depth from prefix sums (count_last)
-    int pad;
-    int outpos[MAXQ];      // output column of depth d
-    int label[MAXQ];       // vertex label of depth d
-    unsigned back[MAXQ];   // backward neighbours of depth d
-    unsigned same[MAXQ];   // earlier non-adjacent depths with the same label (injectivity)
-    unsigned less[MAXQ];   // earlier depths whose image must be smaller (symmetry breaking)
-    unsigned greater[MAXQ];
-};
-
-struct Level {
-    i64 start[32];
-    i64 off[32];
-    int v[32];
-    int size[32];
-    unsigned char parent[32];
-    unsigned char piv[32];
-    i64 total;
-    i64 cursor;
-    int cnt;
-    int pad;
-};
-
-struct WarpState {
-    int top, base, active;
-    int q;        // query of the current work (-1: none yet)
-    i64 t_start;  // when the warp took its current work (for time-based offload)
-    u64 count;
-    u64 batches;  // batches of 32 candidates checked (load-balance statistics)
-};
-
-// An offloaded node: prefix v[0..m-1] and the rest of its candidate range for depth m.
-// The first task of a group pushed together carries the group size (taken whole).
-struct Task {
-    i64 start;
-    int size;
-    int m;
-    int piv;
-    int group;
-    int q;
-    int v[MAXQ];
-};
+#include "task_ring.cuh"
 
 struct Graph {
     const i64* __restrict__ indptr;
@@ -126,29 +62,6 @@ __device__ __forceinline__ void switch_query(QueryTable* Q, WarpState* ws, const
     __syncwarp();
     if (lane == 0) ws->q = q;
     __syncwarp();
-}
-
-__device__ __forceinline__ i64 now_ns() {
-    i64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ __forceinline__ u64 vload(u64* p) { return *(volatile u64*)p; }
-
-// The task queue is a ring: slot seq % cap holds task seq once ready[slot] == tag(seq); a
-// consumer sets it back to 0 after reading, and a producer writes only into a 0 slot.
-__device__ __forceinline__ int tag(u64 seq) { return (int)(seq % 2147483647ull) + 1; }
-__device__ __forceinline__ int vready(const int* ready, u64 slot) { return ((volatile const int*)ready)[slot]; }
-
-// Node s of a level holding virtual index idx (offsets strictly increase: no empty node).
-__device__ __forceinline__ int find_node(const Level* L, i64 idx) {
-    int lo = 0, hi = L->cnt - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) >> 1;
-        if (L->off[mid] <= idx) lo = mid; else hi = mid - 1;
-    }
-    return lo;
 }
 
 // All checks of candidate c at depth d against its prefix (parent slot s on level d - 1),
@@ -204,102 +117,6 @@ __device__ void node_range(const Graph& g, const QueryTable* Q, const Level* lv,
     }
 }
 
-// Make level k's nodes from the lanes with `keep` (rank = order among them); returns the count.
-__device__ __forceinline__ int build_level(Level* L, bool keep, int v, int parent, i64 start, int size, int piv,
-                                           int lane) {
-    const unsigned b = __ballot_sync(FULL_MASK, keep);
-    const int r = __popc(b & ((1u << lane) - 1));
-    i64 x = keep ? size : 0;
-    for (int o = 1; o < 32; o <<= 1) {
-        i64 y = __shfl_up_sync(FULL_MASK, x, o);
-        if (lane >= o) x += y;
-    }
-    if (keep) {
-        L->v[r] = v;
-        L->parent[r] = (unsigned char)parent;
-        L->start[r] = start;
-        L->size[r] = size;
-        L->piv[r] = (unsigned char)piv;
-        L->off[r] = x - size;
-    }
-    const i64 total = __shfl_sync(FULL_MASK, x, 31);
-    if (lane == 0) {
-        L->cnt = __popc(b);
-        L->total = total;
-        L->cursor = 0;
-    }
-    return __popc(b);
-}
-
-// The warp starts on prefixes of m vertices loaded into level m - 1.
-__device__ __forceinline__ void start_work(Level* lv, WarpState* ws, int m, int lane) {
-    if (lane < m - 1) {  // levels under the loaded one hold prefixes only: nothing to iterate
-        lv[lane].cnt = 0;
-        lv[lane].total = 0;
-        lv[lane].cursor = 0;
-    }
-    if (lane == 0) {
-        ws->top = ws->base = m - 1;
-        ws->active = 1;
-        ws->t_start = now_ns();
-    }
-    __syncwarp();
-}
-
-// Take the next group from the task queue; false if there is none (or it was taken first).
-// The caller is counted idle; while taking it is not.
-__device__ bool take_group(QueryTable* Q, Level* lv, WarpState* ws, const Batch& b, u64* ctl, const Task* queue,
-                           int* ready, i64 queue_cap, int lane) {
-    u64 h = 0;
-    int ok = 0, gsize = 0;
-    if (lane == 0) {
-        h = vload(&ctl[CTL_HEAD]);
-        if (h < vload(&ctl[CTL_TAIL])) {
-            atomicAdd(&ctl[CTL_IDLE], ~0ull);  // minus one: not idle while taking, so nobody terminates meanwhile
-            // wait for the group's first task, unless another warp takes it first (then the
-            // slot may even be reused: stop waiting as soon as the head moves)
-            bool seen = false;
-            while (!(seen = vready(ready, h % queue_cap) == tag(h)) && vload(&ctl[CTL_HEAD]) == h) __nanosleep(32);
-            if (seen) {
-                __threadfence();
-                gsize = ((volatile const Task*)queue)[h % queue_cap].group;
-                ok = atomicCAS(&ctl[CTL_HEAD], h, h + gsize) == h;  // a stale read fails here
-            }
-            if (!ok) atomicAdd(&ctl[CTL_IDLE], 1ull);
-        }
-    }
-    ok = __shfl_sync(FULL_MASK, ok, 0);
-    if (!ok) return false;
-    h = __shfl_sync(FULL_MASK, h, 0);
-    gsize = __shfl_sync(FULL_MASK, gsize, 0);
-    bool have = lane < gsize;
-    int m = 0, v = 0, piv = 0, size = 0, q = 0;
-    i64 start = 0;
-    if (have) {
-        const u64 slot = (h + lane) % queue_cap;
-        while (vready(ready, slot) != tag(h + lane)) __nanosleep(32);
-        __threadfence();
-        const volatile Task* t = (const volatile Task*)&queue[slot];
-        m = t->m;
-        q = t->q;
-        for (int j = 0; j < m - 1; ++j) {
-            lv[j].v[lane] = t->v[j];
-            lv[j].parent[lane] = (unsigned char)lane;
-        }
-        v = t->v[m - 1];
-        start = t->start;
-        size = t->size;
-        piv = t->piv;
-        __threadfence();
-        atomicExch(&ready[slot], 0);
-    }
-    m = __shfl_sync(FULL_MASK, m, 0);
-    switch_query(Q, ws, b, __shfl_sync(FULL_MASK, q, 0), lane);
-    build_level(&lv[m - 1], have, v, lane, start, size, piv, lane);
-    start_work(lv, ws, m, lane);
-    return true;
-}
-
 // Take a chunk of 32 prefixes from the root pool (pool_m vertices each; -1 pads a query's
 // last chunk); false when it is empty.
 __device__ bool take_roots(const Graph& g, QueryTable* Q, Level* lv, WarpState* ws, const Batch& b, u64* ctl,
@@ -328,73 +145,6 @@ __device__ bool take_roots(const Graph& g, QueryTable* Q, Level* lv, WarpState* 
             return true;
         }
     }
-}
-
-// Hand the rest of the shallowest unfinished level to the task queue (one task per node).
-__device__ void offload(Level* lv, WarpState* ws, u64* ctl, Task* queue, int* ready, i64 queue_cap, int lane) {
-    int l = -1;
-    for (int j = ws->base; j <= ws->top; ++j)
-        if (lv[j].cursor < lv[j].total) {
-            l = j;
-            break;
-        }
-    if (lane == 0) ws->t_start = now_ns();
-    if (l < 0) return;
-    Level* L = &lv[l];
-    const i64 cursor = L->cursor;
-    bool push = false;
-    i64 start = 0;
-    int size = 0;
-    if (lane < L->cnt) {
-        i64 from = cursor - L->off[lane];
-        if (from < 0) from = 0;
-        if (from < L->size[lane]) {
-            push = true;
-            start = L->start[lane] + from;
-            size = L->size[lane] - (int)from;
-        }
-    }
-    const unsigned b = __ballot_sync(FULL_MASK, push);
-    const int k = __popc(b);
-    u64 t = 0;
-    int ok = 0;
-    if (lane == 0 && k) {
-        u64 old = vload(&ctl[CTL_TAIL]);
-        while ((i64)(old + k) - (i64)vload(&ctl[CTL_HEAD]) <= queue_cap) {  // slots below the head are free
-            u64 prev = atomicCAS(&ctl[CTL_TAIL], old, old + k);
-            if (prev == old) {
-                ok = 1;
-                t = old;
-                break;
-            }
-            old = prev;
-        }
-    }
-    ok = __shfl_sync(FULL_MASK, ok, 0);
-    if (!ok) return;
-    t = __shfl_sync(FULL_MASK, t, 0);
-    if (push) {
-        const int r = __popc(b & ((1u << lane) - 1));
-        const u64 slot = (t + r) % queue_cap;
-        while (vready(ready, slot) != 0) __nanosleep(32);  // its last consumer is reading it
-        Task* task = &queue[slot];
-        task->start = start;
-        task->size = size;
-        task->m = l + 1;
-        task->piv = L->piv[lane];
-        task->group = r == 0 ? k : 0;
-        task->q = ws->q;
-        int node = lane;
-        for (int j = l; j >= 0; --j) {
-            task->v[j] = lv[j].v[node];
-            node = lv[j].parent[node];
-        }
-        __threadfence();
-        atomicExch(&ready[slot], tag(t + r));
-    }
-    __syncwarp();
-    if (lane == 0) L->cursor = L->total;
-    __syncwarp();
 }
 
 __device__ __forceinline__ i64 lower_bound(const int* __restrict__ a, i64 lo, i64 hi, int x) {
@@ -534,7 +284,7 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
             }
             int verdict = 0;  // 0 keep waiting, 1 got work, 2 finished
             while (!verdict) {
-                if (take_group(Q, lv, ws, b, ctl, queue, ready, queue_cap, lane)) {
+                if (take_group(lv, ws, ctl, queue, ready, queue_cap, lane, [&](int q) { switch_query(Q, ws, b, q, lane); })) {
                     verdict = 1;
                     break;
                 }
@@ -666,4 +416,15 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
     __syncwarp();
     if (ws->q >= 0) flush_count(ws, counts, lane);
     for (int i = lane; i < wwords; i += 32) saved[i] = ((u64*)Q)[i];
+}
+
+// The struct sizes and field offsets the driver needs, in the order gpu/layout.py names them
+// (NVRTC has no offsetof).
+#define OFFSET(T, f) ((i64)((const char*)&((const T*)0)->f - (const char*)0))
+extern "C" __global__ void layout(i64* out) {
+    const i64 v[] = {sizeof(QueryTable), OFFSET(QueryTable, outpos), OFFSET(QueryTable, label), OFFSET(QueryTable, back),
+                     OFFSET(QueryTable, same), OFFSET(QueryTable, less), OFFSET(QueryTable, greater), sizeof(Level),
+                     sizeof(WarpState), OFFSET(WarpState, active), OFFSET(WarpState, batches), sizeof(Task),
+                     OFFSET(Task, q)};
+    for (int i = 0; i < (int)(sizeof(v) / sizeof(v[0])); ++i) out[i] = v[i];
 }

@@ -20,22 +20,13 @@ import cupy as cp
 import numpy as np
 
 from .device_graph import DeviceGraph
-from .filtering import MAXQ, QueryBatch, bitmask
+from .filtering import QueryBatch, bitmask
 from .launch import THREADS, flat_grid, i32, i64, or_dummy, u64
+from .layout import (CTL_GCOUNT, CTL_HEAD, CTL_IDLE, CTL_OUTN, CTL_POOL, CTL_STARTED, CTL_STOP, CTL_TAIL, MAXQ,
+                     STOP_LIMIT, STOP_TIME, structs)
 from .module import kernel
 
-QT_INTS = 4 + 6 * MAXQ  # struct QueryTable
-QT_WORDS = QT_INTS // 2  # in u64 words
-LEVEL_BYTES = 856  # struct Level
-WARP_BYTES = 40  # struct WarpState
-TASK_BYTES = 160  # struct Task
-TASK_Q = 6  # Task.q, in ints
 WARPS_PER_BLOCK = 4
-# WarpState words (u64) in a warp's saved block, which starts with its QueryTable
-ACTIVE_WORD, COUNT_WORD, BATCHES_WORD = QT_WORDS + 1, QT_WORDS + 3, QT_WORDS + 4
-
-CTL_POOL, CTL_HEAD, CTL_TAIL, CTL_IDLE, CTL_STOP, CTL_OUTN, CTL_GCOUNT, CTL_STARTED = range(8)
-STOP_FULL, STOP_LIMIT, STOP_TIME = 1, 2, 3
 
 
 @dataclass
@@ -54,7 +45,7 @@ class Tuning:
 
 def query_tables(batch: QueryBatch, orders: np.ndarray, sym: list | None = None
                  ) -> tuple[np.ndarray, np.ndarray | None]:
-    """The kernel's QueryTable of every query of the batch (rows of QT_INTS int32) and, with
+    """The kernel's QueryTable of every query of the batch (rows of int32) and, with
     edge labels, its edge labels by depth ([d][j] flattened). orders (Q, MAXQ) as
     greedy_orders gives them; sym[i] lists query i's (x, y) with f(x) < f(y)."""
     nb = len(batch)
@@ -65,27 +56,37 @@ def query_tables(batch: QueryBatch, orders: np.ndarray, sym: list | None = None
     adj = batch.adj[r, order[:, :, None], order[:, None, :]]  # by depth
     lab = np.take_along_axis(batch.labels, order, 1)
     earlier = np.tril(np.ones((MAXQ, MAXQ), bool), -1) & valid[:, None, :]
-    t = np.zeros((nb, QT_INTS), np.uint32)
-    t[:, 0] = t[:, 1] = n
-    t[:, 4:4 + MAXQ] = order
-    t[:, 4 + MAXQ:4 + 2 * MAXQ] = lab
-    t[:, 4 + 2 * MAXQ:4 + 3 * MAXQ] = bitmask(adj & earlier)
-    t[:, 4 + 3 * MAXQ:4 + 4 * MAXQ] = bitmask(~adj & earlier & (lab[:, :, None] == lab[:, None, :]))
+    s = structs()  # column of each QueryTable field, as the device laid them out
+    outpos, label, back, same, less, greater = (x // 4 for x in (s.qt_outpos, s.qt_label, s.qt_back, s.qt_same,
+                                                                  s.qt_less, s.qt_greater))
+    t = np.zeros((nb, s.query_table // 4), np.uint32)
+    t[:, 0] = t[:, 1] = n  # n, width
+    t[:, outpos:outpos + MAXQ] = order
+    t[:, label:label + MAXQ] = lab
+    t[:, back:back + MAXQ] = bitmask(adj & earlier)
+    t[:, same:same + MAXQ] = bitmask(~adj & earlier & (lab[:, :, None] == lab[:, None, :]))
     for i, pairs in enumerate(sym or []):
         pos = {int(u): d for d, u in enumerate(orders[i, :n[i]])}
         for x, y in pairs:  # f(x) < f(y): checked at the later of the two depths
             dx, dy = pos[x], pos[y]
             if dx < dy:
-                t[i, 4 + 4 * MAXQ + dy] |= 1 << dx  # less
+                t[i, less + dy] |= 1 << dx
             else:
-                t[i, 4 + 5 * MAXQ + dx] |= 1 << dy  # greater
+                t[i, greater + dx] |= 1 << dy
     el = None if batch.el is None else batch.el[r, order[:, :, None], order[:, None, :]].reshape(nb, -1)
     return t.view(np.int32), el
 
 
 def _warp_words(depths: int) -> int:
     """u64 words of a warp's block: its QueryTable, WarpState and levels."""
-    return (4 * QT_INTS + WARP_BYTES + (depths - 1) * LEVEL_BYTES) // 8
+    s = structs()
+    return (s.query_table + s.warp + (depths - 1) * s.level) // 8
+
+
+def _warp_word(field: str) -> int:
+    """The u64 word of a WarpState field in a warp's saved block (which starts with its QueryTable)."""
+    s = structs()
+    return (s.query_table + getattr(s, field)) // 8
 
 
 def _grid(fn, smem: int, max_blocks_per_sm: int) -> int:
@@ -117,7 +118,7 @@ class WarpSearch:
         self.nwarps = self.blocks * WARPS_PER_BLOCK
         self.ctl = cp.zeros(8, cp.uint64)
         self.state = cp.zeros(self.nwarps * _warp_words(self.nmax), cp.uint64)
-        self.queue = cp.empty(tuning.queue_tasks * TASK_BYTES, cp.uint8)
+        self.queue = cp.empty(tuning.queue_tasks * structs().task, cp.uint8)
         self.ready = cp.zeros(tuning.queue_tasks, cp.int32)
         self.counts = cp.zeros(self.nb, cp.uint64)
         self.pool, self.pool_m, self.chunk_q = pool, 1, chunk_q
@@ -239,8 +240,9 @@ class WarpSearch:
         head, tail = int(ctl[CTL_HEAD]), int(ctl[CTL_TAIL])
         if tail > head:
             slots = cp.asarray(np.arange(head, tail) % self.tuning.queue_tasks)
-            left |= set(self.queue.view(cp.int32).reshape(-1, TASK_BYTES // 4)[slots, TASK_Q].get().tolist())
-        words = self.state.reshape(self.nwarps, -1)[:, ACTIVE_WORD].get()
+            s = structs()
+            left |= set(self.queue.view(cp.int32).reshape(-1, s.task // 4)[slots, s.task_q // 4].get().tolist())
+        words = self.state.reshape(self.nwarps, -1)[:, _warp_word("warp_active")].get()
         active, q = words & 0xFFFFFFFF, (words >> 32).astype(np.int64)
         left |= set(q[(active != 0) & (q < self.nb)].tolist())
         done = np.ones(self.nb, bool)
@@ -249,7 +251,7 @@ class WarpSearch:
 
     def balance(self) -> dict:
         """Batches checked per warp: total, mean and max (max / mean near 1 = balanced)."""
-        b = self.state.reshape(self.nwarps, -1)[:, BATCHES_WORD].get().astype(np.int64)
+        b = self.state.reshape(self.nwarps, -1)[:, _warp_word("warp_batches")].get().astype(np.int64)
         return {"warps": self.nwarps, "batches": int(b.sum()), "mean": float(b.mean()), "max": int(b.max())}
 
     def _counts(self, drained: int, emit: bool, count_limit: int) -> np.ndarray:

@@ -16,9 +16,16 @@ _INCLUDE = re.compile(r'^#include "([\w.]+)"$', re.M)
 
 
 def source(name: str) -> str:
-    """gpu/<name>.cu with its local #include "..." lines replaced by the headers' text."""
+    """gpu/<name>.cu with its local #include "..." lines replaced by the headers' text,
+    recursively, each header once (NVRTC is given no include path)."""
+    pasted: set[str] = set()
+
     def paste(m):
-        return (HERE / m.group(1)).read_text().replace("#pragma once\n", "")
+        header = m.group(1)
+        if header in pasted:
+            return ""
+        pasted.add(header)
+        return _INCLUDE.sub(paste, (HERE / header).read_text().replace("#pragma once\n", ""))
 
     return _INCLUDE.sub(paste, (HERE / f"{name}.cu").read_text())
 

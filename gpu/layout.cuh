@@ -1,0 +1,73 @@
+// The layouts the search kernels share with their Python drivers: limits, control slots and
+// the structs of the warp stack and the task ring. Python reads the #defines from this file
+// and the struct sizes and offsets from the `layout` kernel at load (gpu/layout.py): nothing
+// is mirrored by hand.
+#pragma once
+
+typedef long long i64;
+typedef unsigned long long u64;
+
+#define MAXQ 32
+#define FULL_MASK 0xffffffffu
+
+// ctl[] slots (u64), persistent over the launches of one search unless noted
+#define CTL_POOL 0     // next root-pool entry (chunks of 32 entries, one query each)
+#define CTL_HEAD 1     // task queue: next group to take
+#define CTL_TAIL 2     // task queue: next free slot
+#define CTL_IDLE 3     // warps that found no work (per launch)
+#define CTL_STOP 4     // why the launch ends early (per launch): STOP_*
+#define CTL_OUTN 5     // rows reserved in the output buffer (per launch)
+#define CTL_GCOUNT 6   // global match count, used only with a count limit (a batch of one)
+#define CTL_STARTED 7  // warps that started (per launch): termination needs idle == started
+
+#define STOP_FULL 1   // output buffer full: drain and resume
+#define STOP_LIMIT 2  // limit reached: final
+#define STOP_TIME 3   // deadline passed: final
+
+// Per-depth checks of one query's plan, with depths as bit positions. Edge labels by depth
+// are a separate table in global memory (read only when the graph has edge labels).
+struct QueryTable {
+    int n;      // depths searched (the BFS pre-pass searches 2)
+    int width;  // ints per output row
+    int fast;   // count the last depth from prefix sums (count_last)
+    int pad;
+    int outpos[MAXQ];      // output column of depth d
+    int label[MAXQ];       // vertex label of depth d
+    unsigned back[MAXQ];   // backward neighbours of depth d
+    unsigned same[MAXQ];   // earlier non-adjacent depths with the same label (injectivity)
+    unsigned less[MAXQ];   // earlier depths whose image must be smaller (symmetry breaking)
+    unsigned greater[MAXQ];
+};
+
+struct Level {
+    i64 start[32];
+    i64 off[32];
+    int v[32];
+    int size[32];
+    unsigned char parent[32];
+    unsigned char piv[32];
+    i64 total;
+    i64 cursor;
+    int cnt;
+    int pad;
+};
+
+struct WarpState {
+    int top, base, active;
+    int q;        // query of the current work (-1: none yet)
+    i64 t_start;  // when the warp took its current work (for time-based offload)
+    u64 count;
+    u64 batches;  // batches of 32 candidates checked (load-balance statistics)
+};
+
+// An offloaded node: prefix v[0..m-1] and the rest of its candidate range for depth m.
+// The first task of a group pushed together carries the group size (taken whole).
+struct Task {
+    i64 start;
+    int size;
+    int m;
+    int piv;
+    int group;
+    int q;
+    int v[MAXQ];
+};
