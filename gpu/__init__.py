@@ -1,1 +1,1 @@
-"""Device side: CUDA C++ kernels (.cu, compiled with cupy.RawModule) and their CuPy drivers."""
+"""The GPU engine: CUDA C++ kernels (.cu and .cuh, compiled with cupy.RawModule) and their CuPy drivers."""
