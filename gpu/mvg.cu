@@ -76,10 +76,11 @@ __device__ __forceinline__ int triples_lower(const MVGView& g, i64 st, int n, i6
 // ---- layout check ------------------------------------------------------------------------
 // sizeof(MVGView), then (offset, size) of each field in MVG_VIEW_FIELDS order.
 extern "C" __global__ void mvg_view_layout(i64* out) {
+    MVGView probe;  // NVRTC has no offsetof
     int i = 0;
     out[i++] = sizeof(MVGView);
-#define MVG_OFFSET(type, name)                    \
-    out[i++] = __builtin_offsetof(MVGView, name); \
+#define MVG_OFFSET(type, name)                                \
+    out[i++] = (const char*)&probe.name - (const char*)&probe; \
     out[i++] = sizeof(type);
     MVG_VIEW_FIELDS(MVG_OFFSET)
 #undef MVG_OFFSET
