@@ -32,14 +32,17 @@ _FORMATS = {"int*": np.uint64, "i64*": np.uint64, "i64": np.int64}
 
 
 _SMS: list[int] = []
+_KERNELS: dict = {}
 
 
 def _launch(name: str, n: int, args) -> None:
-    """A grid-stride kernel over n items (the SM count is read once: launch.flat_grid asks
-    CuPy for every device attribute on each call, which the per-batch fixed cost can't afford)."""
+    """A grid-stride kernel over n items. The SM count and the functions are looked up once:
+    launch.flat_grid asks CuPy for every device attribute on each call, and a batch's fixed
+    cost is mostly such host overhead."""
     if not _SMS:
         _SMS.append(cp.cuda.Device().attributes["MultiProcessorCount"])
-    kernel("mvg", name)((max(1, min(-(-n // THREADS), _SMS[0] * 8)),), (THREADS,), args)
+    f = _KERNELS.get(name) or _KERNELS.setdefault(name, kernel("mvg", name))
+    f((max(1, min(-(-n // THREADS), _SMS[0] * 8)),), (THREADS,), args)
 
 
 def _view_dtype() -> np.dtype:
@@ -101,6 +104,7 @@ class DeviceMVG:
         """
         if DeviceMVG._dtype is None:
             DeviceMVG._dtype = _view_dtype()
+        cp.cuda.Device().synchronize()  # the inputs may still be in flight on another stream
         self.stream = cp.cuda.Stream(non_blocking=True)
         n, m = len(labels), len(nbrs)
         self.n = n
@@ -112,8 +116,11 @@ class DeviceMVG:
             vcap = max(2 * n, 1024)
             self.v_ct_min, self.v_dt_max, self.v_start = (cp.empty(vcap, cp.int64) for _ in range(3))
             self.v_prev, self.v_size, self.v_cls, self.v_live = (cp.empty(vcap, cp.int32) for _ in range(4))
-            self.free_keys = cp.full(vcap, INF, cp.int64)  # class << 32 | vid, sorted; n_free valid
-            self.n_free = 0
+            # free list: keys class << 32 | vid; the first n_keys hold the n_free free versions and
+            # MVG_INF holes, sorted (holes last) when sorted is set
+            self.free_keys = cp.full(vcap, INF, cp.int64)
+            self.n_free = self.n_keys = 0
+            self.sorted = True
             self.dropped = 0  # released empty versions: no block, id not reused
             self.e_nbr = self.e_lab = self.e_el = cp.empty(1, cp.int32)
             self.e_ct = self.e_dt = cp.empty(1, cp.int64)
@@ -212,36 +219,38 @@ class DeviceMVG:
         with self.stream:
             g = self.view()
             batch = cp.asarray(host)  # the one upload
-            keys = cp.empty(R, cp.int64)
-            _launch("gu_keys", k, (i64(k), batch, keys))
+            keys, stats = cp.empty(R, cp.int64), cp.empty(S_COUNT, cp.int64)
+            _launch("gu_keys", k, (i64(k), batch, keys, stats))
             keys.sort()
-            head, ins = cp.empty(R, cp.int32), cp.empty(R, cp.int32)
+            flags = cp.empty((2, R), cp.int32)  # row starts a vertex's segment; row inserts
+            head, ins = flags
             _launch("gu_rows", R, (i64(R), i64(k), batch, keys, head, ins))
-            seg, insc = cp.cumsum(head, dtype=cp.int32), cp.cumsum(ins, dtype=cp.int32)
-            row0 = cp.empty(R + 1, cp.int32)
-            _launch("gu_segments", R, (i64(R), head, seg, row0))
-            ts0, first = cp.full(R, INF, cp.int64), cp.empty(R, cp.int32)
+            seg, insc = cp.cumsum(flags, axis=1, dtype=cp.int32)
+            row0, ts0, first = cp.empty(R + 1, cp.int32), cp.empty(R, cp.int64), cp.empty(R, cp.int32)
+            _launch("gu_segments", R, (i64(R), head, seg, row0, ts0))
             _launch("gu_split", R, (g, i64(R), i64(k), batch, keys, seg, insc, ins, row0, ts0, first))
             # the new versions: sizes, then ids and blocks from the free lists or the bump pointers
-            req, stats = cp.empty(R, cp.int64), cp.zeros(S_COUNT, cp.int64)
+            req = cp.empty(R, cp.int64)
             s_old, s_size, s_ndel, s_slot = (cp.empty(R, cp.int32) for _ in range(4))
             _launch("gu_plan", R, (g, i64(R), keys, seg, insc, ins, row0, ts0, first, req, s_old, s_size, s_ndel,
                                    stats))
             req.sort()
-            pos, fresh, fresh_size = cp.empty(R, cp.int64), cp.empty(R, cp.int32), cp.empty(R, cp.int64)
-            _launch("gu_alloc_rank", R, (i64(R), req, self.free_keys, i64(self.n_free), pos, fresh, fresh_size))
-            fresh_n, fresh_end = cp.cumsum(fresh, dtype=cp.int32), cp.cumsum(fresh_size, dtype=cp.int64)
-            q_vid, q_old, q_start, q_old_size = (cp.empty(R, t) for t in (cp.int32, cp.int32, cp.int64, cp.int64))
-            _launch("gu_alloc", R, (g, i64(R), req, self.free_keys, pos, fresh_n, fresh_end, fresh_size,
-                                    i64(self.n_versions), i64(self.bump), s_old, s_slot, q_vid, q_start, q_old,
-                                    q_old_size))
-            old_end = cp.cumsum(q_old_size, dtype=cp.int64)
-            kernel("mvg", "gu_stats")((1,), (1,), (i64(R), fresh_n, fresh_end, old_end, stats))
+            if not self.sorted:  # released keys and taken holes since the last allocation
+                self.free_keys[: self.n_keys].sort()
+                self.n_keys, self.sorted = self.n_free, True
+            pos, sizes = cp.empty(R, cp.int64), cp.empty((3, R), cp.int64)
+            _launch("gu_alloc_rank", R, (g, i64(R), req, self.free_keys, i64(self.n_free), s_old, pos, sizes))
+            ends = cp.cumsum(sizes, axis=1, dtype=cp.int64)
+            fresh_n, fresh_end, old_end = ends
+            q_vid, q_old, q_start = cp.empty(R, cp.int32), cp.empty(R, cp.int32), cp.empty(R, cp.int64)
+            _launch("gu_alloc", R, (g, i64(R), req, self.free_keys, pos, fresh_n, fresh_end, sizes,
+                                    i64(self.n_versions), i64(self.bump), s_old, s_slot, q_vid, q_start, q_old))
+            _launch("gu_stats", 1, (i64(R), ends, stats))
             st = [int(x) for x in stats.get()]  # the one read-back
             n_new, total = st[S_NEW], st[S_COPY]
-            if n_new > st[S_FRESH]:  # free-list keys taken (marked INF) go to the end
-                self.free_keys[: self.n_free].sort()
+            if n_new > st[S_FRESH]:  # free-list keys were taken: holes until the next sort
                 self.n_free -= n_new - st[S_FRESH]
+                self.sorted = False
             self._reserve(versions=self.n_versions + st[S_FRESH], entries=self.bump + st[S_FRESH_ENTRIES])
             self.n_versions += st[S_FRESH]
             self.bump += st[S_FRESH_ENTRIES]
@@ -256,7 +265,7 @@ class DeviceMVG:
             perm = p1[cp.argsort(owner[p1], kind="stable")][:n_ins]
             i_pair = pair[perm]
             # copy + merge: old live entries and insertions straight to their final positions
-            live = cp.zeros(total + 1, cp.int32)
+            live = cp.empty(total + 1, cp.int32)
             _launch("gu_copy_flags", total, (g, i64(total), i64(n_new), old_end, q_old, live))
             incl = cp.cumsum(live, dtype=cp.int64)
             _launch("gu_copy", total, (g, i64(total), i64(n_new), old_end, q_old, q_start, req, live, incl, row0,
@@ -273,12 +282,13 @@ class DeviceMVG:
         tokens = [t for t in tokens if t.count]
         if not tokens:
             return
-        vids = cp.concatenate([t.vids for t in tokens])
-        m = len(vids)
         with self.stream:
-            self._reserve(free=self.n_free + m)
-            _launch("mvg_release", m, (self.view(), i64(m), vids, self.free_keys[self.n_free:]))
-            self.free_keys[: self.n_free + m].sort()
+            vids = tokens[0].vids if len(tokens) == 1 else cp.concatenate([t.vids for t in tokens])
+            m = len(vids)
+            self._reserve(free=self.n_keys + m)
+            _launch("mvg_release", m, (self.view(), i64(m), vids, self.free_keys[self.n_keys:]))
+        self.n_keys += m
+        self.sorted = False  # sorted at the next allocation, with the holes it leaves
         self.n_free += sum(t.blocks for t in tokens)
         self.dropped += sum(t.count - t.blocks for t in tokens)
 
@@ -302,9 +312,15 @@ class DeviceMVG:
             _launch("mvg_label_ranges_at", len(v), (self.view(), i64(len(v)), v, lab, T, start, size))
             return start.get(), size.get()
 
-    def edges_at(self, a, b, T, el=None, check_el=False, stream=None):
-        """edge_at for each (a, b, T[, el]) on `stream` (default: the updater's), without waiting:
-        device arrays (entry position, edge label), -1 where there is no such edge."""
+    def edges_at(self, a, b, T, el=None, check_el=False):
+        """edge_at for each (a, b, T[, el]): host arrays (entry position, edge label), -1
+        where there is no such edge."""
+        pos, label = self.edges_at_async(a, b, T, el, check_el)
+        with self.stream:
+            return pos.get(), label.get()
+
+    def edges_at_async(self, a, b, T, el=None, check_el=False, stream=None):
+        """edges_at launched on `stream` (default: the updater's), without waiting: device arrays."""
         with stream or self.stream:
             a, b, T = self._args((a, cp.int32), (b, cp.int32), (T, cp.int64))
             el = cp.zeros(len(a), cp.int32) if el is None else cp.asarray(el, cp.int32)
@@ -314,9 +330,7 @@ class DeviceMVG:
 
     def live_edge_labels(self, a, b) -> np.ndarray:
         """Label of the edge {a, b} now, -1 where there is none (int32)."""
-        _, label = self.edges_at(a, b, np.full(len(a), NOW, np.int64))
-        with self.stream:
-            return label.get()
+        return self.edges_at(a, b, np.full(len(a), NOW, np.int64))[1]
 
     def _entries(self, vid: int):
         start, size = (int(x) for x in (self.v_start[vid], self.v_size[vid]))

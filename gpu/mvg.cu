@@ -139,7 +139,10 @@ __device__ __forceinline__ Op row_op(const i64* batch, i64 k, i64 key) {
     return Op{own, a == own ? b : a, (int)batch[3 * k + i], batch[i], batch[4 * k + i] > 0};
 }
 
-extern "C" __global__ void gu_keys(i64 k, const i64* batch, i64* keys) {
+// Also zeroes the batch's counters (one launch less).
+extern "C" __global__ void gu_keys(i64 k, const i64* batch, i64* keys, i64* stats) {
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        for (int i = 0; i < S_COUNT; ++i) stats[i] = 0;
     GRID_STRIDE(i, k) {
         keys[i] = batch[k + i] << 32 | i;
         keys[k + i] = batch[2 * k + i] << 32 | i;
@@ -155,10 +158,14 @@ extern "C" __global__ void gu_rows(i64 R, i64 k, const i64* batch, const i64* ke
 }
 
 // seg: inclusive prefix sum of head (segment of row r = seg[r] - 1). row0[s]: first row
-// of segment s; row0[n_seg] = R closes the last one.
-extern "C" __global__ void gu_segments(i64 R, const int* head, const int* seg, int* row0) {
+// of segment s; row0[n_seg] = R closes the last one. ts0[s] = MVG_INF until gu_split
+// finds the segment's first insertion.
+extern "C" __global__ void gu_segments(i64 R, const int* head, const int* seg, int* row0, i64* ts0) {
     GRID_STRIDE(r, R) {
-        if (head[r]) row0[seg[r] - 1] = (int)r;
+        if (head[r]) {
+            row0[seg[r] - 1] = (int)r;
+            ts0[seg[r] - 1] = MVG_INF;
+        }
         if (r == R - 1) row0[seg[r]] = (int)R;
     }
 }
@@ -171,7 +178,7 @@ __device__ __forceinline__ int ins_before(const int* insc, const int* ins, int r
 // Rows before a vertex's first insertion are deletions applied in place: they close the
 // live entry of the current version (the last entry of the pair: entries of a pair are in
 // ct order and only the newest can be alive). The first insertion splits the vertex:
-// ts0[s] (pre-filled MVG_INF) and first[s] get its timestamp and row.
+// ts0[s] and first[s] get its timestamp and row.
 extern "C" __global__ void gu_split(MVGView g, i64 R, i64 k, const i64* batch, const i64* keys, const int* seg,
                                     const int* insc, const int* ins, const int* row0, i64* ts0, int* first) {
     GRID_STRIDE(r, R) {
@@ -221,14 +228,20 @@ extern "C" __global__ void gu_plan(MVGView g, i64 R, const i64* keys, const int*
 
 // req sorted: requests of a class are consecutive. The rank-th request of class c takes the
 // rank-th free block of c from the top of its free-list segment (pos), or a fresh block
-// from the bump pointer (pos = -1, fresh = 1, fresh_size = its capacity).
-extern "C" __global__ void gu_alloc_rank(i64 R, const i64* req, const i64* free_keys, i64 n_free, i64* pos,
-                                         int* fresh, i64* fresh_size) {
+// from the bump pointer (pos = -1, fresh = 1, fresh_size = its capacity). sizes holds 3
+// rows of R, prefix-summed next in one call: fresh, fresh_size, and old_size (the size of
+// the version that request j copies).
+extern "C" __global__ void gu_alloc_rank(MVGView g, i64 R, const i64* req, const i64* free_keys, i64 n_free,
+                                         const int* s_old, i64* pos, i64* sizes) {
+    i64 *fresh = sizes, *fresh_size = sizes + R, *old_size = sizes + 2 * R;
     GRID_STRIDE(j, R) {
         pos[j] = -1;
         fresh[j] = 0;
         fresh_size[j] = 0;
+        old_size[j] = 0;
         if (req[j] == MVG_INF) continue;
+        const int old = s_old[req[j] & LOW32];
+        if (old >= 0) old_size[j] = g.v_size[old];
         const i64 c = req[j] >> 32;
         const i64 rank = j - lower_bound(req, R, c << 32);
         const i64 lo = lower_bound(free_keys, n_free, c << 32), hi = lower_bound(free_keys, n_free, (c + 1) << 32);
@@ -242,14 +255,13 @@ extern "C" __global__ void gu_alloc_rank(i64 R, const i64* req, const i64* free_
 }
 
 // Ids and blocks of the new versions: from the free list (marked taken with MVG_INF, sorted
-// out by the host) or fresh: ids after n_versions, blocks after bump (fresh_n, fresh_end:
-// inclusive prefix sums of fresh, fresh_size). q_old_size: the copied array of request j.
+// out before the next allocation) or fresh: ids after n_versions, blocks after bump
+// (fresh_n, fresh_end: inclusive prefix sums of fresh, fresh_size).
 extern "C" __global__ void gu_alloc(MVGView g, i64 R, const i64* req, i64* free_keys, const i64* pos,
-                                    const int* fresh_n, const i64* fresh_end, const i64* fresh_size,
-                                    i64 n_versions, i64 bump, const int* s_old, int* s_slot, int* q_vid,
-                                    i64* q_start, int* q_old, i64* q_old_size) {
+                                    const i64* fresh_n, const i64* fresh_end, const i64* sizes, i64 n_versions,
+                                    i64 bump, const int* s_old, int* s_slot, int* q_vid, i64* q_start, int* q_old) {
+    const i64* fresh_size = sizes + R;
     GRID_STRIDE(j, R) {
-        q_old_size[j] = 0;
         if (req[j] == MVG_INF) continue;
         const int s = (int)(req[j] & LOW32);
         int vid;
@@ -262,20 +274,21 @@ extern "C" __global__ void gu_alloc(MVGView g, i64 R, const i64* req, i64* free_
             vid = (int)(n_versions + fresh_n[j] - 1);
             start = bump + fresh_end[j] - fresh_size[j];
         }
-        const int old = s_old[s];
         s_slot[s] = (int)j;
         q_vid[j] = vid;
         q_start[j] = start;
-        q_old[j] = old;
-        q_old_size[j] = old >= 0 ? g.v_size[old] : 0;
+        q_old[j] = s_old[s];
     }
 }
 
 // The batch's counters that the host needs before the copy (one read-back per batch).
-extern "C" __global__ void gu_stats(i64 R, const int* fresh_n, const i64* fresh_end, const i64* old_end, i64* stats) {
-    stats[S_FRESH] = fresh_n[R - 1];
-    stats[S_FRESH_ENTRIES] = fresh_end[R - 1];
-    stats[S_COPY] = old_end[R - 1];
+// ends: the prefix sums of gu_alloc_rank's sizes.
+extern "C" __global__ void gu_stats(i64 R, const i64* ends, i64* stats) {
+    GRID_STRIDE(i, 1) {
+        stats[S_FRESH] = ends[R - 1];
+        stats[S_FRESH_ENTRIES] = ends[2 * R - 1];
+        stats[S_COPY] = ends[3 * R - 1];
+    }
 }
 
 // The version table rows of the new versions (not yet reachable: cur still names the old).
@@ -315,6 +328,7 @@ __device__ __forceinline__ i64 copy_source(const MVGView& g, i64 n_new, const i6
 
 extern "C" __global__ void gu_copy_flags(MVGView g, i64 total, i64 n_new, const i64* old_end, const int* q_old,
                                          int* live) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) live[total] = 0;
     GRID_STRIDE(k, total) {
         i64 j, o;
         live[k] = g.e_dt[copy_source(g, n_new, old_end, q_old, k, &j, &o)] == MVG_INF;
