@@ -15,10 +15,10 @@ import random
 import numpy as np
 import pytest
 
-from csmd.backend import gpu_unavailable_reason
-from csmd.gc import GarbageCollector
-from csmd.graph import Graph
-from csmd.mvg import MultiVersionGraph
+from csmd.engines import gpu_unavailable_reason
+from csmd.pipeline.gc import GarbageCollector
+from csmd.model.graph import Graph
+from csmd.cpu.mvg import MultiVersionGraph
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))]
@@ -186,12 +186,12 @@ def test_random_stream_matches_cpu_mvg(seed):
     st = Stream(rnd, rnd.randint(30, 300), rnd.randint(1, 4), rnd.randint(1, 3))
     g = st.graph()
     mvg, dm = MultiVersionGraph(g), device_mvg(g)
-    gc = GarbageCollector(None)
+    gc = GarbageCollector()
     rng = np.random.default_rng(seed)
     firsts, released = [], 0
     for _ in range(OPS[size] // size):
         for lab in st.new_vertices():
-            mvg.add_vertex(f"new{mvg.n}", lab)
+            mvg.add_vertices(np.array([lab], np.int32))
             assert dm.add_vertices([lab]) == mvg.n - 1
         ops = st.batch(size)
         firsts.append(int(ops[0][0]))
@@ -258,7 +258,7 @@ def test_memory_stays_flat_over_a_long_stream():
     n, m, updates, size = 100_000, 500_000, 2_000_000, 4096
     s = PowerLawStream(n, m, seed=7)
     dm = device_mvg(s.graph())
-    gc = GarbageCollector(None)
+    gc = GarbageCollector()
     held, bump, firsts = [], [], []
     for _ in range(updates // size):
         ops = s.batch(size)
@@ -286,7 +286,7 @@ def test_reads_at_batch_k_while_batch_k_plus_1_is_applied():
     s = PowerLawStream(20_000, 200_000, seed=3)
     g = s.graph()
     mvg, dm = MultiVersionGraph(g), device_mvg(g)
-    gc = GarbageCollector(None)
+    gc = GarbageCollector()
     reader = cp.cuda.Stream(non_blocking=True)
     rng = np.random.default_rng(5)
     ops = s.batch(4096)
