@@ -1,0 +1,352 @@
+"""The multi-version graph on the device and its graph updater (GUIDE section 2).
+
+DeviceMVG has the semantics of csmd.mvg (the CPU MultiVersionGraph, which the tests hold
+it to) and the storage of gpu/mvg.cu: per vertex a chain of versions (cur, prev), each
+version one block of the entry pool, blocks in power-of-two size classes recycled through
+per-class free lists together with their version ids. Kernels that match at a timestamp
+read it through gpu/mvg_access.cuh, with the MVGView that `view()` returns.
+
+Host work per batch: one upload of the batch and one read-back of a few counters (they
+size the copy and say whether a pool must grow); no per-entry Python. Every array grows
+by doubling when it runs out (`_reserve`), after synchronizing the device, because a
+reader on another stream may still hold the old one; in steady state nothing grows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import cupy as cp
+import numpy as np
+
+from csmd.graph import Graph
+
+from .launch import THREADS, i64
+from .module import HERE, kernel
+
+INF = np.iinfo(np.int64).max
+NOW = INF - 1  # a read "now": after every update, before the end of every live entry
+S_NEW, S_REPLACED, S_EMPTY, S_REPLACED_AT, S_FRESH, S_FRESH_ENTRIES, S_COPY, S_COUNT = range(8)  # gpu/mvg.cu
+_FORMATS = {"int*": np.uint64, "i64*": np.uint64, "i64": np.int64}
+
+
+_SMS: list[int] = []
+
+
+def _launch(name: str, n: int, args) -> None:
+    """A grid-stride kernel over n items (the SM count is read once: launch.flat_grid asks
+    CuPy for every device attribute on each call, which the per-batch fixed cost can't afford)."""
+    if not _SMS:
+        _SMS.append(cp.cuda.Device().attributes["MultiProcessorCount"])
+    kernel("mvg", name)((max(1, min(-(-n // THREADS), _SMS[0] * 8)),), (THREADS,), args)
+
+
+def _view_dtype() -> np.dtype:
+    """MVGView as a numpy dtype: field names from the header's MVG_VIEW_FIELDS, offsets and
+    sizes from the device compiler (mvg_view_layout), so the layout is never written twice."""
+    text = (HERE / "mvg_access.cuh").read_text()
+    block = re.search(r"#define MVG_VIEW_FIELDS\(X\)((?:.*\\\n)*.*)", text).group(1)
+    fields = re.findall(r"X\(([^,()]+),\s*(\w+)\)", block)
+    out = cp.zeros(1 + 2 * len(fields), cp.int64)
+    kernel("mvg", "mvg_view_layout")((1,), (1,), (out,))
+    layout = out.get()
+    formats = [_FORMATS[t.replace(" ", "")] for t, _ in fields]
+    for i, ((t, name), f) in enumerate(zip(fields, formats)):
+        if layout[2 + 2 * i] != np.dtype(f).itemsize:
+            raise RuntimeError(f"MVGView.{name}: {layout[2 + 2 * i]} bytes on the device, {t} here")
+    return np.dtype({"names": [name for _, name in fields], "formats": formats,
+                     "offsets": [int(x) for x in layout[1::2]], "itemsize": int(layout[0])})
+
+
+def _grown(a: cp.ndarray, size: int, fill=None) -> cp.ndarray:
+    out = cp.empty(size, a.dtype) if fill is None else cp.full(size, fill, a.dtype)
+    out[: len(a)] = a
+    return out
+
+
+class Replaced:
+    """The versions one batch replaced: an opaque token for the host GC.
+
+    Free it with `DeviceMVG.release` once every read at a timestamp <= replaced_at has
+    finished (csmd.gc.GarbageCollector does that with (token, replaced_at) pairs).
+    count: versions replaced (csmd.mvg's apply returns as many pairs); blocks: those
+    owning a block (the others were empty and their ids are not reused).
+    """
+
+    __slots__ = ("vids", "replaced_at", "count", "blocks", "_serial")
+    _serials = itertools.count()
+
+    def __init__(self, vids, replaced_at: int, count: int, blocks: int):
+        self.vids, self.replaced_at, self.count, self.blocks = vids, replaced_at, count, blocks
+        self._serial = next(self._serials)
+
+    def __lt__(self, other: "Replaced") -> bool:  # heap ties in the GC
+        return self._serial < other._serial
+
+    def __len__(self) -> int:
+        return self.count
+
+
+class DeviceMVG:
+    """Vertex labels and the versioned adjacency on the device (internal vertex ids)."""
+
+    _dtype: np.dtype | None = None
+
+    def __init__(self, labels: cp.ndarray, indptr: cp.ndarray, nbrs: cp.ndarray, els: cp.ndarray | None):
+        """From a device CSR whose slices are sorted by (neighbour label, neighbour).
+
+        Vertex v gets version v (ct_min -1: older than every update), in a block of its
+        size class; the entry pool starts with half its size spare for the first batches.
+        """
+        if DeviceMVG._dtype is None:
+            DeviceMVG._dtype = _view_dtype()
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        n, m = len(labels), len(nbrs)
+        self.n = n
+        with self.stream:
+            vcap = max(n, 1024)
+            self.labels = _grown(labels.astype(cp.int32), vcap, 0)
+            self.cur = cp.full(vcap, -1, cp.int32)
+            self.n_versions = n
+            vcap = max(2 * n, 1024)
+            self.v_ct_min, self.v_dt_max, self.v_start = (cp.empty(vcap, cp.int64) for _ in range(3))
+            self.v_prev, self.v_size, self.v_cls, self.v_live = (cp.empty(vcap, cp.int32) for _ in range(4))
+            self.free_keys = cp.full(vcap, INF, cp.int64)  # class << 32 | vid, sorted; n_free valid
+            self.n_free = 0
+            self.dropped = 0  # released empty versions: no block, id not reused
+            self.e_nbr = self.e_lab = self.e_el = cp.empty(1, cp.int32)
+            self.e_ct = self.e_dt = cp.empty(1, cp.int64)
+            self._view = None
+            indptr = indptr.astype(cp.int64)
+            cap = cp.empty(max(n, 1), cp.int64)
+            _launch("mvg_build_plan", n, (self.view(), indptr, cap))
+            cap_end = cp.cumsum(cap[:n], dtype=cp.int64)
+            self.bump = int(cap_end[-1]) if n else 0
+            size = self.bump + self.bump // 2 + 4096
+            self.e_nbr, self.e_lab, self.e_el = (cp.empty(size, cp.int32) for _ in range(3))
+            self.e_ct, self.e_dt = (cp.empty(size, cp.int64) for _ in range(2))
+            self._view = None
+            g = self.view()
+            _launch("mvg_build_versions", n, (g, indptr, cap_end))
+            _launch("mvg_build_entries", m, (g, i64(m), indptr, nbrs.astype(cp.int32, copy=False),
+                                             None if els is None else els.astype(cp.int32, copy=False)))
+        self.stream.synchronize()
+
+    @classmethod
+    def from_graph(cls, g: Graph) -> "DeviceMVG":
+        _, nbrs, els = g.grouped
+        return cls(cp.asarray(g.labels), cp.asarray(g.indptr), cp.asarray(nbrs),
+                   cp.asarray(els) if g.elabels.any() else None)
+
+    @classmethod
+    def from_device_graph(cls, dg) -> "DeviceMVG":
+        """From a gpu.device_graph.DeviceGraph (its label-grouped order)."""
+        return cls(dg.labels, dg.indptr, dg.gadj, dg.gadj_el)
+
+    # ---- the view kernels read --------------------------------------------------------------
+    def view(self) -> np.ndarray:
+        """The MVGView kernel argument (valid until the next growth or add_vertices)."""
+        if self._view is None:
+            v = np.zeros(1, self._dtype)
+            for name in self._dtype.names:
+                v[name] = self.n if name == "n" else getattr(self, name).data.ptr
+            self._view = v
+        return self._view
+
+    @property
+    def live_versions(self) -> int:
+        return self.n_versions - self.n_free - self.dropped
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes the pool holds (vertices, version table, free list, entries)."""
+        return sum(a.nbytes for a in (self.labels, self.cur, self.v_ct_min, self.v_dt_max, self.v_start, self.v_prev,
+                                      self.v_size, self.v_cls, self.v_live, self.free_keys, self.e_nbr, self.e_lab,
+                                      self.e_el, self.e_ct, self.e_dt))
+
+    def _reserve(self, vertices: int = 0, versions: int = 0, entries: int = 0, free: int = 0) -> None:
+        """Make room for that many vertices, versions, entries and free-list keys (doubling)."""
+        grow = [(names, need, fill) for names, need, fill in (
+            (("labels", "cur"), vertices, None),
+            (("v_ct_min", "v_dt_max", "v_start", "v_prev", "v_size", "v_cls", "v_live"), versions, None),
+            (("free_keys",), free, INF),
+            (("e_nbr", "e_lab", "e_el", "e_ct", "e_dt"), entries, None)) if need > len(getattr(self, names[0]))]
+        if not grow:
+            return
+        cp.cuda.Device().synchronize()  # readers on other streams may still use the old arrays
+        for names, need, fill in grow:
+            size = max(need, 2 * len(getattr(self, names[0])))
+            for name in names:
+                f = -1 if name == "cur" else 0 if name == "labels" else fill
+                setattr(self, name, _grown(getattr(self, name), size, f))
+        self._view = None
+
+    # ---- vertices ------------------------------------------------------------------------------
+    def add_vertices(self, labels) -> int:
+        """New vertices with these labels and no version yet; returns the first new id."""
+        labels = np.asarray(labels, np.int32)
+        first = self.n
+        with self.stream:
+            self._reserve(vertices=first + len(labels))
+            self.labels[first: first + len(labels)] = cp.asarray(labels)
+        self.n += len(labels)
+        self._view = None
+        return first
+
+    # ---- the graph updater ---------------------------------------------------------------------
+    def apply(self, seq, a, b, label, sign) -> Replaced:
+        """Apply one batch of edge ops (host arrays in update order, each op valid where it
+        stands; sign > 0 inserts), as csmd.mvg.MultiVersionGraph.apply does.
+
+        Per touched vertex the deletions before its first insertion set dt in place; from
+        that insertion on it gets a new version: its live entries merged with the inserted
+        ones (sorted by (neighbour label, neighbour, ct)), later deletions closing entries.
+        Returns the replaced versions as a token for the GC.
+        """
+        k = len(seq)
+        if not k:
+            return Replaced(None, -1, 0, 0)
+        host = np.stack([np.asarray(x, np.int64) for x in (seq, a, b, label, sign)])
+        R, n_ins = 2 * k, 2 * int(np.count_nonzero(host[4] > 0))
+        with self.stream:
+            g = self.view()
+            batch = cp.asarray(host)  # the one upload
+            keys = cp.empty(R, cp.int64)
+            _launch("gu_keys", k, (i64(k), batch, keys))
+            keys.sort()
+            head, ins = cp.empty(R, cp.int32), cp.empty(R, cp.int32)
+            _launch("gu_rows", R, (i64(R), i64(k), batch, keys, head, ins))
+            seg, insc = cp.cumsum(head, dtype=cp.int32), cp.cumsum(ins, dtype=cp.int32)
+            row0 = cp.empty(R + 1, cp.int32)
+            _launch("gu_segments", R, (i64(R), head, seg, row0))
+            ts0, first = cp.full(R, INF, cp.int64), cp.empty(R, cp.int32)
+            _launch("gu_split", R, (g, i64(R), i64(k), batch, keys, seg, insc, ins, row0, ts0, first))
+            # the new versions: sizes, then ids and blocks from the free lists or the bump pointers
+            req, stats = cp.empty(R, cp.int64), cp.zeros(S_COUNT, cp.int64)
+            s_old, s_size, s_ndel, s_slot = (cp.empty(R, cp.int32) for _ in range(4))
+            _launch("gu_plan", R, (g, i64(R), keys, seg, insc, ins, row0, ts0, first, req, s_old, s_size, s_ndel,
+                                   stats))
+            req.sort()
+            pos, fresh, fresh_size = cp.empty(R, cp.int64), cp.empty(R, cp.int32), cp.empty(R, cp.int64)
+            _launch("gu_alloc_rank", R, (i64(R), req, self.free_keys, i64(self.n_free), pos, fresh, fresh_size))
+            fresh_n, fresh_end = cp.cumsum(fresh, dtype=cp.int32), cp.cumsum(fresh_size, dtype=cp.int64)
+            q_vid, q_old, q_start, q_old_size = (cp.empty(R, t) for t in (cp.int32, cp.int32, cp.int64, cp.int64))
+            _launch("gu_alloc", R, (g, i64(R), req, self.free_keys, pos, fresh_n, fresh_end, fresh_size,
+                                    i64(self.n_versions), i64(self.bump), s_old, s_slot, q_vid, q_start, q_old,
+                                    q_old_size))
+            old_end = cp.cumsum(q_old_size, dtype=cp.int64)
+            kernel("mvg", "gu_stats")((1,), (1,), (i64(R), fresh_n, fresh_end, old_end, stats))
+            st = [int(x) for x in stats.get()]  # the one read-back
+            n_new, total = st[S_NEW], st[S_COPY]
+            if n_new > st[S_FRESH]:  # free-list keys taken (marked INF) go to the end
+                self.free_keys[: self.n_free].sort()
+                self.n_free -= n_new - st[S_FRESH]
+            self._reserve(versions=self.n_versions + st[S_FRESH], entries=self.bump + st[S_FRESH_ENTRIES])
+            self.n_versions += st[S_FRESH]
+            self.bump += st[S_FRESH_ENTRIES]
+            if not n_new:
+                return Replaced(None, -1, 0, 0)
+            g = self.view()
+            _launch("gu_versions", n_new, (g, i64(n_new), req, q_vid, q_start, ts0, s_old, s_size, s_ndel))
+            # insertion rows in entry order per vertex: (insertion first, vertex, neighbour label, neighbour, time)
+            pair, owner = cp.empty(R, cp.int64), cp.empty(R, cp.int64)
+            _launch("gu_ins_keys", R, (g, i64(R), i64(k), batch, keys, pair, owner))
+            p1 = cp.argsort(pair, kind="stable")
+            perm = p1[cp.argsort(owner[p1], kind="stable")][:n_ins]
+            i_pair = pair[perm]
+            # copy + merge: old live entries and insertions straight to their final positions
+            live = cp.zeros(total + 1, cp.int32)
+            _launch("gu_copy_flags", total, (g, i64(total), i64(n_new), old_end, q_old, live))
+            incl = cp.cumsum(live, dtype=cp.int64)
+            _launch("gu_copy", total, (g, i64(total), i64(n_new), old_end, q_old, q_start, req, live, incl, row0,
+                                       insc, ins, i_pair))
+            _launch("gu_insert", n_ins, (g, i64(n_ins), i64(k), batch, keys, perm, i_pair, seg, row0, insc, ins,
+                                         s_slot, old_end, q_old, q_start, live, incl))
+            _launch("gu_close", R, (g, i64(R), i64(k), batch, keys, seg, ts0, first, s_slot, q_start, s_size))
+            _launch("gu_publish", n_new, (g, i64(n_new), req, keys, row0, ts0, q_vid, q_old))
+            vids = q_old[:n_new].copy()
+        return Replaced(vids, st[S_REPLACED_AT], st[S_REPLACED] + st[S_EMPTY], st[S_REPLACED])
+
+    def release(self, tokens) -> None:
+        """Return the versions of these tokens to the pool's free lists (a kernel and a sort)."""
+        tokens = [t for t in tokens if t.count]
+        if not tokens:
+            return
+        vids = cp.concatenate([t.vids for t in tokens])
+        m = len(vids)
+        with self.stream:
+            self._reserve(free=self.n_free + m)
+            _launch("mvg_release", m, (self.view(), i64(m), vids, self.free_keys[self.n_free:]))
+            self.free_keys[: self.n_free + m].sort()
+        self.n_free += sum(t.blocks for t in tokens)
+        self.dropped += sum(t.count - t.blocks for t in tokens)
+
+    # ---- reads ------------------------------------------------------------------------------------
+    def _args(self, *arrays):
+        return [cp.asarray(x, dtype=t) for x, t in arrays]
+
+    def versions_at(self, v, T) -> np.ndarray:
+        """The version of each v that a read at T uses (-1: none)."""
+        with self.stream:
+            v, T = self._args((v, cp.int32), (T, cp.int64))
+            out = cp.empty(len(v), cp.int32)
+            _launch("mvg_versions_at", len(v), (self.view(), i64(len(v)), v, T, out))
+            return out.get()
+
+    def label_ranges_at(self, v, lab, T):
+        """label_range_at for each (v, lab, T): (start, size) host arrays."""
+        with self.stream:
+            v, lab, T = self._args((v, cp.int32), (lab, cp.int32), (T, cp.int64))
+            start, size = cp.empty(len(v), cp.int64), cp.empty(len(v), cp.int32)
+            _launch("mvg_label_ranges_at", len(v), (self.view(), i64(len(v)), v, lab, T, start, size))
+            return start.get(), size.get()
+
+    def edges_at(self, a, b, T, el=None, check_el=False, stream=None):
+        """edge_at for each (a, b, T[, el]) on `stream` (default: the updater's), without waiting:
+        device arrays (entry position, edge label), -1 where there is no such edge."""
+        with stream or self.stream:
+            a, b, T = self._args((a, cp.int32), (b, cp.int32), (T, cp.int64))
+            el = cp.zeros(len(a), cp.int32) if el is None else cp.asarray(el, cp.int32)
+            pos, label = cp.empty(len(a), cp.int64), cp.empty(len(a), cp.int32)
+            _launch("mvg_edges_at", len(a), (self.view(), i64(len(a)), a, b, T, el, np.int32(check_el), pos, label))
+            return pos, label
+
+    def live_edge_labels(self, a, b) -> np.ndarray:
+        """Label of the edge {a, b} now, -1 where there is none (int32)."""
+        _, label = self.edges_at(a, b, np.full(len(a), NOW, np.int64))
+        with self.stream:
+            return label.get()
+
+    def _entries(self, vid: int):
+        start, size = (int(x) for x in (self.v_start[vid], self.v_size[vid]))
+        return slice(start, start + size)
+
+    def neighbors_at(self, v: int, T: int):
+        """(nbr, edge label) of the entries of v visible at T (host arrays, in entry order)."""
+        vid = int(self.versions_at([v], [T])[0])
+        if vid < 0:
+            return np.zeros(0, np.int32), np.zeros(0, np.int32)
+        with self.stream:
+            s = self._entries(vid)
+            vis = ((self.e_ct[s] < T) & (T <= self.e_dt[s])).get()
+            return self.e_nbr[s].get()[vis], self.e_el[s].get()[vis]
+
+    def live_neighbors(self, v: int) -> np.ndarray:
+        with self.stream:
+            vid = int(self.cur[v])
+            if vid < 0:
+                return np.zeros(0, np.int32)
+            s = self._entries(vid)
+            return self.e_nbr[s][self.e_dt[s] == INF].get()
+
+    def live_edges(self):
+        """(src, dst, label) host arrays of every edge alive now, src < dst."""
+        with self.stream:
+            cur = self.cur[: self.n]
+            end = cp.cumsum(cp.where(cur >= 0, self.v_size[cp.maximum(cur, 0)], 0), dtype=cp.int64)
+            total = int(end[-1]) if self.n else 0
+            src, dst, label = cp.empty(total, cp.int64), cp.empty(total, cp.int64), cp.empty(total, cp.int32)
+            _launch("mvg_live_edges", total, (self.view(), i64(total), end, src, dst, label))
+            keep = src >= 0
+            return src[keep].get(), dst[keep].get(), label[keep].get()

@@ -1,0 +1,448 @@
+// The device multi-version graph: bulk build, the graph updater (GU), the pool's free
+// lists, and the batched reads behind DeviceMVG (gpu/device_mvg.py drives the launches;
+// the semantics are csmd.mvg's, the read rules are in mvg_access.cuh).
+//
+// Storage: a version's entries live in one block of the entry pool. Blocks come in size
+// classes: class 0 holds nothing (a vertex without edges), class c >= 1 holds 32 << (c-1)
+// entries. A released version keeps its block and goes to the free list of its class as
+// the key (class << 32 | vid): a later version of that class takes id and block together.
+//
+// Every kernel is a grid-stride loop with no block-level cooperation. Rows of a batch are
+// the ops seen from each endpoint (2 per op), sorted by (vertex, op): a vertex's rows form
+// a segment. Copies are load-balanced over a prefix sum of the copied arrays' sizes: the
+// 32 lanes of a warp take 32 consecutive entries, so one warp copies several small arrays
+// at once and a hub's array is spread over many warps.
+#include "mvg_access.cuh"
+
+#define GRID_STRIDE(i, n) for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
+
+#define LOW32 0xffffffffLL
+
+// counters of an applied batch, read back by the host once per batch
+enum { S_NEW, S_REPLACED, S_EMPTY, S_REPLACED_AT, S_FRESH, S_FRESH_ENTRIES, S_COPY, S_COUNT };
+
+__device__ __forceinline__ int size_class(i64 size) {
+    if (!size) return 0;
+    int c = 1;
+    for (i64 cap = 32; cap < size; cap <<= 1) ++c;
+    return c;
+}
+
+__device__ __forceinline__ i64 class_capacity(int c) { return c ? (i64)32 << (c - 1) : 0; }
+
+// First i in [0, n) with a[i] >= x (lower) or a[i] > x (upper); n if none. a ascends.
+__device__ __forceinline__ i64 lower_bound(const i64* a, i64 n, i64 x) {
+    i64 lo = 0, hi = n;
+    while (lo < hi) {
+        const i64 m = (lo + hi) >> 1;
+        if (a[m] < x) lo = m + 1; else hi = m;
+    }
+    return lo;
+}
+
+__device__ __forceinline__ i64 upper_bound(const i64* a, i64 n, i64 x) {
+    i64 lo = 0, hi = n;
+    while (lo < hi) {
+        const i64 m = (lo + hi) >> 1;
+        if (a[m] <= x) lo = m + 1; else hi = m;
+    }
+    return lo;
+}
+
+// (neighbour label, neighbour) as one ordered key; labels and ids are non-negative int32
+__device__ __forceinline__ i64 pair_key(int lab, int nbr) { return (i64)lab << 32 | (unsigned)nbr; }
+
+// Offset in the version's entries [st, st + n) of the first entry whose pair key > key.
+__device__ __forceinline__ int pairs_upper(const MVGView& g, i64 st, int n, i64 key) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int m = (lo + hi) >> 1;
+        if (pair_key(g.e_lab[st + m], g.e_nbr[st + m]) <= key) lo = m + 1; else hi = m;
+    }
+    return lo;
+}
+
+// Offset of the first entry whose (pair key, ct) >= (key, ct).
+__device__ __forceinline__ int triples_lower(const MVGView& g, i64 st, int n, i64 key, i64 ct) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int m = (lo + hi) >> 1;
+        const i64 k = pair_key(g.e_lab[st + m], g.e_nbr[st + m]);
+        if (k < key || (k == key && g.e_ct[st + m] < ct)) lo = m + 1; else hi = m;
+    }
+    return lo;
+}
+
+// ---- layout check ------------------------------------------------------------------------
+// sizeof(MVGView), then (offset, size) of each field in MVG_VIEW_FIELDS order.
+extern "C" __global__ void mvg_view_layout(i64* out) {
+    int i = 0;
+    out[i++] = sizeof(MVGView);
+#define MVG_OFFSET(type, name)                    \
+    out[i++] = __builtin_offsetof(MVGView, name); \
+    out[i++] = sizeof(type);
+    MVG_VIEW_FIELDS(MVG_OFFSET)
+#undef MVG_OFFSET
+}
+
+// ---- bulk build ----------------------------------------------------------------------------
+// Initial version v of vertex v: size class and block capacity from the degree.
+extern "C" __global__ void mvg_build_plan(MVGView g, const i64* indptr, i64* cap) {
+    GRID_STRIDE(v, g.n) {
+        g.v_cls[v] = size_class(indptr[v + 1] - indptr[v]);
+        cap[v] = class_capacity(g.v_cls[v]);
+    }
+}
+
+// cap_end: inclusive prefix sum of the capacities, so blocks are laid out vertex after vertex.
+extern "C" __global__ void mvg_build_versions(MVGView g, const i64* indptr, const i64* cap_end) {
+    GRID_STRIDE(v, g.n) {
+        const int d = (int)(indptr[v + 1] - indptr[v]);
+        g.cur[v] = (int)v;
+        g.v_ct_min[v] = -1;  // the initial graph is older than every update
+        g.v_dt_max[v] = MVG_INF;
+        g.v_prev[v] = -1;
+        g.v_start[v] = cap_end[v] - class_capacity(g.v_cls[v]);
+        g.v_size[v] = d;
+        g.v_live[v] = d;
+    }
+}
+
+// Entry k of the label-grouped CSR (nbrs, els; els null: edge label 0) into its block.
+extern "C" __global__ void mvg_build_entries(MVGView g, i64 m, const i64* indptr, const int* nbrs, const int* els) {
+    GRID_STRIDE(k, m) {
+        const i64 v = upper_bound(indptr + 1, g.n, k);
+        const i64 dst = g.v_start[v] + k - indptr[v];
+        const int w = nbrs[k];
+        g.e_nbr[dst] = w;
+        g.e_lab[dst] = g.labels[w];
+        g.e_el[dst] = els ? els[k] : 0;
+        g.e_ct[dst] = -1;
+        g.e_dt[dst] = MVG_INF;
+    }
+}
+
+// ---- graph updater -------------------------------------------------------------------------
+// A batch is uploaded as 5 rows of k int64: seq, a, b, edge label, sign (> 0: insert).
+struct Op {
+    int own, nbr, el;
+    i64 ts;
+    bool ins;
+};
+
+// Row key: own << 32 | op index. Ops are in time order, so sorting the keys orders each
+// vertex's rows by time.
+__device__ __forceinline__ Op row_op(const i64* batch, i64 k, i64 key) {
+    const i64 i = key & LOW32;
+    const int own = (int)(key >> 32), a = (int)batch[k + i], b = (int)batch[2 * k + i];
+    return Op{own, a == own ? b : a, (int)batch[3 * k + i], batch[i], batch[4 * k + i] > 0};
+}
+
+extern "C" __global__ void gu_keys(i64 k, const i64* batch, i64* keys) {
+    GRID_STRIDE(i, k) {
+        keys[i] = batch[k + i] << 32 | i;
+        keys[k + i] = batch[2 * k + i] << 32 | i;
+    }
+}
+
+// head[r]: row r starts a vertex's segment; ins[r]: row r is an insertion.
+extern "C" __global__ void gu_rows(i64 R, i64 k, const i64* batch, const i64* keys, int* head, int* ins) {
+    GRID_STRIDE(r, R) {
+        head[r] = r == 0 || (keys[r - 1] >> 32) != (keys[r] >> 32);
+        ins[r] = batch[4 * k + (keys[r] & LOW32)] > 0;
+    }
+}
+
+// seg: inclusive prefix sum of head (segment of row r = seg[r] - 1). row0[s]: first row
+// of segment s; row0[n_seg] = R closes the last one.
+extern "C" __global__ void gu_segments(i64 R, const int* head, const int* seg, int* row0) {
+    GRID_STRIDE(r, R) {
+        if (head[r]) row0[seg[r] - 1] = (int)r;
+        if (r == R - 1) row0[seg[r]] = (int)R;
+    }
+}
+
+// Number of insertion rows before row r in its segment (insc: inclusive prefix sum of ins).
+__device__ __forceinline__ int ins_before(const int* insc, const int* ins, int r0, i64 r) {
+    return (insc[r] - ins[r]) - (insc[r0] - ins[r0]);
+}
+
+// Rows before a vertex's first insertion are deletions applied in place: they close the
+// live entry of the current version (the last entry of the pair: entries of a pair are in
+// ct order and only the newest can be alive). The first insertion splits the vertex:
+// ts0[s] (pre-filled MVG_INF) and first[s] get its timestamp and row.
+extern "C" __global__ void gu_split(MVGView g, i64 R, i64 k, const i64* batch, const i64* keys, const int* seg,
+                                    const int* insc, const int* ins, const int* row0, i64* ts0, int* first) {
+    GRID_STRIDE(r, R) {
+        const int s = seg[r] - 1;
+        if (ins_before(insc, ins, row0[s], r)) continue;
+        const Op o = row_op(batch, k, keys[r]);
+        if (o.ins) {
+            ts0[s] = o.ts;
+            first[s] = (int)r;
+            continue;
+        }
+        const int vid = g.cur[o.own];
+        const i64 st = g.v_start[vid];
+        const int p = pairs_upper(g, st, g.v_size[vid], pair_key(g.labels[o.nbr], o.nbr));
+        g.e_dt[st + p - 1] = o.ts;
+        atomicSub(g.v_live + vid, 1);
+    }
+}
+
+// Per segment that has an insertion: the new version's size (live entries of the current
+// version + insertions), its late deletions, and the allocation request
+// class << 32 | segment (MVG_INF for the other segments, so that they sort last).
+extern "C" __global__ void gu_plan(MVGView g, i64 R, const i64* keys, const int* seg, const int* insc,
+                                   const int* ins, const int* row0, const i64* ts0, const int* first, i64* req,
+                                   int* s_old, int* s_size, int* s_ndel, i64* stats) {
+    const int n_seg = seg[R - 1];
+    GRID_STRIDE(s, R) {
+        if (s >= n_seg || ts0[s] == MVG_INF) {
+            req[s] = MVG_INF;
+            continue;
+        }
+        const int r0 = row0[s], r1 = row0[s + 1];
+        const int n_ins = insc[r1 - 1] - (insc[r0] - ins[r0]);
+        const int old = g.cur[keys[r0] >> 32];
+        const int size = (old >= 0 ? g.v_live[old] : 0) + n_ins;
+        s_old[s] = old;
+        s_size[s] = size;
+        s_ndel[s] = (r1 - first[s]) - n_ins;
+        req[s] = (i64)size_class(size) << 32 | s;
+        atomicAdd((unsigned long long*)(stats + S_NEW), 1ull);
+        if (old >= 0) {
+            atomicAdd((unsigned long long*)(stats + (g.v_cls[old] ? S_REPLACED : S_EMPTY)), 1ull);
+            atomicMax(stats + S_REPLACED_AT, ts0[s]);
+        }
+    }
+}
+
+// req sorted: requests of a class are consecutive. The rank-th request of class c takes the
+// rank-th free block of c from the top of its free-list segment (pos), or a fresh block
+// from the bump pointer (pos = -1, fresh = 1, fresh_size = its capacity).
+extern "C" __global__ void gu_alloc_rank(i64 R, const i64* req, const i64* free_keys, i64 n_free, i64* pos,
+                                         int* fresh, i64* fresh_size) {
+    GRID_STRIDE(j, R) {
+        pos[j] = -1;
+        fresh[j] = 0;
+        fresh_size[j] = 0;
+        if (req[j] == MVG_INF) continue;
+        const i64 c = req[j] >> 32;
+        const i64 rank = j - lower_bound(req, R, c << 32);
+        const i64 lo = lower_bound(free_keys, n_free, c << 32), hi = lower_bound(free_keys, n_free, (c + 1) << 32);
+        if (rank < hi - lo) {
+            pos[j] = hi - 1 - rank;
+        } else {
+            fresh[j] = 1;
+            fresh_size[j] = class_capacity((int)c);
+        }
+    }
+}
+
+// Ids and blocks of the new versions: from the free list (marked taken with MVG_INF, sorted
+// out by the host) or fresh: ids after n_versions, blocks after bump (fresh_n, fresh_end:
+// inclusive prefix sums of fresh, fresh_size). q_old_size: the copied array of request j.
+extern "C" __global__ void gu_alloc(MVGView g, i64 R, const i64* req, i64* free_keys, const i64* pos,
+                                    const int* fresh_n, const i64* fresh_end, const i64* fresh_size,
+                                    i64 n_versions, i64 bump, const int* s_old, int* s_slot, int* q_vid,
+                                    i64* q_start, int* q_old, i64* q_old_size) {
+    GRID_STRIDE(j, R) {
+        q_old_size[j] = 0;
+        if (req[j] == MVG_INF) continue;
+        const int s = (int)(req[j] & LOW32);
+        int vid;
+        i64 start;
+        if (pos[j] >= 0) {
+            vid = (int)(free_keys[pos[j]] & LOW32);
+            start = g.v_start[vid];
+            free_keys[pos[j]] = MVG_INF;
+        } else {
+            vid = (int)(n_versions + fresh_n[j] - 1);
+            start = bump + fresh_end[j] - fresh_size[j];
+        }
+        const int old = s_old[s];
+        s_slot[s] = (int)j;
+        q_vid[j] = vid;
+        q_start[j] = start;
+        q_old[j] = old;
+        q_old_size[j] = old >= 0 ? g.v_size[old] : 0;
+    }
+}
+
+// The batch's counters that the host needs before the copy (one read-back per batch).
+extern "C" __global__ void gu_stats(i64 R, const int* fresh_n, const i64* fresh_end, const i64* old_end, i64* stats) {
+    stats[S_FRESH] = fresh_n[R - 1];
+    stats[S_FRESH_ENTRIES] = fresh_end[R - 1];
+    stats[S_COPY] = old_end[R - 1];
+}
+
+// The version table rows of the new versions (not yet reachable: cur still names the old).
+extern "C" __global__ void gu_versions(MVGView g, i64 n_new, const i64* req, const int* q_vid, const i64* q_start,
+                                       const i64* ts0, const int* s_old, const int* s_size, const int* s_ndel) {
+    GRID_STRIDE(j, n_new) {
+        const int s = (int)(req[j] & LOW32), vid = q_vid[j];
+        g.v_ct_min[vid] = ts0[s];
+        g.v_dt_max[vid] = MVG_INF;
+        g.v_prev[vid] = s_old[s];
+        g.v_start[vid] = q_start[j];
+        g.v_size[vid] = s_size[s];
+        g.v_cls[vid] = (int)(req[j] >> 32);
+        g.v_live[vid] = s_size[s] - s_ndel[s];
+    }
+}
+
+// Sort keys of the insertion rows: by (neighbour label, neighbour) first, then (stably) by
+// (insertion first, vertex): the rows of a vertex then come in entry order, ties in time order.
+extern "C" __global__ void gu_ins_keys(MVGView g, i64 R, i64 k, const i64* batch, const i64* keys, i64* pair,
+                                       i64* owner) {
+    GRID_STRIDE(r, R) {
+        const Op o = row_op(batch, k, keys[r]);
+        pair[r] = pair_key(g.labels[o.nbr], o.nbr);
+        owner[r] = (i64)!o.ins << 62 | o.own;
+    }
+}
+
+// The copy space: the old versions' arrays one after another (old_end: inclusive prefix
+// sum of their sizes). live[k]: entry k is still alive and is copied (live[total] = 0).
+__device__ __forceinline__ i64 copy_source(const MVGView& g, i64 n_new, const i64* old_end, const int* q_old, i64 k,
+                                           i64* j, i64* o) {
+    *j = upper_bound(old_end, n_new, k);
+    *o = *j ? old_end[*j - 1] : 0;
+    return g.v_start[q_old[*j]] + k - *o;
+}
+
+extern "C" __global__ void gu_copy_flags(MVGView g, i64 total, i64 n_new, const i64* old_end, const int* q_old,
+                                         int* live) {
+    GRID_STRIDE(k, total) {
+        i64 j, o;
+        live[k] = g.e_dt[copy_source(g, n_new, old_end, q_old, k, &j, &o)] == MVG_INF;
+    }
+}
+
+// Live entries of the copy space before position x (incl: inclusive prefix sum of live).
+__device__ __forceinline__ i64 live_before(const int* live, const i64* incl, i64 x) { return incl[x] - live[x]; }
+
+// The insertions of segment s in the sorted insertion arrays: [lo, hi).
+__device__ __forceinline__ void seg_inserts(const int* row0, const int* insc, const int* ins, int s, i64* lo, i64* hi) {
+    const int r0 = row0[s], r1 = row0[s + 1];
+    *lo = insc[r0] - ins[r0];
+    *hi = insc[r1 - 1];
+}
+
+// Merge, old side: a live entry lands after the live entries before it and after the
+// insertions with a smaller pair (on an equal pair the old entry is older, so first).
+extern "C" __global__ void gu_copy(MVGView g, i64 total, i64 n_new, const i64* old_end, const int* q_old,
+                                   const i64* q_start, const i64* req, const int* live, const i64* incl,
+                                   const int* row0, const int* insc, const int* ins, const i64* i_pair) {
+    GRID_STRIDE(k, total) {
+        if (!live[k]) continue;
+        i64 j, o, lo, hi;
+        const i64 src = copy_source(g, n_new, old_end, q_old, k, &j, &o);
+        seg_inserts(row0, insc, ins, (int)(req[j] & LOW32), &lo, &hi);
+        const i64 key = pair_key(g.e_lab[src], g.e_nbr[src]);
+        const i64 dst = q_start[j] + live_before(live, incl, k) - live_before(live, incl, o) +
+                        lower_bound(i_pair + lo, hi - lo, key);
+        g.e_nbr[dst] = g.e_nbr[src];
+        g.e_lab[dst] = g.e_lab[src];
+        g.e_el[dst] = g.e_el[src];
+        g.e_ct[dst] = g.e_ct[src];
+        g.e_dt[dst] = MVG_INF;
+    }
+}
+
+// Merge, insertion side: the q-th sorted insertion row lands after the earlier insertions
+// of its vertex and after the live old entries whose pair is <= its pair.
+extern "C" __global__ void gu_insert(MVGView g, i64 n_ins, i64 k, const i64* batch, const i64* keys, const i64* perm,
+                                     const i64* i_pair, const int* seg, const int* row0, const int* insc,
+                                     const int* ins, const int* s_slot, const i64* old_end, const int* q_old,
+                                     const i64* q_start, const int* live, const i64* incl) {
+    GRID_STRIDE(q, n_ins) {
+        const i64 r = perm[q];
+        const Op o = row_op(batch, k, keys[r]);
+        const int s = seg[r] - 1, j = s_slot[s], old = q_old[j];
+        i64 lo, hi, before = 0;
+        seg_inserts(row0, insc, ins, s, &lo, &hi);
+        if (old >= 0) {
+            const i64 o0 = j ? old_end[j - 1] : 0;
+            const int p = pairs_upper(g, g.v_start[old], g.v_size[old], i_pair[q]);
+            before = live_before(live, incl, o0 + p) - live_before(live, incl, o0);
+        }
+        const i64 dst = q_start[j] + (q - lo) + before;
+        g.e_nbr[dst] = o.nbr;
+        g.e_lab[dst] = (int)(i_pair[q] >> 32);
+        g.e_el[dst] = o.el;
+        g.e_ct[dst] = o.ts;
+        g.e_dt[dst] = MVG_INF;
+    }
+}
+
+// A deletion from the first insertion on closes, in the new version, the entry of its pair
+// that is alive at its timestamp: the last one created before it.
+extern "C" __global__ void gu_close(MVGView g, i64 R, i64 k, const i64* batch, const i64* keys, const int* seg,
+                                    const i64* ts0, const int* first, const int* s_slot, const i64* q_start,
+                                    const int* s_size) {
+    GRID_STRIDE(r, R) {
+        const int s = seg[r] - 1;
+        if (ts0[s] == MVG_INF || r < first[s]) continue;
+        const Op o = row_op(batch, k, keys[r]);
+        if (o.ins) continue;
+        const i64 st = q_start[s_slot[s]];
+        const int p = triples_lower(g, st, s_size[s], pair_key(g.labels[o.nbr], o.nbr), o.ts);
+        g.e_dt[st + p - 1] = o.ts;
+    }
+}
+
+// Publication, last: the replaced version stops at ts0, the new one becomes current.
+extern "C" __global__ void gu_publish(MVGView g, i64 n_new, const i64* req, const i64* keys, const int* row0,
+                                      const i64* ts0, const int* q_vid, const int* q_old) {
+    GRID_STRIDE(j, n_new) {
+        const int s = (int)(req[j] & LOW32);
+        if (q_old[j] >= 0) g.v_dt_max[q_old[j]] = ts0[s];
+        __threadfence();
+        *(volatile int*)(g.cur + (keys[row0[s]] >> 32)) = q_vid[j];
+    }
+}
+
+// ---- garbage collection -----------------------------------------------------------------------
+// Released versions as free-list keys (class << 32 | vid; MVG_INF: nothing to free: no
+// version, or an empty one, which owns no block and whose id is not reused).
+extern "C" __global__ void mvg_release(MVGView g, i64 m, const int* vids, i64* out) {
+    GRID_STRIDE(i, m) {
+        const int vid = vids[i];
+        out[i] = vid >= 0 && g.v_cls[vid] ? (i64)g.v_cls[vid] << 32 | vid : MVG_INF;
+    }
+}
+
+// ---- batched reads (the host-facing queries and the tests of mvg_access.cuh) -------------------
+extern "C" __global__ void mvg_versions_at(MVGView g, i64 m, const int* v, const i64* T, int* vid) {
+    GRID_STRIDE(i, m) vid[i] = version_at(g, v[i], T[i]);
+}
+
+extern "C" __global__ void mvg_label_ranges_at(MVGView g, i64 m, const int* v, const int* lab, const i64* T,
+                                               i64* start, int* size) {
+    GRID_STRIDE(i, m) label_range_at(g, v[i], lab[i], T[i], start + i, size + i);
+}
+
+// pos: the entry of {a, b} visible at T (-1: none); label: its edge label (-1: none).
+extern "C" __global__ void mvg_edges_at(MVGView g, i64 m, const int* a, const int* b, const i64* T, const int* el,
+                                        int check_el, i64* pos, int* label) {
+    GRID_STRIDE(i, m) {
+        pos[i] = edge_at(g, a[i], b[i], T[i], el[i], check_el);
+        label[i] = pos[i] >= 0 ? g.e_el[pos[i]] : -1;
+    }
+}
+
+// The current versions' entries as a copy space over vertices (end: inclusive prefix sum of
+// their sizes): each undirected edge alive now, once (src < dst); src = -1 elsewhere.
+extern "C" __global__ void mvg_live_edges(MVGView g, i64 total, const i64* end, i64* src, i64* dst, int* label) {
+    GRID_STRIDE(k, total) {
+        const i64 v = upper_bound(end, g.n, k);
+        const i64 pos = g.v_start[g.cur[v]] + k - (end[v] - g.v_size[g.cur[v]]);
+        const int w = g.e_nbr[pos];
+        const bool keep = g.e_dt[pos] == MVG_INF && v < w;
+        src[k] = keep ? v : -1;
+        dst[k] = w;
+        label[k] = g.e_el[pos];
+    }
+}
