@@ -20,7 +20,7 @@ import re
 import cupy as cp
 import numpy as np
 
-from csmd.graph import Graph
+from csmd.model.graph import Graph
 
 from .launch import THREADS, i64
 from .module import HERE, kernel

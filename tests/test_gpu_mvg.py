@@ -15,10 +15,10 @@ import random
 import numpy as np
 import pytest
 
-from csmd.backend import gpu_unavailable_reason
-from csmd.gc import GarbageCollector
-from csmd.graph import Graph
-from csmd.mvg import MultiVersionGraph
+from csmd.engines import gpu_unavailable_reason
+from csmd.pipeline.gc import GarbageCollector
+from csmd.model.graph import Graph
+from csmd.cpu.mvg import MultiVersionGraph
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))]
