@@ -79,7 +79,7 @@ extern "C" __global__ void mvg_view_layout(i64* out) {
     int i = 0;
     out[i++] = sizeof(MVGView);
 #define MVG_OFFSET(type, name)                    \
-    out[i++] = __builtin_offsetof(MVGView, name); \
+    out[i++] = (i64)&((const MVGView*)0)->name;   \
     out[i++] = sizeof(type);
     MVG_VIEW_FIELDS(MVG_OFFSET)
 #undef MVG_OFFSET
