@@ -10,7 +10,7 @@ from csmd.errors import CsmdError
 from csmd.model.graph import Graph
 
 BACKENDS = ("cpu", "gpu", "auto")
-GPU_CONTINUOUS = False  # the GPU continuous engine is not built yet
+GPU_CONTINUOUS = True  # gpu/engine.py GpuEngine
 
 
 def gpu_unavailable_reason() -> str | None:

@@ -1,6 +1,8 @@
-"""The GPU engine's one-shot static queries: filter, plan and enumerate a batch of queries
-with a few launches each, whatever the batch size (hundreds of small queries cost about
-what one does).
+"""The GPU engine: one-shot static queries (GpuMatcher) and the continuous engine over the
+device MVG (GpuEngine).
+
+Static queries: filter, plan and enumerate a batch of queries with a few launches each,
+whatever the batch size (hundreds of small queries cost about what one does).
 
 Planning stays on the device except the matching orders and tables, which the host
 computes for the whole batch at once from the candidates' adjacency volumes
@@ -9,16 +11,19 @@ computes for the whole batch at once from the candidates' adjacency volumes
 
 from __future__ import annotations
 
+import threading
 import time
 
 import cupy as cp
 import numpy as np
 
-from csmd.engine import SearchResult, StaticMatcher
+from csmd.engine import ContinuousEngine, ContinuousQuery, Done, EngineStats, SearchResult, StaticMatcher, UpdateBatch
 from csmd.model.graph import Graph
 from csmd.model.plan import greedy_orders, symmetry_constraints
 
 from .device_graph import DeviceGraph, device_graph
+from .device_mvg import DeviceMVG
+from .executor import Executor, PreparedQuery
 from .filtering import QueryBatch, filter_candidates, root_pool
 from .matcher import Tuning, WarpSearch, query_tables
 
@@ -99,3 +104,54 @@ class GpuMatcher(StaticMatcher):
 
     def match_many(self, g, queries, *, distinct=False, time_limit=None):
         return match_many(g, queries, distinct=distinct, time_limit=time_limit)
+
+
+class GpuEngine(ContinuousEngine):
+    """The continuous engine on the device: the MVG (gpu/device_mvg.py) and the executor
+    (gpu/executor.py), both on the MVG's stream.
+
+    One lock orders apply, submit, release and the latest-state reads: the updater's pool
+    growth replaces arrays that a running search would still read (inter-batch overlap,
+    GU and EX on separate streams, is the next step and needs growth to wait for readers).
+    """
+
+    name = "gpu"
+
+    def __init__(self, g0: Graph):
+        self.mvg = DeviceMVG.from_graph(g0)
+        self.executor = Executor()
+        self._lock = threading.Lock()
+
+    def apply(self, batch: UpdateBatch):
+        with self._lock:
+            if len(batch.new_labels):
+                first = self.mvg.add_vertices(batch.new_labels)
+                assert first == batch.first_vertex, (first, batch.first_vertex)
+            token = self.mvg.apply(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
+            return [(token, token.replaced_at)] if token.count else []
+
+    def release(self, tokens) -> None:
+        with self._lock:
+            self.mvg.release(tokens)
+
+    def live_edge_labels(self, a, b):
+        with self._lock:
+            return self.mvg.live_edge_labels(np.asarray(a, np.int64), np.asarray(b, np.int64)).astype(np.int64)
+
+    def live_neighbors(self, v: int):
+        with self._lock:
+            return self.mvg.live_neighbors(v)
+
+    def live_edges(self):
+        with self._lock:
+            return self.mvg.live_edges()
+
+    def prepare(self, query: ContinuousQuery) -> PreparedQuery:
+        return self.executor.prepare(query)
+
+    def submit(self, batch: UpdateBatch, queries: list[PreparedQuery]) -> Done:
+        with self._lock:
+            return Done(self.executor.run(self.mvg, batch, queries))
+
+    def stats(self) -> EngineStats:
+        return EngineStats(self.mvg.live_versions, self.mvg.memory_bytes)

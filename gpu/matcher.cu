@@ -16,10 +16,33 @@
 // matches are counted, or written to a bounded output buffer: when it is full the warp
 // leaves its cursor where it was and the kernel returns; the host drains the buffer and
 // relaunches with the saved stacks, which recompute the same batch (no loss, no duplicate).
+//
+// One search body, two graph views (the template parameter View):
+//   StaticView     the static CSR: candidates are the label-grouped neighbours whose
+//                  candidate bit (filtering) is set, reached over the right edge label;
+//   VersionedView  the multi-version graph at the work's timestamp T (mvg_access.cuh):
+//                  candidates are the entries visible at T with the right edge label
+//                  (label-only candidates: the graph changes under the filter).
+// A work id (WarpState.q, Task.q) names a query in the static search and a seed (one
+// update, one anchor, one orientation) in the versioned one: work_tab and work_T give
+// the seed's table and timestamp, and counts are kept per work id.
 #include "graph_access.cuh"
+#include "mvg_access.cuh"
 #include "task_ring.cuh"
 
-struct Graph {
+// The query a warp works on: its table (in the warp's shared memory), its candidate bits
+// (static view), its edge labels by depth ([d][j], read only with check_el), its count_last
+// prefix sums (static view) and the timestamp it reads at (versioned view).
+struct Query {
+    const QueryTable* t;
+    const unsigned* __restrict__ cbits;
+    const int* __restrict__ el;
+    const int* __restrict__ prefix;
+    i64 T;
+};
+
+struct StaticView {
+    static constexpr bool versioned = false;
     const i64* __restrict__ indptr;
     const int* __restrict__ adj;
     const int* __restrict__ adj_el;
@@ -28,37 +51,68 @@ struct Graph {
     const int* __restrict__ vlabel;
     LabelIndex li;
     int check_el;
-    i64 n;
+
+    // The entries that may hold v's neighbours labelled lab, as [start, start + size).
+    __device__ __forceinline__ void range(const Query&, int v, int lab, i64* start, int* size) const {
+        label_range(indptr, gadj, vlabel, li, v, lab, start, size);
+    }
+    // The vertex at entry pos, and whether it is a candidate of depth d reached over label el.
+    __device__ __forceinline__ bool candidate(const Query& qc, i64 pos, int d, int el, int* c) const {
+        *c = __ldg(gadj + pos);
+        bool pass = (__ldg(qc.cbits + *c) >> d) & 1u;
+        if (pass && check_el) pass = __ldg(gadj_el + pos) == el;
+        return pass;
+    }
+    __device__ __forceinline__ bool edge(const Query&, int v, int w, int el) const {
+        return has_edge(indptr, adj, adj_el, check_el, v, w, el);
+    }
 };
 
-// The query a warp works on: its table (in the warp's shared memory), its candidate bits,
-// its edge labels by depth ([d][j], read only with check_el) and its count_last prefix sums.
-struct Query {
-    const QueryTable* t;
-    const unsigned* __restrict__ cbits;
-    const int* __restrict__ el;
-    const int* __restrict__ prefix;
+// Edge labels are always compared (the MVG stores 0 where the graph has none).
+struct VersionedView {
+    static constexpr bool versioned = true;
+    static constexpr int check_el = 1;
+    MVGView m;
+
+    __device__ __forceinline__ void range(const Query& qc, int v, int lab, i64* start, int* size) const {
+        label_range_at(m, v, lab, qc.T, start, size);
+    }
+    __device__ __forceinline__ bool candidate(const Query& qc, i64 pos, int, int el, int* c) const {
+        *c = MVG_ENTRY(m.e_nbr + pos);
+        return visible(m, pos, qc.T) && MVG_ENTRY(m.e_el + pos) == el;
+    }
+    __device__ __forceinline__ bool edge(const Query& qc, int v, int w, int el) const {
+        return edge_at(m, v, w, qc.T, el, true) >= 0;
+    }
 };
 
 struct Batch {
     const QueryTable* __restrict__ tabs;
-    const unsigned* __restrict__ cbits;
+    const unsigned* __restrict__ cbits;  // static: per table, n words
     const int* __restrict__ el;
     const int* __restrict__ prefix;
-    const i64* __restrict__ prefix_at;  // per query: offset into prefix, -1 none
-    const int* __restrict__ chunk_q;    // query of each root-pool chunk
+    const i64* __restrict__ prefix_at;  // per table: offset into prefix, -1 none (static)
+    const int* __restrict__ chunk_q;    // work id of each root-pool chunk
+    const int* __restrict__ work_tab;   // table of each work id (versioned; null: the work id)
+    const i64* __restrict__ work_T;     // timestamp of each work id (versioned)
+    i64 n;
 };
 
-__device__ __forceinline__ Query query_of(const Graph& g, const Batch& b, const QueryTable* t, int q) {
-    const i64 at = __ldg(b.prefix_at + q);
-    return {t, b.cbits + (i64)q * g.n, b.el + (i64)q * MAXQ * MAXQ, at < 0 ? nullptr : b.prefix + at};
+__device__ __forceinline__ int table_of(const Batch& b, int q) { return b.work_tab ? __ldg(b.work_tab + q) : q; }
+
+__device__ __forceinline__ Query query_of(const Batch& b, const QueryTable* t, int q) {
+    const int tab = table_of(b, q);
+    const i64 at = b.prefix_at ? __ldg(b.prefix_at + tab) : -1;
+    return {t, b.cbits ? b.cbits + (i64)tab * b.n : nullptr, b.el + (i64)tab * MAXQ * MAXQ,
+            at < 0 ? nullptr : b.prefix + at, b.work_T ? __ldg(b.work_T + q) : 0};
 }
 
-// Make q the warp's query (copying its table) unless it already is.
+// Make work q the warp's (copying its table) unless it already is.
 __device__ __forceinline__ void switch_query(QueryTable* Q, WarpState* ws, const Batch& b, int q, int lane) {
     if (ws->q == q) return;
     __syncwarp();
-    for (int i = lane; i < (int)(sizeof(QueryTable) / 4); i += 32) ((int*)Q)[i] = ((const int*)(b.tabs + q))[i];
+    const int* tab = (const int*)(b.tabs + table_of(b, q));
+    for (int i = lane; i < (int)(sizeof(QueryTable) / 4); i += 32) ((int*)Q)[i] = tab[i];
     __syncwarp();
     if (lane == 0) ws->q = q;
     __syncwarp();
@@ -66,7 +120,8 @@ __device__ __forceinline__ void switch_query(QueryTable* Q, WarpState* ws, const
 
 // All checks of candidate c at depth d against its prefix (parent slot s on level d - 1),
 // except its label, candidate bit and the pivot edge, which the caller checked.
-__device__ bool check_path(const Graph& g, const Query& qc, const Level* lv, int d, int c, int s, int piv) {
+template <class View>
+__device__ bool check_path(const View& g, const Query& qc, const Level* lv, int d, int c, int s, int piv) {
     const QueryTable* Q = qc.t;
     const unsigned back = Q->back[d] & ~(1u << piv), same = Q->same[d], less = Q->less[d], greater = Q->greater[d];
     unsigned need = back | same | less | greater;
@@ -78,8 +133,7 @@ __device__ bool check_path(const Graph& g, const Query& qc, const Level* lv, int
             if ((same & bit) && v == c) return false;
             if ((less & bit) && !(v < c)) return false;
             if ((greater & bit) && !(v > c)) return false;
-            if ((back & bit) && !has_edge(g.indptr, g.adj, g.adj_el, g.check_el, v, c,
-                                          g.check_el ? qc.el[d * MAXQ + j] : 0)) return false;
+            if ((back & bit) && !g.edge(qc, v, c, g.check_el ? qc.el[d * MAXQ + j] : 0)) return false;
             need &= ~bit;
         }
         slot = lv[j].parent[slot];
@@ -89,8 +143,10 @@ __device__ bool check_path(const Graph& g, const Query& qc, const Level* lv, int
 
 // Candidate range for depth e = d + 1 of node c at depth d (parent slot s on level d - 1):
 // the smallest label-grouped range among the backward neighbours of e. size 0 = dead node.
-__device__ void node_range(const Graph& g, const QueryTable* Q, const Level* lv, int d, int c, int s,
+template <class View>
+__device__ void node_range(const View& g, const Query& qc, const Level* lv, int d, int c, int s,
                            i64* start, int* size, int* piv) {
+    const QueryTable* Q = qc.t;
     const int e = d + 1, lab = Q->label[e];
     unsigned need = Q->back[e];
     *size = 0x7fffffff;
@@ -107,7 +163,7 @@ __device__ void node_range(const Graph& g, const QueryTable* Q, const Level* lv,
         need &= ~bit;
         i64 st;
         int sz;
-        label_range(g.indptr, g.gadj, g.vlabel, g.li, v, lab, &st, &sz);
+        g.range(qc, v, lab, &st, &sz);
         if (sz < *size) {
             *size = sz;
             *start = st;
@@ -119,7 +175,8 @@ __device__ void node_range(const Graph& g, const QueryTable* Q, const Level* lv,
 
 // Take a chunk of 32 prefixes from the root pool (pool_m vertices each; -1 pads a query's
 // last chunk); false when it is empty.
-__device__ bool take_roots(const Graph& g, QueryTable* Q, Level* lv, WarpState* ws, const Batch& b, u64* ctl,
+template <class View>
+__device__ bool take_roots(const View& g, QueryTable* Q, Level* lv, WarpState* ws, const Batch& b, u64* ctl,
                            const int* pool, i64 pool_n, int pool_m, int lane) {
     while (true) {
         u64 p = 0;
@@ -139,7 +196,7 @@ __device__ bool take_roots(const Graph& g, QueryTable* Q, Level* lv, WarpState* 
         }
         i64 start = 0;
         int size = 0, piv = 0;
-        if (have) node_range(g, Q, lv, pool_m - 1, v, lane, &start, &size, &piv);
+        if (have) node_range(g, query_of(b, Q, ws->q), lv, pool_m - 1, v, lane, &start, &size, &piv);
         if (build_level(&lv[pool_m - 1], have && size > 0, v, lane, start, size, piv, lane)) {
             start_work(lv, ws, pool_m, lane);
             return true;
@@ -156,14 +213,14 @@ __device__ __forceinline__ i64 lower_bound(const int* __restrict__ a, i64 lo, i6
 }
 
 // Is entry p of a last-depth candidate range counted by the prefix sums? (as last_flags)
-__device__ __forceinline__ bool counted(const Graph& g, const Query& qc, int p, int d, int el) {
+__device__ __forceinline__ bool counted(const StaticView& g, const Query& qc, int p, int d, int el) {
     return ((__ldg(qc.cbits + __ldg(g.gadj + p)) >> d) & 1u) && (!g.check_el || __ldg(g.gadj_el + p) == el);
 }
 
 // Matches of node s of level d - 1 when depth d is the last and has one backward edge:
 // the counted entries of its range (prefix sums), narrowed to the ids that the symmetry
 // constraints allow, minus the earlier same-label vertices inside it (injectivity).
-__device__ i64 count_last(const Graph& g, const Query& qc, const Level* lv, int d, int s, i64 cursor) {
+__device__ i64 count_last(const StaticView& g, const Query& qc, const Level* lv, int d, int s, i64 cursor) {
     const QueryTable* Q = qc.t;
     const int* __restrict__ prefix = qc.prefix;
     const Level* L = &lv[d - 1];
@@ -240,18 +297,38 @@ __device__ __forceinline__ void flush_count(WarpState* ws, u64* counts, int lane
     __syncwarp();
 }
 
-extern "C" __global__ void match(const i64* indptr, const int* adj, const int* adj_el, const int* gadj,
-                                 const int* gadj_el, const int* vlabel, const int* hub_of, const int* hub_tab,
-                                 int num_labels, int single_label, i64 n, int check_el, int nmax,
-                                 const QueryTable* __restrict__ qtabs, const unsigned* cbits, const int* qel,
-                                 const int* last_prefix, const i64* prefix_at, const int* __restrict__ pool,
-                                 const int* __restrict__ chunk_q, i64 pool_n, int pool_m, u64* ctl, Task* queue,
-                                 int* ready, i64 queue_cap, u64* state, u64* counts, int resume, int emit, int* out,
-                                 i64 out_cap, i64 limit_left, u64 count_limit, i64 budget_ns, i64 offload_ns) {
+// What one launch does besides the graph and the queries: the root pool, the task queue,
+// the saved warp stacks, counts (per work id) and the output buffer.
+struct Run {
+    int nmax;
+    const int* __restrict__ pool;
+    i64 pool_n;
+    int pool_m;
+    u64* ctl;
+    Task* queue;
+    int* ready;
+    i64 queue_cap;
+    u64* state;
+    u64* counts;
+    int resume, emit;
+    int* out;
+    i64 out_cap, limit_left;
+    u64 count_limit;
+    i64 budget_ns, offload_ns;
+};
+
+// The search body of both kernels below (one per graph view).
+template <class View>
+__device__ __forceinline__ void search(const View& g, const Batch& b, const Run& r) {
+    const int nmax = r.nmax, pool_m = r.pool_m, resume = r.resume, emit = r.emit;
+    const int* __restrict__ pool = r.pool;
+    const i64 pool_n = r.pool_n, queue_cap = r.queue_cap, out_cap = r.out_cap, limit_left = r.limit_left;
+    const i64 budget_ns = r.budget_ns, offload_ns = r.offload_ns;
+    const u64 count_limit = r.count_limit;
+    u64 *ctl = r.ctl, *state = r.state, *counts = r.counts;
+    Task* queue = r.queue;
+    int *ready = r.ready, *out = r.out;
     extern __shared__ __align__(16) unsigned char smem[];
-    const Graph g{indptr, adj, adj_el, gadj, gadj_el, vlabel, {hub_of, hub_tab, num_labels, single_label},
-                  check_el, n};
-    const Batch b{qtabs, cbits, qel, last_prefix, prefix_at, chunk_q};
     const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
     const int nwarp_block = blockDim.x >> 5;
     const i64 gw = (i64)blockIdx.x * nwarp_block + wib;
@@ -320,7 +397,7 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
                 continue;
             }
         }
-        const Query qc = query_of(g, b, Q, ws->q);
+        const Query qc = query_of(b, Q, ws->q);
         const int last = Q->n - 1;
         const int top = ws->top;
         Level* L = &lv[top];
@@ -338,7 +415,7 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
         }
         if (lane == 0) ws->batches++;
         const int d = top + 1;
-        if (d == last && Q->fast && !emit) {  // count the whole level at once (counting only)
+        if constexpr (!View::versioned) if (d == last && Q->fast && !emit) {  // count the whole level at once (counting only)
             i64 part = lane < L->cnt ? count_last(g, qc, lv, d, lane, cursor) : 0;
             for (int o = 16; o > 0; o >>= 1) part += __shfl_down_sync(FULL_MASK, part, o);
             if (lane == 0) {
@@ -360,9 +437,7 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
             s = find_node(L, idx);
             piv = L->piv[s];
             const i64 pos = L->start[s] + (idx - L->off[s]);
-            c = __ldg(g.gadj + pos);
-            pass = (__ldg(qc.cbits + c) >> d) & 1u;
-            if (pass && g.check_el) pass = __ldg(g.gadj_el + pos) == qc.el[d * MAXQ + piv];
+            pass = g.candidate(qc, pos, d, g.check_el ? qc.el[d * MAXQ + piv] : 0, &c);
             if (pass) pass = check_path(g, qc, lv, d, c, s, piv);
         }
         if (d == last) {
@@ -384,6 +459,7 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
                         row[Q->outpos[j]] = lv[j].v[slot];
                         slot = lv[j].parent[slot];
                     }
+                    if constexpr (View::versioned) row[Q->width - 1] = ws->q;  // the seed of the row
                 }
                 if (lane == 0) ws->count += take;
                 if (take < k) break;  // limit reached
@@ -401,7 +477,7 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
             i64 start = 0;
             int size = 0, npiv = 0;
             if (pass) {
-                node_range(g, Q, lv, d, c, s, &start, &size, &npiv);
+                node_range(g, qc, lv, d, c, s, &start, &size, &npiv);
                 pass = size > 0;
             }
             const int k = build_level(&lv[d], pass, c, s, start, size, npiv, lane);
@@ -416,6 +492,35 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
     __syncwarp();
     if (ws->q >= 0) flush_count(ws, counts, lane);
     for (int i = lane; i < wwords; i += 32) saved[i] = ((u64*)Q)[i];
+}
+
+extern "C" __global__ void match(const i64* indptr, const int* adj, const int* adj_el, const int* gadj,
+                                 const int* gadj_el, const int* vlabel, const int* hub_of, const int* hub_tab,
+                                 int num_labels, int single_label, i64 n, int check_el, int nmax,
+                                 const QueryTable* __restrict__ qtabs, const unsigned* cbits, const int* qel,
+                                 const int* last_prefix, const i64* prefix_at, const int* __restrict__ pool,
+                                 const int* __restrict__ chunk_q, i64 pool_n, int pool_m, u64* ctl, Task* queue,
+                                 int* ready, i64 queue_cap, u64* state, u64* counts, int resume, int emit, int* out,
+                                 i64 out_cap, i64 limit_left, u64 count_limit, i64 budget_ns, i64 offload_ns) {
+    const StaticView g{indptr, adj, adj_el, gadj, gadj_el, vlabel, {hub_of, hub_tab, num_labels, single_label},
+                       check_el};
+    const Batch b{qtabs, cbits, qel, last_prefix, prefix_at, chunk_q, nullptr, nullptr, n};
+    search(g, b, Run{nmax, pool, pool_n, pool_m, ctl, queue, ready, queue_cap, state, counts, resume, emit, out,
+                     out_cap, limit_left, count_limit, budget_ns, offload_ns});
+}
+
+// Incremental matching on the MVG: work id i is seed i (root-pool chunk i holds its prefix
+// (a, b)), with table seed_tab[i] and timestamp seed_T[i]; counts[i] its matches. Emitted
+// rows end with the seed (column width - 1 of every table).
+extern "C" __global__ void match_at(MVGView mvg, int nmax, const QueryTable* __restrict__ qtabs, const int* qel,
+                                    const int* seed_tab, const i64* seed_T, const int* __restrict__ pool,
+                                    const int* __restrict__ chunk_q, i64 pool_n, u64* ctl, Task* queue, int* ready,
+                                    i64 queue_cap, u64* state, u64* counts, int resume, int emit, int* out,
+                                    i64 out_cap, i64 budget_ns, i64 offload_ns) {
+    const VersionedView g{mvg};
+    const Batch b{qtabs, nullptr, qel, nullptr, nullptr, chunk_q, seed_tab, seed_T, 0};
+    search(g, b, Run{nmax, pool, pool_n, 2, ctl, queue, ready, queue_cap, state, counts, resume, emit, out, out_cap,
+                     (i64)1 << 62, 0, budget_ns, offload_ns});
 }
 
 // The struct sizes and field offsets the driver needs, in the order gpu/layout.py names them

@@ -3,12 +3,15 @@ from pathlib import Path
 
 import pytest
 
+from csmd.engines import gpu_unavailable_reason
+
 REPO = Path(__file__).resolve().parents[1]
 DATASETS = Path(os.environ.get("CSMD_DATASETS", REPO.parent / "shared" / "datasets"))
 
 
 # the continuous engines that test_continuous runs every case on
-ENGINES = ["cpu"]
+ENGINES = ["cpu", pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))])]
 
 
 @pytest.fixture(params=ENGINES)

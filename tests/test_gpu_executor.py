@@ -1,0 +1,104 @@
+"""The GPU executor against the CPU engine: per-update matches and counts on seeded random
+mixed streams (insertions and deletions, edge labels), batch sizes 1, 7 and 64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from csmd.engine import UpdateBatch
+from csmd.engines import gpu_unavailable_reason
+from csmd.model.graph import Graph
+from csmd.pipeline.queries import continuous_query
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))]
+
+
+def _graph(rng, n, m, labels, elabels) -> Graph:
+    pairs = {tuple(sorted(p)) for p in rng.integers(0, n, (m, 2)).tolist() if p[0] != p[1]}
+    src, dst = (np.array(x, np.int64) for x in zip(*pairs))
+    return Graph.from_edges(rng.integers(0, labels, n).astype(np.int32), src, dst,
+                            rng.integers(0, elabels, len(src)).astype(np.int32))
+
+
+QUERIES = {  # (labels, edges (x, y, el))
+    "edge": ([0, 1], [(0, 1, 0)]),
+    "triangle": ([0, 0, 1], [(0, 1, 0), (1, 2, 0), (0, 2, 1)]),
+    "path3": ([0, 1, 0], [(0, 1, 0), (1, 2, 0)]),
+    "square": ([0, 1, 0, 1], [(0, 1, 0), (1, 2, 0), (2, 3, 1), (3, 0, 0)]),
+    "star": ([1, 0, 0, 0], [(0, 1, 0), (0, 2, 1), (0, 3, 0)]),
+    "diamond": ([0, 0, 0, 0], [(0, 1, 0), (1, 2, 0), (2, 0, 0), (2, 3, 0), (3, 0, 0)]),
+}
+
+
+def _query(labels, edges) -> Graph:
+    s, d, e = (np.array(x, np.int64) for x in zip(*edges))
+    return Graph.from_edges(np.array(labels, np.int32), s, d, e.astype(np.int32))
+
+
+def _stream(rng, g: Graph, k: int):
+    """k valid edge ops in order: insert an absent pair, or delete a present edge (its label)."""
+    src, dst, lab = g.edge_list()
+    live = {(int(a), int(b)): int(e) for a, b, e in zip(src, dst, lab)}
+    ops = []
+    for _ in range(k):
+        if live and rng.random() < 0.45:
+            key = list(live)[rng.integers(len(live))]
+            ops.append((key[0], key[1], live.pop(key), -1))
+        else:
+            while True:
+                a, b = sorted(rng.integers(0, g.n, 2).tolist())
+                if a != b and (a, b) not in live:
+                    break
+            e = int(rng.integers(0, 2))
+            live[(a, b)] = e
+            ops.append((a, b, e, 1) if rng.random() < 0.5 else (b, a, e, 1))
+    return ops
+
+
+def _batch(ops, first_seq: int) -> UpdateBatch:
+    a, b, e, s = (np.array(x, np.int64) for x in zip(*ops))
+    z = np.zeros(0, np.int64)
+    return UpdateBatch(first_seq, first_seq + len(ops), np.arange(first_seq, first_seq + len(ops)), a, b,
+                       e.astype(np.int32), s.astype(np.int8), z, z, z, np.zeros(0, np.int32), 0)
+
+
+def _by_update(m, count_only: bool) -> dict:
+    if m is None:
+        return {}
+    if count_only:
+        return {int(s): int(c) for s, c in zip(m.seq, m.counts) if c}
+    out: dict = {}
+    for s, r in zip(m.seq.tolist(), m.rows.tolist()):
+        out.setdefault(s, []).append(tuple(r))
+    return {s: sorted(r) for s, r in out.items()}
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 64])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gpu_executor_equals_cpu_engine(seed, batch_size):
+    from csmd.cpu.engine import CpuEngine
+    from csmd.gpu.engine import GpuEngine
+
+    rng = np.random.default_rng(seed)
+    g0 = _graph(rng, 60, 260, 2, 2)
+    engines = [CpuEngine(g0), GpuEngine(g0)]
+    cqs = [continuous_query(f"{name}/{co}", _query(*spec), g0.labels, count_only=co)
+           for name, spec in QUERIES.items() for co in (False, True)]
+    prepared = [[e.prepare(cq) for cq in cqs] for e in engines]
+    ops = _stream(rng, g0, 192)
+    seen = 0
+    for i in range(0, len(ops), batch_size):
+        batch = _batch(ops[i: i + batch_size], 1 + i)
+        results = []
+        for e, pq in zip(engines, prepared):
+            e.apply(batch)
+            results.append(e.submit(batch, pq).result())
+        for cq in cqs:
+            cpu, gpu = (_by_update(r.get(cq.name), cq.count_only) for r in results)
+            assert gpu == cpu, (cq.name, batch.first_seq)
+            seen += len(cpu)
+    assert seen > 50  # the stream does produce matches
+    src = [np.sort(np.stack(e.live_edges()[:2], 1), axis=0) for e in engines]
+    assert np.array_equal(src[0], src[1])
