@@ -58,8 +58,13 @@ def static_matcher(backend: str) -> StaticMatcher:
 
 
 def continuous_engine(backend: str, g0: Graph, setting: str = "--backend") -> ContinuousEngine:
-    """A continuous engine holding g0, for `backend` (cpu, gpu or auto)."""
-    if resolve_backend(backend, GPU_CONTINUOUS, setting) == "gpu":
+    """A continuous engine holding g0, for `backend` (cpu, gpu or auto).
+
+    `auto` keeps the CPU engine for now: the GPU continuous engine matches the CPU one on
+    the device's random streams, but the daemon has not yet run on it (issue 14), so it
+    is taken only when asked for by name.
+    """
+    if backend != "auto" and resolve_backend(backend, GPU_CONTINUOUS, setting) == "gpu":
         from csmd.gpu.engine import GpuEngine
 
         return GpuEngine(g0)

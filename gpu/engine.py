@@ -126,7 +126,8 @@ class GpuEngine(ContinuousEngine):
         with self._lock:
             if len(batch.new_labels):
                 first = self.mvg.add_vertices(batch.new_labels)
-                assert first == batch.first_vertex, (first, batch.first_vertex)
+                if first != batch.first_vertex:  # the sequencer and the device disagree on vertex ids
+                    raise RuntimeError(f"device MVG gave vertex id {first}, the sequencer {batch.first_vertex}")
             token = self.mvg.apply(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
             return [(token, token.replaced_at)] if token.count else []
 

@@ -203,7 +203,8 @@ class WarpSearch:
     def run(self, *, limit: int | None, deadline: float | None, sink) -> tuple[np.ndarray, np.ndarray]:
         """(matches, complete) per query; with `sink` (a batch of one), every match goes to
         sink(rows) as it is drained; a limit also needs a batch of one."""
-        assert self.nb == 1 or (limit is None and sink is None)
+        if self.nb > 1 and (limit is not None or sink is not None):  # counts and rows are per search
+            raise ValueError("a limit or a sink needs a search of one query")
         width = self.nmax
         if limit is not None and limit <= 0:
             return np.zeros(1, np.int64), np.zeros(1, bool)
