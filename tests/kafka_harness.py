@@ -78,6 +78,14 @@ class Topics:
             c.close()
         return out
 
+    def committed(self, group: str) -> int:
+        """The group's committed offset of input partition 0 (-1 when none)."""
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group, **QUIET})
+        try:
+            return c.committed([TopicPartition(self.input, 0)], timeout=10)[0].offset
+        finally:
+            c.close()
+
     def deltas(self, **kw) -> pa.Table:
         msgs = self.read(self.output, **kw)
         tables = [pa.ipc.open_stream(m.value()).read_all() for m in msgs]

@@ -58,6 +58,9 @@ DEFAULTS: dict[str, dict] = {
     },
     "delivery": {
         "commit_interval_ms": 200,
+        # a record the broker has not acknowledged after this long (librdkafka retries with
+        # backoff meanwhile) stops the daemon, uncommitted: a restart sends it again
+        "timeout_s": 120.0,
     },
     "checkpoint": {
         "dir": "",  # empty: no checkpoints (a restart rebuilds from the initial graph and the topic)
@@ -77,7 +80,7 @@ _CHOICES = {("input", "format"): ("auto", "arrow", "json", "text"), ("pipeline",
             ("log", "format"): ("auto", "json", "console"), ("log", "level"): ("debug", "info", "warning", "error")}
 _POSITIVE = {("topics", "partitions"), ("topics", "replication"), ("topics", "max_message_bytes"),
              ("input", "max_poll_records"), ("pipeline", "batch_size"), ("pipeline", "queue_depth"),
-             ("pipeline", "max_pending_records"), ("delivery", "commit_interval_ms"), ("checkpoint", "interval_s"),
+             ("pipeline", "max_pending_records"), ("delivery", "commit_interval_ms"), ("delivery", "timeout_s"), ("checkpoint", "interval_s"),
              ("checkpoint", "keep"), ("pipeline", "batch_wait_ms")}
 
 

@@ -107,6 +107,7 @@ class Daemon:
         self.stopping = threading.Event()
         self.status = "starting"
         self.fatal: str | None = None
+        self.paused = False  # backpressure: the consumer takes no records
         self.specs: dict[str, QuerySpec] = {}  # registered now, as the output thread has seen
         self.removed: set[str] = set()  # removed through the control topic (a restart must not re-add them)
         self.totals: dict[str, list[int]] = {}
@@ -201,11 +202,12 @@ class Daemon:
         self.encoder = DeltaEncoder(self.pipe.vertices)
         self.tracker = DeliveryTracker(on_done=lambda t0: self.metrics.latency.observe([time.monotonic() - t0]))
         k = self.cfg["kafka"]
-        self.sink = KafkaSink(conf, t["output"], t["max_message_bytes"],
+        self.sink = KafkaSink(conf, t["output"], t["max_message_bytes"], self._fail, self.cfg["delivery"]["timeout_s"],
                               k["transactional_id"] if k["transactions"] else None)
         self.source = KafkaSource(conf, t["input"], k["group"], start)
         self.control = KafkaSource(conf, t["control"], k["group"] + ".control", {0: self.control_applied + 1})
         committed = self.source.committed()
+        self._committed = dict(committed)
         self._suppress = {p: o for p, o in committed.items() if o > start.get(p, 0)}
         self._next_offsets = {p: start.get(p, 0) for p in self.source.partitions}
         self._replay_control(start)
@@ -302,8 +304,7 @@ class Daemon:
         self.log.info("query change applied", **{k: v for k, v in result.items() if k != "op"})
         if ch.announce:
             self.sink.produce(self.cfg["topics"]["control"], json.dumps(result).encode(), ch.spec.name,
-                              {CONTENT_TYPE: JSON}, lambda _o, err: err and self._fail(f"control write failed: {err}"),
-                              ())
+                              {CONTENT_TYPE: JSON}, _unwatched, ())
         waiter = self._waiters.pop(ch.request, None)
         if waiter is not None:
             waiter[1].update(result)
@@ -352,18 +353,21 @@ class Daemon:
         self._next_offsets[rec.partition] = rec.offset + 1
 
     def _dead_letter(self, rec: Record, reason: str) -> None:
+        """Send a refused record to the dead-letter topic; an input record is done once it is there."""
+        tracked = rec.input == self.cfg["topics"]["input"]
+        if tracked and rec.offset < self._suppress.get(rec.partition, -1):
+            self.log.debug("dead letter sent before the restart, not again", record=rec.source)
+            self.tracker.submitted(rec.origin, 0)
+            return
         self.metrics.inc("csmd_dead_letters_total")
         self.log.warning("dead letter", record=rec.source, reason=reason)
         headers = dict(rec.headers)
         headers.update({"csmd-error": reason.encode(), "csmd-input": rec.input.encode(),
                         "csmd-partition": str(rec.partition).encode(), "csmd-offset": str(rec.offset).encode()})
-        tracked = rec.input == self.cfg["topics"]["input"]
         if tracked:
-            self.tracker.submitted(rec.origin, 0)
-            self.tracker.sending([rec.origin])
+            self.tracker.submitted(rec.origin, 0, sends=1)
         self.sink.produce(self.cfg["topics"]["dead_letter"], rec.value, None, headers,
-                          self.tracker.acked if tracked else (lambda _o, err: err and self._fail(str(err))),
-                          [rec.origin] if tracked else ())
+                          self.tracker.acked if tracked else _unwatched, [rec.origin] if tracked else ())
 
     def _items(self):
         """The pipeline's source: updates and markers from the input queue; None when idle."""
@@ -376,7 +380,7 @@ class Daemon:
                 busy = False
                 yield None
                 continue
-            if item is _STOP:
+            if item is _STOP or self.fatal is not None:  # after a fatal error nothing more is worth doing
                 return
             busy = True
             yield item
@@ -397,12 +401,15 @@ class Daemon:
             tot = self.totals.setdefault(d.name, [0, 0])
             tot[0] += d.positive
             tot[1] += d.negative
-            if d.positive:
-                self.metrics.inc("csmd_deltas_total", d.positive, query=d.name, sign="+")
-            if d.negative:
-                self.metrics.inc("csmd_deltas_total", d.negative, query=d.name, sign="-")
-            self.metrics.deltas_rate.add(d.positive + d.negative)
         items = self._unsuppressed(self.encoder.encode(result))
+        for query, batch, _origins in items:  # what is published (not what a restart holds back)
+            sign, count = batch.column("sign").to_numpy(), batch.column("count").to_numpy()
+            pos, neg = int(count[sign > 0].sum()), int(count[sign < 0].sum())
+            if pos:
+                self.metrics.inc("csmd_deltas_total", pos, query=query, sign="+")
+            if neg:
+                self.metrics.inc("csmd_deltas_total", neg, query=query, sign="-")
+            self.metrics.deltas_rate.add(pos + neg)
         n = self.sink.write(items, self.tracker.acked, self.tracker.sending)
         self.metrics.inc("csmd_output_records_total", n)
         b = result.batch
@@ -450,14 +457,22 @@ class Daemon:
                 self._fail("the pipeline stopped")
                 break
             self._poll_control()
-            pending = self.tracker.pending_updates()
-            if pending >= max_pending and not self.source.paused:
-                self.source.pause()
+            # Backpressure: one poll takes no more than the room left, so the records in flight
+            # never pass the limit; with no room the consumer takes nothing until half of it is
+            # free. (librdkafka's own pause is not used: it drops what it prefetched and fetches
+            # again only at its next wake-up, about a second, on every pause.)
+            pending = self.tracker.pending()
+            room = max_pending - pending
+            if room <= 0 and not self.paused:
+                self.paused = True
                 self.metrics.inc("csmd_consumer_pauses_total")
-            elif self.source.paused and pending <= max_pending // 2:
-                self.source.resume()
-            for rec in self.source.poll(self.cfg["input"]["max_poll_records"], 0.02):
-                self._submit(rec)
+            elif self.paused and pending <= max_pending // 2:
+                self.paused = False
+            if self.paused:
+                self.sink.poll(0.02)
+            else:
+                for rec in self.source.poll(min(self.cfg["input"]["max_poll_records"], room), 0.02):
+                    self._submit(rec)
             self.sink.poll(0)
             now = time.monotonic()
             if now >= next_commit:
@@ -476,7 +491,7 @@ class Daemon:
         """Refresh the gauges (main thread only: the consumer must not be called from two threads)."""
         m = self.metrics
         m.set("csmd_pending_records", self.tracker.pending())
-        m.set("csmd_consumer_paused", int(self.source.paused))
+        m.set("csmd_consumer_paused", int(self.paused))
         m.set("csmd_queue_depth", self._inq.qsize(), stage="updater")
         for stage, q in self.pipe.queues.items():
             m.set("csmd_queue_depth", q.qsize(), stage=stage)
@@ -494,14 +509,16 @@ class Daemon:
     def _commit(self, wait: bool = False) -> None:
         topic = self.cfg["topics"]["input"]
         offsets = {p: o for (t, p), o in self.tracker.committable().items() if t == topic}
-        fresh = {p: o for p, o in offsets.items() if o != self._committed.get(p)}
+        # after a restart from an older checkpoint the done prefix starts below the group's
+        # offset: committing it would make a later restart re-send what was delivered
+        fresh = {p: o for p, o in offsets.items() if o > self._committed.get(p, -1)}
         if fresh:
             try:
                 self.source.commit(fresh, wait)
             except KafkaException as exc:  # the broker is away: the next interval tries again
                 self.log.warning("offset commit failed, will retry", reason=str(exc))
                 return
-            self._committed = offsets
+            self._committed.update(fresh)
             for p, o in fresh.items():
                 self.metrics.set("csmd_committed_offset", o, partition=p)
 
@@ -524,8 +541,10 @@ class Daemon:
         if self.fatal is not None:
             return
         if self.sink.transactional:
-            tps = [TopicPartition(topic, p, o) for p, o in self._next_offsets.items()]
-            self.sink.commit_transaction(tps, self.source.group_metadata())
+            ahead = {p: o for p, o in self._next_offsets.items() if o > self._committed.get(p, -1)}
+            self.sink.commit_transaction([TopicPartition(topic, p, o) for p, o in ahead.items()],
+                                         self.source.group_metadata())
+            self._committed.update(ahead)
         else:
             self._commit(wait=True)
 
@@ -585,13 +604,17 @@ class Daemon:
             "updates_per_s": round(self.metrics.updates_rate.per_second(), 3),
             "deltas_per_s": round(self.metrics.deltas_rate.per_second(), 3),
             "latency_p50_s": lat.quantile(0.5), "latency_p99_s": lat.quantile(0.99),
-            "pending_records": self.tracker.pending(), "paused": self.source.paused,
+            "pending_records": self.tracker.pending(), "paused": self.paused,
             "dead_letters": self.metrics.get("csmd_dead_letters_total"),
             "lag": self.metrics.snapshot().get("csmd_consumer_lag", {}),
             "ignored": dict(self.pipe.ignored), "gc_live_versions": self.pipe.engine_stats()["live_versions"],
             "offsets": dict(self._next_offsets),
             "queries": {n: {"positive": t[0], "negative": t[1]} for n, t in self.totals.items() if n in self.specs},
         }
+
+
+def _unwatched(_origins) -> None:
+    """on_ack of records no input offset waits for (control announcements, dead letters of control records)."""
 
 
 def run_daemon(cfg: dict) -> int:
