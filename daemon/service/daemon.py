@@ -77,6 +77,19 @@ class QueryChange(Marker):
             self.error = f"no query named {self.spec.name!r}"
 
 
+class CheckpointMarker(Marker):
+    """Where a checkpoint is taken: the graph is copied in the updater stage, exactly after
+    the records before the marker (`offsets`: the next offset of each partition), without
+    draining the pipeline; the queries are those registered when it reaches the output."""
+
+    def __init__(self, offsets: dict[int, int]):
+        self.offsets = dict(offsets)
+        self.graph = None
+
+    def at_updater(self, pipe: Pipeline) -> None:
+        self.graph = pipe.graph_state()
+
+
 def control_request(body: bytes, source: str) -> dict:
     """A control message, checked; InputError(source, None, reason) when it is malformed."""
     try:
@@ -114,6 +127,7 @@ class Daemon:
         self.control_applied = -1  # highest control request offset whose change has passed the output
         self._inq: queue.Queue = queue.Queue()
         self._markers_in_flight = 0
+        self._writer: threading.Thread | None = None  # the checkpoint being written, in the background
         self._scheduled: list[QueryChange] = []  # replayed changes waiting for their input position
         self._waiters: dict[int, tuple[threading.Event, dict]] = {}  # admin requests waiting for `applied`
         self._next_offsets: dict[int, int] = {}  # input partition -> next offset to submit
@@ -309,8 +323,6 @@ class Daemon:
         if waiter is not None:
             waiter[1].update(result)
             waiter[0].set()
-        with self._lock:
-            self._markers_in_flight -= 1
 
     def request_change(self, msg: dict, timeout: float = 30.0) -> dict:
         """Write a control request (from the admin endpoint) and wait until it takes effect."""
@@ -394,8 +406,13 @@ class Daemon:
             self._fail(f"pipeline failed: {exc!r}")
 
     def _on_result(self, result) -> None:
-        if isinstance(result, QueryChange):
-            self._changed(result)
+        if isinstance(result, Marker):
+            if isinstance(result, QueryChange):
+                self._changed(result)
+            else:
+                self._write_in_background(result)
+            with self._lock:
+                self._markers_in_flight -= 1
             return
         for d in result.deltas:
             tot = self.totals.setdefault(d.name, [0, 0])
@@ -483,9 +500,9 @@ class Daemon:
                     self._commit()
                 self._gauges()
                 next_commit = now + d["commit_interval_ms"] / 1000
-            if c["dir"] and now >= next_ckpt:
-                self._checkpoint()
-                next_ckpt = time.monotonic() + c["interval_s"]
+            if c["dir"] and now >= next_ckpt and not self._checkpointing():
+                self._enqueue_marker(CheckpointMarker(self._next_offsets))
+                next_ckpt = now + c["interval_s"]
 
     def _gauges(self) -> None:
         """Refresh the gauges (main thread only: the consumer must not be called from two threads)."""
@@ -548,18 +565,31 @@ class Daemon:
         else:
             self._commit(wait=True)
 
-    def _checkpoint(self) -> None:
+    def _checkpoint_state(self, graph, offsets: dict[int, int]) -> dict:
+        return {"seq": graph.seq, "offsets": {str(p): o for p, o in offsets.items()},
+                "control_applied": self.control_applied, "removed": sorted(self.removed),
+                "queries": [dict(vars(s)) for s in self.specs.values()], "input": self.cfg["topics"]["input"],
+                "written": time.time()}
+
+    def _checkpointing(self) -> bool:
+        """Whether a checkpoint is on its way (one at a time: a slow disk skips intervals)."""
+        return self._writer is not None and self._writer.is_alive()
+
+    def _write_in_background(self, marker: CheckpointMarker) -> None:
+        """A checkpoint marker reached the output: write it without holding the pipeline."""
+        state = self._checkpoint_state(marker.graph, marker.offsets)
+        self._writer = threading.Thread(target=self._write_checkpoint, args=(marker.graph, state),
+                                        name="csmd-checkpoint", daemon=True)
+        self._writer.start()
+
+    def _write_checkpoint(self, graph, state: dict) -> None:
         t0 = time.monotonic()
-        self._drain()
-        if self.fatal is not None:
+        c = self.cfg["checkpoint"]
+        try:
+            path = write_checkpoint(c["dir"], graph, state, c["keep"])
+        except OSError as exc:  # the previous checkpoint stays; the next interval tries again
+            self.log.error("checkpoint failed", dir=c["dir"], reason=exc.strerror or str(exc))
             return
-        self._commit_all()
-        state = {"seq": self.pipe.next_seq, "offsets": {str(p): o for p, o in self._next_offsets.items()},
-                 "control_applied": self.control_applied, "removed": sorted(self.removed),
-                 "queries": [vars(s) for s in self.specs.values()], "input": self.cfg["topics"]["input"],
-                 "written": time.time()}
-        path = write_checkpoint(self.cfg["checkpoint"]["dir"], self.pipe.graph_state(), state,
-                                self.cfg["checkpoint"]["keep"])
         self.metrics.inc("csmd_checkpoints_total")
         self.metrics.set("csmd_checkpoint_seq", state["seq"])
         self.log.info("checkpoint written", path=str(path), seq=state["seq"], seconds=round(time.monotonic() - t0, 3))
@@ -574,10 +604,13 @@ class Daemon:
             out.join(0.01)
         if self.fatal is None:
             self._drain()
+        if self._writer is not None:
+            self._writer.join()
         if self.fatal is None:
             self._commit_all()
-            if self.cfg["checkpoint"]["dir"]:
-                self._checkpoint()
+            if self.cfg["checkpoint"]["dir"]:  # the pipeline has stopped: its graph is the final one
+                graph = self.pipe.graph_state()
+                self._write_checkpoint(graph, self._checkpoint_state(graph, self._next_offsets))
         self.sink.close()
         self.source.close()
         self.control.close()
