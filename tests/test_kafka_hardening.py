@@ -13,11 +13,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 
 import pyarrow as pa
 import pytest
 
-from kafka_harness import DaemonProcess, human_lines, kill_leftovers
+from csmd.connectors.broker import EmbeddedBroker, free_port
+
+from kafka_harness import DaemonProcess, Proxy, human_lines, kill_leftovers
 from test_kafka_daemon import _arrow, dedup, reference, rows_of, start  # noqa: F401 (reference is a fixture)
 
 
@@ -99,6 +102,41 @@ def test_committed_offsets_never_go_back_after_a_restart_from_an_older_checkpoin
     assert dups == 0, "records below the committed offset were published again"
     assert rows_of(table) == reference
     assert d.stop() == 0
+
+
+def test_a_failed_delivery_stops_the_daemon_in_bounded_time_and_a_restart_delivers_everything(
+        tmp_path, reference):  # noqa: F811
+    """The broker becomes unreachable mid-stream: deltas cannot be delivered. The daemon must
+    stop (non-zero, within the delivery timeout and a bound) without committing past an
+    undelivered delta; once the broker is back, a restart delivers every delta."""
+    port = free_port()
+    with EmbeddedBroker(log_path=tmp_path / "broker.log", advertise=port) as broker:
+        proxy = Proxy(port, broker.port).start()
+        t, cfg, admin = start(tmp_path, f"127.0.0.1:{port}", delivery={"timeout_s": 2.0})
+        lines = human_lines()
+        t.produce(t.input, lines)
+        d = DaemonProcess(cfg, tmp_path / "d1.log", admin)
+        while d.get("/stats")["offsets"].get("0", 0) < 300:
+            pass
+        proxy.cut()
+        t0 = time.monotonic()
+        code = d.proc.wait(30)
+        assert code == 1 and time.monotonic() - t0 < 20
+        log = (tmp_path / "d1.log").read_text()
+        assert "delivery to" in log and "stopped after a fatal error" in log
+        proxy.start()
+        committed = max(t.committed(f"g-{t.input}"), 0)  # -1001: nothing committed
+        assert committed < len(lines), "the records after the failed delivery are not committed"
+        delivered = t.deltas()
+        delivered = rows_of(dedup(delivered)[0]) if delivered is not None else Counter()
+        before = Counter({k: n for k, n in reference.items() if k[1] < committed})  # one update a record: seq = offset
+        assert delivered & before == before, "a committed record has deltas that were never delivered"
+        d = DaemonProcess(cfg, tmp_path / "d2.log", admin)
+        d.wait_offset(len(lines))
+        deduped, _ = dedup(t.deltas())
+        assert rows_of(deduped) == reference
+        assert d.stop() == 0
+        proxy.cut()
 
 
 def test_an_uncaught_exception_is_a_log_record_in_the_log_format():

@@ -16,8 +16,10 @@ commit and a crash can be published twice, with the same delta ids.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -612,13 +614,13 @@ class Daemon:
                 graph = self.pipe.graph_state()
                 self._write_checkpoint(graph, self._checkpoint_state(graph, self._next_offsets))
         self.sink.close()
-        self.source.close()
-        self.control.close()
         self.status = "stopped"
-        if self.fatal is not None:
+        if self.fatal is not None:  # the consumers are left open: see run_daemon
             self.log.error("stopped after a fatal error; offsets were committed only up to delivered deltas",
                            reason=self.fatal)
             return 1
+        self.source.close()
+        self.control.close()
         self.log.info("stopped cleanly", seq=self.pipe.next_seq, committed=self._next_offsets)
         return 0
 
@@ -666,4 +668,11 @@ def run_daemon(cfg: dict) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    return daemon.run()
+    code = daemon.run()
+    if daemon.fatal is not None:
+        # librdkafka's consumer close (also run when a consumer is freed) waits for requests
+        # to a broker that may be gone, for up to a minute; nothing is left to save
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
