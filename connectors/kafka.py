@@ -54,6 +54,32 @@ def topic_partitions(conf: dict, topic: str, timeout: float = 15.0) -> list[int]
     return sorted(md.partitions)
 
 
+def input_positions(conf: dict, topic: str, group: str, timeout: float = 15.0) -> tuple[dict[int, int], dict[int, int]]:
+    """(end offset, the group's committed offset) of each partition of `topic`; committed is
+    absent where the group has none. Ends are the high watermarks of a fetch (some brokers
+    answer a direct watermark query wrongly)."""
+    parts = topic_partitions(conf, topic)
+    c = Consumer({**conf, "group.id": group, "enable.auto.commit": False, "fetch.wait.max.ms": 5})
+    try:
+        tps = c.committed([TopicPartition(topic, p) for p in parts], timeout=timeout)
+        committed = {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        ends: dict[int, int] = {}
+        deadline = time.monotonic() + timeout
+        while len(ends) < len(parts):
+            if time.monotonic() > deadline:
+                raise CsmdError(f"topic {topic!r}: no partition ends from Kafka at {conf['bootstrap.servers']} "
+                                f"within {timeout:.0f} s")
+            c.consume(1000, 0.05)  # the records are not used: the fetch brings the watermarks
+            for p in parts:
+                hi = c.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1]
+                if hi >= 0:
+                    ends[p] = hi
+    finally:
+        c.close()
+    return ends, committed
+
+
 class KafkaSource:
     """Every partition of `topic`, from `start` offsets (partition -> next offset) or the beginning."""
 
@@ -87,11 +113,6 @@ class KafkaSource:
             out.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.value() or b"",
                               {k: v or b"" for k, v in (msg.headers() or [])}))
         return out
-
-    def committed(self, timeout: float = 10.0) -> dict[int, int]:
-        """The group's committed offsets (partition -> next offset; absent where none)."""
-        tps = self.consumer.committed([TopicPartition(self.topic, p) for p in self.partitions], timeout=timeout)
-        return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
 
     def commit(self, offsets: dict[int, int], wait: bool = True) -> None:
         """Commit partition -> next offset; wait=False returns at once (the consume loop must not

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 
@@ -20,7 +19,7 @@ import pytest
 
 from csmd.connectors.broker import EmbeddedBroker, free_port
 
-from kafka_harness import DaemonProcess, Proxy, human_lines, kill_leftovers
+from kafka_harness import DaemonProcess, Proxy, Topics, human_lines, kill_leftovers
 from test_kafka_daemon import _arrow, dedup, reference, rows_of, start  # noqa: F401 (reference is a fixture)
 
 
@@ -137,6 +136,29 @@ def test_a_failed_delivery_stops_the_daemon_in_bounded_time_and_a_restart_delive
         assert rows_of(deduped) == reference
         assert d.stop() == 0
         proxy.cut()
+
+
+def test_a_checkpoint_beyond_the_end_of_the_topic_is_refused_with_the_setting_that_resolves_it(
+        tmp_path, kafka_bootstrap):
+    t, cfg, port = start(tmp_path, kafka_bootstrap, queries=["Q_1"], checkpoint=True)
+    lines = human_lines()
+    d = DaemonProcess(cfg, tmp_path / "d1.log", port)
+    t.produce(t.input, lines[:200])
+    d.wait_offset(200)
+    assert d.stop() == 0  # a checkpoint at offset 200
+    fresh = Topics(kafka_bootstrap)  # "the topic was recreated": same checkpoint, an empty input topic
+    cfg.write_text(cfg.read_text().replace(t.input, fresh.input))
+    out = subprocess.run([sys.executable, "-m", "csmd", "run", "--config", str(cfg)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2, out.stderr[-2000:]
+    err = out.stderr.strip().splitlines()[-1]
+    assert f"topic {fresh.input!r} partition 0: the checkpoint resumes at offset 200, the topic ends at 0" in err
+    assert 'on_mismatch = "rebuild"' in err and "Traceback" not in out.stderr
+    d = DaemonProcess(cfg, tmp_path / "d2.log", port, env={"CSMD_CHECKPOINT__ON_MISMATCH": "rebuild"})
+    fresh.produce(fresh.input, lines[:20])
+    s = d.wait_offset(20)
+    assert s["updates"] == 20, "every new record is processed"
+    assert d.stop() == 0
 
 
 def test_an_uncaught_exception_is_a_log_record_in_the_log_format():

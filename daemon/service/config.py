@@ -66,6 +66,9 @@ DEFAULTS: dict[str, dict] = {
         "dir": "",  # empty: no checkpoints (a restart rebuilds from the initial graph and the topic)
         "interval_s": 60.0,
         "keep": 2,
+        # a checkpoint or committed offset beyond the end of the input topic (recreated, another
+        # cluster): "fail" refuses to start and says why; "rebuild" starts over from [graph] initial
+        "on_mismatch": "fail",
     },
     "admin": {
         "listen": "127.0.0.1:8642",  # the admin and /metrics endpoint; empty: off
@@ -77,7 +80,8 @@ DEFAULTS: dict[str, dict] = {
 }
 _PATHS = {("graph", "initial"), ("queries", "paths"), ("checkpoint", "dir")}
 _CHOICES = {("input", "format"): ("auto", "arrow", "json", "text"), ("pipeline", "backend"): ("auto", "cpu", "gpu"),
-            ("log", "format"): ("auto", "json", "console"), ("log", "level"): ("debug", "info", "warning", "error")}
+            ("log", "format"): ("auto", "json", "console"),
+            ("checkpoint", "on_mismatch"): ("fail", "rebuild"), ("log", "level"): ("debug", "info", "warning", "error")}
 _POSITIVE = {("topics", "partitions"), ("topics", "replication"), ("topics", "max_message_bytes"),
              ("input", "max_poll_records"), ("pipeline", "batch_size"), ("pipeline", "queue_depth"),
              ("pipeline", "max_pending_records"), ("delivery", "commit_interval_ms"), ("delivery", "timeout_s"), ("checkpoint", "interval_s"),

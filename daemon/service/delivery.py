@@ -14,6 +14,10 @@ import time
 from collections import deque
 
 
+def unwatched(_origins) -> None:
+    """on_ack of Kafka records no input offset waits for (control announcements, dead letters of control records)."""
+
+
 class _Entry:
     __slots__ = ("origin", "records", "acks", "arrived")
 
