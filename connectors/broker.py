@@ -33,11 +33,16 @@ def free_port() -> int:
 
 
 class EmbeddedBroker:
-    """A Tansu broker on a free loopback port; `with EmbeddedBroker() as b: b.bootstrap`."""
+    """A Tansu broker on a free loopback port; `with EmbeddedBroker() as b: b.bootstrap`.
 
-    def __init__(self, port: int | None = None, log_path=None):
+    `advertise`: the port clients are told to connect to, when something (a proxy in a
+    test) stands between them and the broker; the broker's own port by default.
+    """
+
+    def __init__(self, port: int | None = None, log_path=None, advertise: int | None = None):
         self.port = port
         self.log_path = log_path
+        self.advertise = advertise
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -52,7 +57,8 @@ class EmbeddedBroker:
             url = f"tcp://127.0.0.1:{self.port}"
             log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
             self.proc = subprocess.Popen(
-                [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                [tansu_binary(), "broker", "--listener-url", url,
+                 "--advertised-listener-url", f"tcp://127.0.0.1:{self.advertise or self.port}",
                  "--storage-engine", "memory://tansu/", "--cluster-id", f"csmd-{self.port}"],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
             admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0, "logger": _quiet})

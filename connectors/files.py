@@ -60,7 +60,7 @@ class FileSink:
             if on_send is not None:
                 on_send(origins)
             if on_ack is not None:
-                on_ack(origins, None)
+                on_ack(origins)
         return len(items)
 
     def close(self) -> None:

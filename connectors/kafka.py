@@ -54,6 +54,32 @@ def topic_partitions(conf: dict, topic: str, timeout: float = 15.0) -> list[int]
     return sorted(md.partitions)
 
 
+def input_positions(conf: dict, topic: str, group: str, timeout: float = 15.0) -> tuple[dict[int, int], dict[int, int]]:
+    """(end offset, the group's committed offset) of each partition of `topic`; committed is
+    absent where the group has none. Ends are the high watermarks of a fetch (some brokers
+    answer a direct watermark query wrongly)."""
+    parts = topic_partitions(conf, topic)
+    c = Consumer({**conf, "group.id": group, "enable.auto.commit": False, "fetch.wait.max.ms": 5})
+    try:
+        tps = c.committed([TopicPartition(topic, p) for p in parts], timeout=timeout)
+        committed = {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        ends: dict[int, int] = {}
+        deadline = time.monotonic() + timeout
+        while len(ends) < len(parts):
+            if time.monotonic() > deadline:
+                raise CsmdError(f"topic {topic!r}: no partition ends from Kafka at {conf['bootstrap.servers']} "
+                                f"within {timeout:.0f} s")
+            c.consume(1000, 0.05)  # the records are not used: the fetch brings the watermarks
+            for p in parts:
+                hi = c.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1]
+                if hi >= 0:
+                    ends[p] = hi
+    finally:
+        c.close()
+    return ends, committed
+
+
 class KafkaSource:
     """Every partition of `topic`, from `start` offsets (partition -> next offset) or the beginning."""
 
@@ -67,7 +93,6 @@ class KafkaSource:
         start = start or {}
         self._tps = [TopicPartition(topic, p, start.get(p, OFFSET_BEGINNING)) for p in self.partitions]
         self.consumer.assign(self._tps)
-        self.paused = False
 
     def poll(self, max_records: int = 500, timeout: float = 0.05) -> list[Record]:
         """Up to max_records records: what is fetched already, else waits up to `timeout` for the first."""
@@ -88,21 +113,6 @@ class KafkaSource:
             out.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.value() or b"",
                               {k: v or b"" for k, v in (msg.headers() or [])}))
         return out
-
-    def pause(self) -> None:
-        if not self.paused:
-            self.consumer.pause(self._tps)
-            self.paused = True
-
-    def resume(self) -> None:
-        if self.paused:
-            self.consumer.resume(self._tps)
-            self.paused = False
-
-    def committed(self, timeout: float = 10.0) -> dict[int, int]:
-        """The group's committed offsets (partition -> next offset; absent where none)."""
-        tps = self.consumer.committed([TopicPartition(self.topic, p) for p in self.partitions], timeout=timeout)
-        return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
 
     def commit(self, offsets: dict[int, int], wait: bool = True) -> None:
         """Commit partition -> next offset; wait=False returns at once (the consume loop must not
@@ -160,20 +170,25 @@ def arrow_messages(batch: pa.RecordBatch, max_bytes: int) -> list[bytes]:
 
 
 class KafkaSink:
-    """The producer: idempotent, retries until delivered; optionally transactional.
+    """The producer: idempotent, optionally transactional; every delivery ends in a defined state.
 
-    on_ack(origins, error) runs for every produced record once the broker has it
-    (from `poll`); error is None on success. A record that cannot be delivered
-    (only non-retriable errors get that far) is reported, never dropped silently.
+    on_ack(origins) runs for every produced record once the broker has it (from
+    `poll`). librdkafka retries a retriable error with backoff for up to
+    `timeout_s`; a record still undelivered then, or refused for good (too large,
+    not authorized), calls on_failed(reason) instead, once per record: the caller
+    stops, and never commits past it, so a restart sends it again.
     """
 
-    def __init__(self, conf: dict, topic: str, max_message_bytes: int, transactional_id: str | None = None):
+    def __init__(self, conf: dict, topic: str, max_message_bytes: int, on_failed, timeout_s: float = 120.0,
+                 transactional_id: str | None = None):
         self.topic, self.max_message_bytes = topic, max_message_bytes
+        self._on_failed = on_failed
         pconf = {**conf, "enable.idempotence": True, "acks": "all", "linger.ms": 2,
-                 "message.timeout.ms": 0,  # never give up on a retriable error: nothing is lost
+                 "message.timeout.ms": int(timeout_s * 1000),
                  "message.max.bytes": max(max_message_bytes + 65536, 1_000_000)}
-        if transactional_id:
-            pconf["transactional.id"] = transactional_id
+        if transactional_id:  # librdkafka wants a message's timeout within its transaction's
+            pconf.update({"transactional.id": transactional_id,
+                          "transaction.timeout.ms": max(60_000, pconf["message.timeout.ms"])})
         self.producer = Producer(pconf)
         self.transactional = bool(transactional_id)
         self._in_txn = False
@@ -186,7 +201,10 @@ class KafkaSink:
             self._in_txn = True
 
         def report(err, _msg):
-            on_ack(origins, err)
+            if err is None:
+                on_ack(origins)
+            else:
+                self._on_failed(f"delivery to {topic!r} failed: {err.str()}")
 
         while True:
             try:
@@ -194,6 +212,9 @@ class KafkaSink:
                 return
             except BufferError:  # the local queue is full: serve delivery reports, then retry
                 self.producer.poll(0.05)
+            except KafkaException as exc:  # refused before sending (too large for the producer, ...)
+                self._on_failed(f"delivery to {topic!r} failed: {exc.args[0].str()}")
+                return
 
     def write(self, items, on_ack, on_send=None) -> int:
         """Deltas to the output topic: one Arrow IPC record per query and batch (split to fit),

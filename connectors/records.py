@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from csmd.errors import InputError
-from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update, parse_update
+from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update, in_int64, parse_update
 from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, JSON, TEXT
 
 FORMATS = ("auto", "arrow", "json", "text")
@@ -98,6 +98,8 @@ def _update(rec: Record, i, where: str, op, u, v, label, str_ids: bool) -> Updat
             raise BadRecord(f"{where}: op {op!r} needs {'u' if op in (INSERT_VERTEX, DELETE_VERTEX) else 'u and v'}")
         if type(x) is not id_type:  # bool is an int subclass: refused too
             raise BadRecord(f"{where}: vertex id {x!r} is not {'a string' if str_ids else 'an integer'}")
+        if not str_ids and not in_int64(x):  # JSON integers and Arrow uint64 columns have no such bound
+            raise BadRecord(f"{where}: vertex id {x} out of range (int64: -2^63 .. 2^63-1)")
     if op == INSERT_VERTEX and label is None:
         raise BadRecord(f"{where}: op 'v' needs a label")
     label = 0 if label is None else label

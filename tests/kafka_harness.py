@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import threading
 import subprocess
 import sys
 import time
@@ -78,6 +80,14 @@ class Topics:
             c.close()
         return out
 
+    def committed(self, group: str) -> int:
+        """The group's committed offset of input partition 0 (-1 when none)."""
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group, **QUIET})
+        try:
+            return c.committed([TopicPartition(self.input, 0)], timeout=10)[0].offset
+        finally:
+            c.close()
+
     def deltas(self, **kw) -> pa.Table:
         msgs = self.read(self.output, **kw)
         tables = [pa.ipc.open_stream(m.value()).read_all() for m in msgs]
@@ -100,6 +110,56 @@ def config_text(t: Topics, query_names, *, admin_port: int, checkpoint_dir=None,
         cfg.setdefault(section, {}).update(values)
     return "".join(f"[{sec}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in vals.items()) + "\n"
                    for sec, vals in cfg.items())
+
+
+class Proxy:
+    """A TCP forwarder from `port` to the broker at `target`: `cut()` makes the broker
+    unreachable (open connections dropped, new ones refused) without losing its state;
+    `start()` again restores it."""
+
+    def __init__(self, port: int, target: int):
+        self.port, self.target = port, target
+        self._socks: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+
+    def start(self) -> "Proxy":
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", self.port))
+        self._listener.listen(64)
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
+        return self
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                return
+            self._socks += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            s.close()
+
+    def cut(self) -> None:
+        self._listener.close()
+        for s in self._socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        self._socks = []
 
 
 RUNNING: list["DaemonProcess"] = []  # killed by the tests' teardown if a test fails

@@ -141,10 +141,9 @@ def test_offsets_commit_only_past_records_whose_deltas_are_all_acknowledged():
     o = [("in", 0, i) for i in range(5)]
     t.submitted(o[0], 2, arrived=0.0)
     t.submitted(o[1], 1, arrived=1.0)
-    t.submitted(o[2], 0, arrived=2.0)  # a dead letter: done once its own record is acknowledged
-    t.sending([o[2]])
+    t.submitted(o[2], 0, sends=1, arrived=2.0)  # a dead letter: done once its own record is acknowledged
     t.submitted(o[3], 1, arrived=3.0)
-    assert t.committable() == {} and t.pending_updates() == 4
+    assert t.committable() == {} and t.pending() == 4
     t.executed(1)  # half of record 0
     t.sending([o[0]])
     t.acked([o[2]])
@@ -154,10 +153,18 @@ def test_offsets_commit_only_past_records_whose_deltas_are_all_acknowledged():
     t.acked([o[0]])
     assert t.committable() == {("in", 0): 3}  # 0, 1 and the dead letter 2
     t.sending([o[3]])
-    t.executed(1)
-    t.acked([o[3]], error="broker said no")
-    assert t.committable() == {("in", 0): 3} and t.failed == ["broker said no"]
+    t.executed(1)  # its delta record is never acknowledged (a failed delivery): never committed
+    assert t.committable() == {("in", 0): 3}
     assert t.pending() == 1 and done == [0.0, 1.0, 2.0]
+
+
+def test_a_lone_dead_letter_is_pending_until_acknowledged():
+    """A refused record while nothing else is pending (the daemon idle, or just started)."""
+    t = DeliveryTracker()
+    t.submitted(("in", 0, 7), 0, sends=1)
+    assert t.pending() == 1 and t.committable() == {}
+    t.acked([("in", 0, 7)])
+    assert t.pending() == 0 and t.committable() == {("in", 0): 8}
 
 
 def test_random_interleavings_never_commit_a_record_with_unacknowledged_deltas():

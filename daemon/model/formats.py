@@ -32,6 +32,18 @@ def _int(tok: str, path, lineno, what: str) -> int:
         raise InputError(path, lineno, f"bad integer {tok!r} for {what}") from None
 
 
+def in_int64(x: int) -> bool:
+    """Whether an integer vertex id fits the int64 the graph, deltas and checkpoints store it as."""
+    return -2**63 <= x < 2**63
+
+
+def _vertex_id(tok: str, path, lineno) -> int:
+    val = _int(tok, path, lineno, "vertex id")
+    if not in_int64(val):
+        raise InputError(path, lineno, f"vertex id {val} out of range (int64: -2^63 .. 2^63-1)")
+    return val
+
+
 def _label(tok: str, path, lineno, what: str) -> int:
     val = _int(tok, path, lineno, what)
     if val < 0 or val >= 2**31:
@@ -68,7 +80,7 @@ def _read_text_graph(path: Path, lines=None) -> Graph:
                 raise InputError(path, lineno, f"vertex {parts[1]}: label missing")
             if len(parts) not in (3, 4):
                 raise InputError(path, lineno, f"wrong field count: 'v' takes id label [degree], got {len(parts) - 1} fields")
-            vid = _int(parts[1], path, lineno, "vertex id")
+            vid = _vertex_id(parts[1], path, lineno)
             if vid in ids:
                 raise InputError(path, lineno, f"duplicate vertex id {vid}")
             ids[vid] = len(labels)
@@ -78,8 +90,8 @@ def _read_text_graph(path: Path, lines=None) -> Graph:
         elif tag == "e":
             if len(parts) not in (3, 4):
                 raise InputError(path, lineno, f"wrong field count: 'e' takes u v [label], got {len(parts) - 1} fields")
-            u = _int(parts[1], path, lineno, "vertex id")
-            v = _int(parts[2], path, lineno, "vertex id")
+            u = _vertex_id(parts[1], path, lineno)
+            v = _vertex_id(parts[2], path, lineno)
             for x in (u, v):
                 if x not in ids:
                     raise InputError(path, lineno, f"edge ({u}, {v}) names unknown vertex {x}")
@@ -294,12 +306,12 @@ def parse_update(line: str, path, lineno) -> Update | None:
     if not lo <= nf <= hi:
         raise InputError(path, lineno, f"wrong field count: {op!r} takes {_UPDATE_USAGE[op]}, got {nf} fields")
     src, origin = f"{path}:{lineno}", (str(path), 0, lineno)
-    u = _int(parts[1], path, lineno, "vertex id")
+    u = _vertex_id(parts[1], path, lineno)
     if op == INSERT_VERTEX:
         return Update(op, u, -1, _label(parts[2], path, lineno, "vertex label"), src, origin)
     if op == DELETE_VERTEX:
         return Update(op, u, -1, 0, src, origin)
-    v = _int(parts[2], path, lineno, "vertex id")
+    v = _vertex_id(parts[2], path, lineno)
     return Update(op, u, v, _label(parts[3], path, lineno, "edge label") if nf == 3 else 0, src, origin)
 
 

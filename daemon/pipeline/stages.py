@@ -112,7 +112,9 @@ class Pipeline:
         self.queries: dict[str, tuple] = {}  # name -> (ContinuousQuery, the engine's form); executor stage
         self.stats = Stats()
         self.queues: dict[str, queue.Queue] = {}  # between the stages, while running threaded
-        self._updating = threading.Lock()  # held while a batch is sequenced and applied
+        # held while a batch is sequenced and applied; re-entrant so that a marker's
+        # at_updater (which runs under it) can take graph_state()
+        self._updating = threading.RLock()
         self._applied = threading.Condition()
         self._applied_batches = 0
         self._gu_done = False

@@ -58,11 +58,17 @@ DEFAULTS: dict[str, dict] = {
     },
     "delivery": {
         "commit_interval_ms": 200,
+        # a record the broker has not acknowledged after this long (librdkafka retries with
+        # backoff meanwhile) stops the daemon, uncommitted: a restart sends it again
+        "timeout_s": 120.0,
     },
     "checkpoint": {
         "dir": "",  # empty: no checkpoints (a restart rebuilds from the initial graph and the topic)
         "interval_s": 60.0,
         "keep": 2,
+        # a checkpoint or committed offset beyond the end of the input topic (recreated, another
+        # cluster): "fail" refuses to start and says why; "rebuild" starts over from [graph] initial
+        "on_mismatch": "fail",
     },
     "admin": {
         "listen": "127.0.0.1:8642",  # the admin and /metrics endpoint; empty: off
@@ -74,10 +80,11 @@ DEFAULTS: dict[str, dict] = {
 }
 _PATHS = {("graph", "initial"), ("queries", "paths"), ("checkpoint", "dir")}
 _CHOICES = {("input", "format"): ("auto", "arrow", "json", "text"), ("pipeline", "backend"): ("auto", "cpu", "gpu"),
-            ("log", "format"): ("auto", "json", "console"), ("log", "level"): ("debug", "info", "warning", "error")}
+            ("log", "format"): ("auto", "json", "console"),
+            ("checkpoint", "on_mismatch"): ("fail", "rebuild"), ("log", "level"): ("debug", "info", "warning", "error")}
 _POSITIVE = {("topics", "partitions"), ("topics", "replication"), ("topics", "max_message_bytes"),
              ("input", "max_poll_records"), ("pipeline", "batch_size"), ("pipeline", "queue_depth"),
-             ("pipeline", "max_pending_records"), ("delivery", "commit_interval_ms"), ("checkpoint", "interval_s"),
+             ("pipeline", "max_pending_records"), ("delivery", "commit_interval_ms"), ("delivery", "timeout_s"), ("checkpoint", "interval_s"),
              ("checkpoint", "keep"), ("pipeline", "batch_wait_ms")}
 
 

@@ -14,6 +14,10 @@ import time
 from collections import deque
 
 
+def unwatched(_origins) -> None:
+    """on_ack of Kafka records no input offset waits for (control announcements, dead letters of control records)."""
+
+
 class _Entry:
     __slots__ = ("origin", "records", "acks", "arrived")
 
@@ -35,19 +39,20 @@ class DeliveryTracker:
         self._by_partition: dict[tuple[str, int], deque[_Entry]] = {}
         self._unexecuted: deque[_Entry] = deque()  # entries with updates still in the pipeline, in order
         self._committable: dict[tuple[str, int], int] = {}
-        self._updates = 0  # updates submitted and not executed yet
         self._on_done = on_done  # called with each finished entry's arrival time (latency metric)
-        self.failed: list[str] = []  # delivery errors: never committed past
 
-    def submitted(self, origin: tuple, updates: int, arrived: float | None = None) -> None:
-        """An input record entered the daemon holding `updates` updates (0 for a dead letter)."""
+    def submitted(self, origin: tuple, updates: int, sends: int = 0, arrived: float | None = None) -> None:
+        """An input record entered the daemon holding `updates` updates, and `sends` Kafka records
+        of its own are about to be produced (1 for its dead letter). Counting them here, not in a
+        later `sending`, keeps a record with nothing left to wait for from being done (and
+        forgotten) before its dead letter is produced."""
         e = _Entry(origin, updates, time.monotonic() if arrived is None else arrived)
+        e.acks = sends
         with self._lock:
             self._entries[origin] = e
             self._by_partition.setdefault(origin[:2], deque()).append(e)
             if updates:
                 self._unexecuted.append(e)
-                self._updates += updates
             else:
                 self._advance(origin[:2])
 
@@ -57,11 +62,10 @@ class DeliveryTracker:
             for o in origins:
                 self._entries[o].acks += 1
 
-    def acked(self, origins, error=None) -> None:
+    def acked(self, origins) -> None:
+        """The broker has a Kafka record covering these input records. A failed delivery is
+        never reported here: its records stay pending, so their offsets are never committed."""
         with self._lock:
-            if error is not None:  # the entry stays pending: its offset is never committed
-                self.failed.append(str(error))
-                return
             for o in origins:
                 e = self._entries[o]
                 e.acks -= 1
@@ -72,7 +76,6 @@ class DeliveryTracker:
         """The pipeline finished the next `records` updates (in submission order)."""
         with self._lock:
             touched = set()
-            self._updates -= records
             while records:
                 e = self._unexecuted[0]
                 take = min(records, e.records)
@@ -102,7 +105,3 @@ class DeliveryTracker:
         """Input records not done yet."""
         with self._lock:
             return len(self._entries)
-
-    def pending_updates(self) -> int:
-        """Updates submitted and not executed yet (what backpressure looks at)."""
-        return self._updates

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 
 import structlog
 
@@ -15,7 +16,9 @@ def setup_logging(fmt: str = "auto", level: str = "info", stream=None) -> None:
     stream = stream or sys.stderr
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
-    renderer = structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
+    # colours only for a terminal: a log file gets no ANSI codes
+    renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty()) if fmt == "console" else \
+        structlog.processors.JSONRenderer()
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -28,6 +31,10 @@ def setup_logging(fmt: str = "auto", level: str = "info", stream=None) -> None:
         logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
+    # an exception nothing caught is one more log record, in the same format, not raw text
+    sys.excepthook = lambda *exc: get_logger().critical("crashed", exc_info=exc)
+    threading.excepthook = lambda a: get_logger().critical(
+        "thread crashed", thread=a.thread.name if a.thread else None, exc_info=(a.exc_type, a.exc_value, a.exc_traceback))
 
 
 def get_logger(name: str = "csmd"):

@@ -1,0 +1,60 @@
+"""Taking checkpoints while the daemon runs: a marker in the stream, a background write.
+
+The graph is copied in the updater stage exactly between two input records, so the
+consume loop never waits for the pipeline to drain; the folder is written by its
+own thread (daemon/service/checkpoint.py has the format).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from csmd.pipeline.stages import Marker, Pipeline
+from csmd.service.checkpoint import write_checkpoint
+
+
+class CheckpointMarker(Marker):
+    """Where a checkpoint is taken: the graph is copied in the updater stage, exactly after
+    the records before the marker (`offsets`: the next offset of each partition), without
+    draining the pipeline; the queries are those registered when it reaches the output."""
+
+    def __init__(self, offsets: dict[int, int]):
+        self.offsets = dict(offsets)
+        self.graph = None
+
+    def at_updater(self, pipe: Pipeline) -> None:
+        self.graph = pipe.graph_state()
+
+
+class Checkpointing:
+    """The Daemon's part that writes checkpoints."""
+
+    def _checkpoint_state(self, graph, offsets: dict[int, int]) -> dict:
+        return {"seq": graph.seq, "offsets": {str(p): o for p, o in offsets.items()},
+                "control_applied": self.control_applied, "removed": sorted(self.removed),
+                "queries": [dict(vars(s)) for s in self.specs.values()], "input": self.cfg["topics"]["input"],
+                "written": time.time()}
+
+    def _checkpointing(self) -> bool:
+        """Whether a checkpoint is on its way (one at a time: a slow disk skips intervals)."""
+        return self._writer is not None and self._writer.is_alive()
+
+    def _write_in_background(self, marker: CheckpointMarker) -> None:
+        """A checkpoint marker reached the output: write it without holding the pipeline."""
+        state = self._checkpoint_state(marker.graph, marker.offsets)
+        self._writer = threading.Thread(target=self._write_checkpoint, args=(marker.graph, state),
+                                        name="csmd-checkpoint", daemon=True)
+        self._writer.start()
+
+    def _write_checkpoint(self, graph, state: dict) -> None:
+        t0 = time.monotonic()
+        c = self.cfg["checkpoint"]
+        try:
+            path = write_checkpoint(c["dir"], graph, state, c["keep"])
+        except OSError as exc:  # the previous checkpoint stays; the next interval tries again
+            self.log.error("checkpoint failed", dir=c["dir"], reason=exc.strerror or str(exc))
+            return
+        self.metrics.inc("csmd_checkpoints_total")
+        self.metrics.set("csmd_checkpoint_seq", state["seq"])
+        self.log.info("checkpoint written", path=str(path), seq=state["seq"], seconds=round(time.monotonic() - t0, 3))

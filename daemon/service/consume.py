@@ -1,0 +1,133 @@
+"""The consume loop (main thread): input records in, with backpressure; commits; drains.
+
+Delivery is at-least-once: an input offset is committed only after every Kafka
+record its updates caused is acknowledged (daemon/service/delivery.py), and never
+below an offset committed before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from csmd.connectors.records import BadRecord, Record, decode_updates
+from csmd.service.checkpointing import CheckpointMarker
+
+
+class ConsumeLoop:
+    """The Daemon's part that runs in the main thread."""
+
+    def _submit(self, rec: Record) -> None:
+        self._release_scheduled(rec)
+        self.metrics.inc("csmd_records_total")
+        try:
+            updates = decode_updates(rec, self.cfg["input"]["format"], self._str_ids)
+        except BadRecord as exc:
+            self._dead_letter(rec, str(exc))
+        else:
+            self.tracker.submitted(rec.origin, len(updates))
+            for u in updates:
+                self._inq.put(u)
+        self._next_offsets[rec.partition] = rec.offset + 1
+
+    def _loop(self, out: threading.Thread) -> None:
+        d, c = self.cfg["delivery"], self.cfg["checkpoint"]
+        max_pending = self.cfg["pipeline"]["max_pending_records"]
+        next_commit = time.monotonic() + d["commit_interval_ms"] / 1000
+        next_ckpt = time.monotonic() + c["interval_s"]
+        while not self.stopping.is_set():
+            if not out.is_alive():
+                self._fail("the pipeline stopped")
+                break
+            self._poll_control()
+            # Backpressure: one poll takes no more than the room left, so the records in flight
+            # never pass the limit; with no room the consumer takes nothing until half of it is
+            # free. (librdkafka's own pause is not used: it drops what it prefetched and fetches
+            # again only at its next wake-up, about a second, on every pause.)
+            pending = self.tracker.pending()
+            room = max_pending - pending
+            if room <= 0 and not self.paused:
+                self.paused = True
+                self.metrics.inc("csmd_consumer_pauses_total")
+            elif self.paused and pending <= max_pending // 2:
+                self.paused = False
+            if self.paused:
+                self.sink.poll(0.02)
+            else:
+                for rec in self.source.poll(min(self.cfg["input"]["max_poll_records"], room), 0.02):
+                    self._submit(rec)
+            self.sink.poll(0)
+            now = time.monotonic()
+            if now >= next_commit:
+                if self.sink.transactional:  # a transaction ends where no record is half done
+                    self._drain()
+                    self._commit_all()
+                else:
+                    self._commit()
+                self._gauges()
+                next_commit = now + d["commit_interval_ms"] / 1000
+            if c["dir"] and now >= next_ckpt and not self._checkpointing():
+                self._enqueue_marker(CheckpointMarker(self._next_offsets))
+                next_ckpt = now + c["interval_s"]
+
+    def _gauges(self) -> None:
+        """Refresh the gauges (main thread only: the consumer must not be called from two threads)."""
+        m = self.metrics
+        m.set("csmd_pending_records", self.tracker.pending())
+        m.set("csmd_consumer_paused", int(self.paused))
+        m.set("csmd_queue_depth", self._inq.qsize(), stage="updater")
+        for stage, q in self.pipe.queues.items():
+            m.set("csmd_queue_depth", q.qsize(), stage=stage)
+        ends = self.source.end_offsets()
+        for p, hi in ends.items():
+            # negative when the daemon is past the topic's end: a sign of trouble, never hidden
+            m.set("csmd_consumer_lag", hi - self._next_offsets.get(p, 0), partition=p)
+        engine = self.pipe.engine_stats()
+        m.set("csmd_gc_live_versions", engine["live_versions"])
+        m.set("csmd_device_memory_bytes", engine["memory_bytes"])
+        m.set("csmd_seq", self.pipe.next_seq)
+        m.set("csmd_queries", len(self.specs))
+        for reason, n in list(self.pipe.ignored.items()):
+            m.set("csmd_ignored_updates_total", n, reason=reason)
+
+    def _commit(self, wait: bool = False) -> None:
+        topic = self.cfg["topics"]["input"]
+        offsets = {p: o for (t, p), o in self.tracker.committable().items() if t == topic}
+        # after a restart from an older checkpoint the done prefix starts below the group's
+        # offset: committing it would make a later restart re-send what was delivered
+        fresh = {p: o for p, o in offsets.items() if o > self._committed.get(p, -1)}
+        if fresh:
+            try:
+                self.source.commit(fresh, wait)
+            except KafkaException as exc:  # the broker is away: the next interval tries again
+                self.log.warning("offset commit failed, will retry", reason=str(exc))
+                return
+            self._committed.update(fresh)
+            for p, o in fresh.items():
+                self.metrics.set("csmd_committed_offset", o, partition=p)
+
+    def _drain(self) -> None:
+        """Wait until every submitted record is done and every control change has passed."""
+        while self.fatal is None:
+            with self._lock:
+                markers = self._markers_in_flight
+            if not self.tracker.pending() and not markers and self._inq.empty():
+                break
+            self.sink.poll(0.005)
+        if not self.sink.flush(60):
+            self._fail("the broker did not acknowledge every record within 60 s")
+
+    def _commit_all(self) -> None:
+        """After a drain: the input offsets of everything submitted (in the transaction, if any)."""
+        topic = self.cfg["topics"]["input"]
+        if self.fatal is not None:
+            return
+        if self.sink.transactional:
+            ahead = {p: o for p, o in self._next_offsets.items() if o > self._committed.get(p, -1)}
+            self.sink.commit_transaction([TopicPartition(topic, p, o) for p, o in ahead.items()],
+                                         self.source.group_metadata())
+            self._committed.update(ahead)
+        else:
+            self._commit(wait=True)

@@ -1,0 +1,176 @@
+"""The control plane: query registrations through the control topic.
+
+The control topic is the durable log of registrations. A request takes effect as
+a marker in the input stream (between two input records, so at a well-defined
+update); the daemon answers it with an `applied` record naming that position, and
+a restart replays the log, re-applying each change at exactly the same point.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+
+from csmd.connectors.records import Record
+from csmd.errors import CsmdError, InputError, NotYetApplied
+from csmd.model.formats import parse_query_text
+from csmd.pipeline.stages import Marker, Pipeline
+from csmd.schemas import CONTENT_TYPE, JSON
+from csmd.service.delivery import unwatched
+
+
+@dataclass
+class QuerySpec:
+    """A registered query as it is persisted: its text, so checkpoints and the control log can rebuild it."""
+
+    name: str
+    text: str
+    count_only: bool = False
+
+    def register(self, pipe: Pipeline) -> None:
+        pipe.add_query(self.name, parse_query_text(self.text, self.name), self.count_only)
+
+
+class QueryChange(Marker):
+    """A control request taking effect between two input records.
+
+    `request` is its control-topic offset; `at` the input position it takes effect
+    before (partition -> offset); `announce` says whether the daemon still has to
+    write the `applied` record (not when replaying one that was written before).
+    """
+
+    def __init__(self, action: str, spec: QuerySpec, request: int, at: dict[int, int], announce: bool):
+        self.action, self.spec, self.request, self.at, self.announce = action, spec, request, at, announce
+        self.error: str | None = None
+        self._query = parse_query_text(spec.text, spec.name) if action == "add" else None
+
+    def at_executor(self, pipe: Pipeline) -> None:
+        if self.action == "add":
+            pipe.add_query(self.spec.name, self._query, self.spec.count_only)
+        elif not pipe.remove_query(self.spec.name):
+            self.error = f"no query named {self.spec.name!r}"
+
+
+def control_request(body: bytes, source: str) -> dict:
+    """A control message, checked; InputError(source, None, reason) when it is malformed."""
+    try:
+        msg = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(source, None, f"control message is not valid JSON: {exc}") from None
+    if not isinstance(msg, dict) or msg.get("op") not in ("add", "remove", "applied"):
+        raise InputError(source, None, "control message needs \"op\": \"add\", \"remove\" or \"applied\"")
+    if not isinstance(msg.get("name"), str) or not msg["name"]:
+        raise InputError(source, None, "control message needs a non-empty \"name\"")
+    if msg["op"] == "add":
+        if not isinstance(msg.get("query"), str):
+            raise InputError(source, None, "\"add\" needs \"query\": the query graph as text")
+        if not isinstance(msg.get("count_only", False), bool):
+            raise InputError(source, None, "\"count_only\" must be true or false")
+        parse_query_text(msg["query"], f"{source} query {msg['name']}")  # refuses bad graphs with their line
+    if msg["op"] == "applied" and not (isinstance(msg.get("request"), int) and isinstance(msg.get("at"), dict)):
+        raise InputError(source, None, "\"applied\" needs \"request\" and \"at\"")
+    return msg
+
+
+class ControlPlane:
+    """The Daemon's part that replays, polls and answers control requests."""
+
+    def _replay_control(self, start: dict[int, int]) -> None:
+        """Requests logged since the checkpoint: replay those already applied at their recorded
+        positions; apply the rest now."""
+        requests, applied = {}, {}
+        for rec in self.control.read_to_end():
+            try:
+                msg = control_request(rec.value, rec.source)
+            except InputError as exc:
+                self.log.warning("malformed control record skipped", record=rec.source, reason=exc.reason)
+                continue
+            if msg["op"] == "applied":
+                applied[msg["request"]] = msg
+            else:
+                requests[rec.offset] = msg
+        for offset, msg in sorted(requests.items()):
+            spec = QuerySpec(msg["name"], msg.get("query", ""), msg.get("count_only", False))
+            done = applied.get(offset)
+            if done is not None:
+                at = {int(p): o for p, o in done["at"].items()}
+                self._scheduled.append(QueryChange(msg["op"], spec, offset, at, announce=False))
+            else:
+                self._enqueue_marker(QueryChange(msg["op"], spec, offset, dict(self._next_offsets), announce=True))
+        self._release_scheduled(None)
+
+    def _release_scheduled(self, rec: Record | None) -> None:
+        """Enqueue replayed changes due before `rec` (all due at the start when rec is None)."""
+        while self._scheduled:
+            ch = self._scheduled[0]
+            due = all(self._next_offsets.get(p, 0) >= o for p, o in ch.at.items()) or \
+                (rec is not None and rec.offset >= ch.at.get(rec.partition, 1 << 62))
+            if not due:
+                return
+            self._enqueue_marker(self._scheduled.pop(0))
+
+    def _enqueue_marker(self, marker: Marker) -> None:
+        with self._lock:
+            self._markers_in_flight += 1
+        self._inq.put(marker)
+
+    def _poll_control(self) -> None:
+        for rec in self.control.poll(100, 0):
+            try:
+                msg = control_request(rec.value, rec.source)
+            except InputError as exc:
+                self._dead_letter(rec, exc.reason)
+                continue
+            if msg["op"] == "applied" or rec.offset <= self.control_applied:
+                continue  # our own announcements, or requests replayed at start
+            spec = QuerySpec(msg["name"], msg.get("query", ""), msg.get("count_only", False))
+            self._enqueue_marker(QueryChange(msg["op"], spec, rec.offset, dict(self._next_offsets), announce=True))
+
+    def _changed(self, ch: QueryChange) -> None:
+        """A query change passed the output stage: record it, announce it, wake an admin waiting for it."""
+        if ch.error is None:
+            if ch.action == "add":
+                self.specs[ch.spec.name] = ch.spec
+                self.totals[ch.spec.name] = [0, 0]
+                self.removed.discard(ch.spec.name)
+            else:
+                self.specs.pop(ch.spec.name, None)
+                self.removed.add(ch.spec.name)
+        self.control_applied = max(self.control_applied, ch.request)
+        result = {"op": "applied", "request": ch.request, "name": ch.spec.name, "action": ch.action,
+                  "at": {str(p): o for p, o in ch.at.items()}, "seq": ch.seq, "error": ch.error}
+        self.log.info("query change applied", **{k: v for k, v in result.items() if k != "op"})
+        if ch.announce:
+            self.sink.produce(self.cfg["topics"]["control"], json.dumps(result).encode(), ch.spec.name,
+                              {CONTENT_TYPE: JSON}, unwatched, ())
+        waiter = self._waiters.pop(ch.request, None)
+        if waiter is not None:
+            waiter[1].update(result)
+            waiter[0].set()
+
+    def request_change(self, msg: dict, timeout: float = 30.0) -> dict:
+        """Write a control request (from the admin endpoint) and wait until it takes effect."""
+        control_request(json.dumps(msg).encode(), "request")  # refuse bad requests before logging them
+        done = threading.Event()
+        offset: list = []
+
+        def delivered(err, m):
+            offset.append(err or m.offset())
+            done.set()
+
+        from confluent_kafka import Producer
+
+        with self._lock:
+            if self._requests is None:
+                self._requests = Producer({**self._conf(), "enable.idempotence": True, "acks": "all"})
+        self._requests.produce(self.cfg["topics"]["control"], json.dumps(msg).encode(), msg["name"],
+                               headers={CONTENT_TYPE: JSON}, on_delivery=delivered)
+        self._requests.flush(timeout)
+        if not done.wait(timeout) or not isinstance(offset[0], int):
+            raise CsmdError(f"the control topic did not take the request: {offset[0] if offset else 'timeout'}")
+        event, result = threading.Event(), {}
+        self._waiters[offset[0]] = (event, result)
+        if not event.wait(timeout):
+            raise NotYetApplied("the request was logged but has not taken effect yet (the daemon is busy)")
+        return result

@@ -1,0 +1,115 @@
+"""Output and delivery: the pipeline's results become Kafka records; refused records become dead letters.
+
+The output thread runs the pipeline over the input queue and publishes every
+batch's deltas (holding back those a restart re-derives below the committed
+offsets); the delivery tracker learns what each input record is waiting for.
+"""
+
+from __future__ import annotations
+
+import queue
+
+import numpy as np
+
+from csmd.connectors.records import Record
+from csmd.pipeline.stages import Marker
+from csmd.service.delivery import unwatched
+from csmd.service.control import QueryChange
+
+STOP = object()  # put in the input queue: the pipeline ends after what is before it
+
+
+class Output:
+    """The Daemon's part that feeds the pipeline and publishes what comes out."""
+
+    def _dead_letter(self, rec: Record, reason: str) -> None:
+        """Send a refused record to the dead-letter topic; an input record is done once it is there."""
+        tracked = rec.input == self.cfg["topics"]["input"]
+        if tracked and rec.offset < self._suppress.get(rec.partition, -1):
+            self.log.debug("dead letter sent before the restart, not again", record=rec.source)
+            self.tracker.submitted(rec.origin, 0)
+            return
+        self.metrics.inc("csmd_dead_letters_total")
+        self.log.warning("dead letter", record=rec.source, reason=reason)
+        headers = dict(rec.headers)
+        headers.update({"csmd-error": reason.encode(), "csmd-input": rec.input.encode(),
+                        "csmd-partition": str(rec.partition).encode(), "csmd-offset": str(rec.offset).encode()})
+        if tracked:
+            self.tracker.submitted(rec.origin, 0, sends=1)
+        self.sink.produce(self.cfg["topics"]["dead_letter"], rec.value, None, headers,
+                          self.tracker.acked if tracked else unwatched, [rec.origin] if tracked else ())
+
+    def _items(self):
+        """The pipeline's source: updates and markers from the input queue; None when idle."""
+        wait = self.cfg["pipeline"]["batch_wait_ms"] / 1000
+        busy = False
+        while True:
+            try:
+                item = self._inq.get(timeout=wait if busy else 0.05)
+            except queue.Empty:
+                busy = False
+                yield None
+                continue
+            if item is STOP or self.fatal is not None:  # after a fatal error nothing more is worth doing
+                return
+            busy = True
+            yield item
+
+    def _run_pipeline(self) -> None:
+        try:
+            self.pipe.run(self._items(), self._on_result)
+        except BaseException as exc:  # an engine failure: stop the daemon, commit nothing more
+            self.log.exception("pipeline failed")
+            self._fail(f"pipeline failed: {exc!r}")
+
+    def _on_result(self, result) -> None:
+        if isinstance(result, Marker):
+            if isinstance(result, QueryChange):
+                self._changed(result)
+            else:
+                self._write_in_background(result)
+            with self._lock:
+                self._markers_in_flight -= 1
+            return
+        for d in result.deltas:
+            tot = self.totals.setdefault(d.name, [0, 0])
+            tot[0] += d.positive
+            tot[1] += d.negative
+        items = self._unsuppressed(self.encoder.encode(result))
+        for query, batch, _origins in items:  # what is published (not what a restart holds back)
+            sign, count = batch.column("sign").to_numpy(), batch.column("count").to_numpy()
+            pos, neg = int(count[sign > 0].sum()), int(count[sign < 0].sum())
+            if pos:
+                self.metrics.inc("csmd_deltas_total", pos, query=query, sign="+")
+            if neg:
+                self.metrics.inc("csmd_deltas_total", neg, query=query, sign="-")
+            self.metrics.deltas_rate.add(pos + neg)
+        n = self.sink.write(items, self.tracker.acked, self.tracker.sending)
+        self.metrics.inc("csmd_output_records_total", n)
+        b = result.batch
+        self.tracker.executed(b.records)
+        self.metrics.inc("csmd_updates_total", b.records)
+        self.metrics.updates_rate.add(b.records)
+        self.metrics.set("csmd_gc_released_total", self.pipe.gc.released)
+
+    def _unsuppressed(self, items):
+        """Drop deltas of records below the committed offsets: they were delivered before a restart."""
+        if not self._suppress:
+            return items
+        out = []
+        for query, batch, origins in items:
+            limit = np.array([self._suppress.get(p, -1) for p in batch.column("partition").to_numpy()])
+            keep = batch.column("offset").to_numpy() >= limit
+            if keep.all():
+                out.append((query, batch, origins))
+            elif keep.any():
+                kept = {o for o in origins if o[2] >= self._suppress.get(o[1], -1)}
+                out.append((query, batch.filter(keep), [o for o in origins if o in kept]))
+        last = {}
+        for _q, batch, _o in items:
+            for p, o in zip(batch.column("partition").to_numpy().tolist(), batch.column("offset").to_numpy().tolist()):
+                last[p] = max(last.get(p, -1), o)
+        for p, o in last.items():  # past the committed offset: nothing more to hold back there
+            if o >= self._suppress.get(p, 1 << 62):
+                self._suppress.pop(p, None)
+        return out

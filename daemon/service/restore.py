@@ -1,0 +1,93 @@
+"""Where a starting daemon resumes: the newest checkpoint, checked against the input topic, or the initial graph.
+
+A checkpoint (or a committed group offset) beyond the end of the input topic means
+the topic is not the one it was taken from: it was recreated, this is another
+cluster, or the embedded broker restarted empty. Resuming there would skip every
+new record without a word, so the daemon refuses to start, naming what disagrees;
+`[checkpoint] on_mismatch = "rebuild"` starts over from `[graph] initial` and the
+beginning of the topic instead.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from csmd.connectors.kafka import input_positions
+from csmd.errors import CsmdError
+from csmd.model.formats import parse_query_text, query_files, read_graph
+from csmd.model.graph import Graph
+from csmd.service.checkpoint import read_checkpoint
+from csmd.service.control import QuerySpec
+
+
+@dataclass
+class StartState:
+    graph: Graph
+    seq: int  # the next update's sequence number
+    offsets: dict[int, int]  # input partition -> next offset to read
+    specs: list[QuerySpec]
+    committed: dict[int, int]  # the group's committed offsets (deltas below them were delivered)
+    removed: set[str] = field(default_factory=set)  # queries removed through the control topic
+    control_applied: int = -1  # the last control request the checkpoint includes
+    retired: np.ndarray | None = None  # vertices of the checkpoint's graph that were deleted
+
+
+def start_state(cfg: dict, conf: dict, log) -> StartState:
+    t, c = cfg["topics"], cfg["checkpoint"]
+    ends, committed = input_positions(conf, t["input"], cfg["kafka"]["group"])
+    ckpt = read_checkpoint(c["dir"], log) if c["dir"] else None
+    offsets = {int(p): o for p, o in ckpt.state["offsets"].items()} if ckpt is not None else {}
+    where = f"topic {t['input']!r}"
+    problems = [f"{where} partition {p}: the checkpoint resumes at offset {o}, the topic ends at {ends.get(p, 0)}"
+                for p, o in sorted(offsets.items()) if o > ends.get(p, 0)]
+    if ckpt is not None and ckpt.state.get("input", t["input"]) != t["input"]:
+        problems.append(f"the checkpoint was taken from topic {ckpt.state['input']!r}, the input is {t['input']!r}")
+    stale = {p: o for p, o in committed.items() if o > ends.get(p, 0)}
+    problems += [f"{where} partition {p}: group {cfg['kafka']['group']!r} committed offset {o}, the topic ends at "
+                 f"{ends.get(p, 0)}" for p, o in sorted(stale.items())]
+    if problems:
+        if c["on_mismatch"] == "fail":
+            raise CsmdError(f"{c['dir'] or 'the consumer group'} does not match the input (was the topic recreated, "
+                            f"or is this another cluster?): {'; '.join(problems)}. Set [checkpoint] on_mismatch = "
+                            f"\"rebuild\" to start over from [graph] initial and the beginning of the topic")
+        log.warning("checkpoint and offsets do not match the input: starting over", problems=problems)
+        if ckpt is not None:
+            discard_checkpoints(c["dir"])
+            ckpt = None
+        committed = {p: o for p, o in committed.items() if p not in stale}
+    configured = config_specs(cfg)
+    if ckpt is None:
+        g0 = read_graph(cfg["graph"]["initial"]) if cfg["graph"]["initial"] else \
+            Graph.from_edges(np.zeros(0, np.int32), [], [])
+        log.info("starting from the initial graph", vertices=g0.n, edges=g0.num_edges, queries=len(configured))
+        return StartState(g0, 0, {}, configured, committed)
+    state = ckpt.state
+    specs = [QuerySpec(**q) for q in state["queries"]]
+    known = {s.name for s in specs} | set(state["removed"])
+    specs += [s for s in configured if s.name not in known]
+    log.info("restored checkpoint", seq=state["seq"], offsets=offsets, queries=len(specs))
+    return StartState(ckpt.graph, int(state["seq"]), offsets, specs, committed, set(state["removed"]),
+                      state["control_applied"], ckpt.retired)
+
+
+def config_specs(cfg: dict) -> list[QuerySpec]:
+    """The queries of `[queries] paths`, each checked (a bad file stops the start with its line)."""
+    paths = cfg["queries"]["paths"]
+    specs = []
+    for p in query_files(paths) if paths else []:
+        text = Path(p).read_text(encoding="utf-8", errors="replace")
+        parse_query_text(text, str(p))
+        specs.append(QuerySpec(p.stem, text, cfg["queries"]["count_only"]))
+    return specs
+
+
+def discard_checkpoints(directory) -> None:
+    """Remove every checkpoint in `directory` (they belong to another topic)."""
+    root = Path(directory)
+    for old in list(root.glob("ckpt-*")) + list(root.glob(".tmp-*")):
+        shutil.rmtree(old, ignore_errors=True)
+    (root / "CURRENT").unlink(missing_ok=True)
