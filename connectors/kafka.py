@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import pyarrow as pa
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from csmd.errors import CsmdError
@@ -21,20 +21,65 @@ from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, DELTAS_V1, SCHEMA_HEADER
 from .records import Record
 
 
-def client_config(bootstrap: str, extra: dict | None = None) -> dict:
-    """Settings every client gets: the bootstrap address and the user's extra librdkafka settings."""
-    conf = {"bootstrap.servers": bootstrap}
-    conf.update({k: (v if isinstance(v, (str, int, float, bool)) else str(v)) for k, v in (extra or {}).items()})
+# Settings csmd's guarantees rest on; the user's [kafka] client/consumer/producer tables may not set them.
+FIXED = {
+    "bootstrap.servers": "[kafka] bootstrap", "group.id": "[kafka] group", "auto.offset.reset": "[kafka] offset_reset",
+    "transactional.id": "[kafka] transactional_id", "message.timeout.ms": "[delivery] timeout_s",
+    "enable.auto.commit": "csmd (it commits only delivered offsets)", "enable.auto.offset.store": "csmd",
+    "isolation.level": "csmd", "enable.idempotence": "csmd", "acks": "csmd",
+    "error_cb": "csmd", "logger": "csmd",
+}
+
+
+def librdkafka_settings(table: dict) -> dict:
+    """A TOML table of librdkafka settings as confluent-kafka takes them."""
+    return {k: (v if isinstance(v, (str, int, float, bool)) else str(v)) for k, v in table.items()}
+
+
+class _Log:
+    """librdkafka's own log lines, into the structured log at debug level: what matters in them
+    reaches error_cb as well, and a broker that is down would otherwise print hundreds of lines."""
+
+    def __init__(self, log):
+        self._log = log
+
+    def log(self, _level, fmt, *args):
+        if self._log is not None:
+            self._log.debug("librdkafka", line=fmt % args if args else fmt)
+
+
+def client_config(bootstrap: str, extra: dict | None = None, on_error=None, log=None) -> dict:
+    """Settings every client gets: the bootstrap address, the user's [kafka] client settings,
+    on_error(KafkaError) for the client's errors and librdkafka's log lines into `log`."""
+    conf = {"bootstrap.servers": bootstrap, "logger": _Log(log), **librdkafka_settings(extra or {})}
+    if on_error is not None:
+        conf["error_cb"] = on_error
     return conf
+
+
+def client(kind, conf: dict):
+    """A Consumer, Producer or AdminClient; settings librdkafka refuses together (sasl.* without
+    a password, say) are a one-line error, not a traceback."""
+    try:
+        return kind(conf)
+    except KafkaException as exc:
+        raise CsmdError(f"Kafka client settings ([kafka] client/consumer/producer): {exc.args[0].str()}") from None
+
+
+def broker_down(conf: dict, exc) -> CsmdError:
+    """The one message for a broker that does not answer, with what to do about it."""
+    return CsmdError(f"Kafka at {conf['bootstrap.servers']} does not answer ({exc.args[0].str() if exc.args else exc}); "
+                     f"start a broker there (`csmd broker` runs one locally) or set [kafka] bootstrap "
+                     f"(CSMD_KAFKA__BOOTSTRAP)")
 
 
 def ensure_topics(conf: dict, partitions: dict[str, int], replication: int = 1, timeout: float = 15.0) -> None:
     """Create the topics that do not exist yet (brokers may auto-create with the wrong partition count)."""
-    admin = AdminClient(conf)
+    admin = client(AdminClient, conf)
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
-        raise CsmdError(f"Kafka at {conf['bootstrap.servers']} does not answer: {exc}") from None
+        raise broker_down(conf, exc) from None
     new = [NewTopic(t, n, replication) for t, n in partitions.items() if t not in existing]
     for topic, fut in (admin.create_topics(new, operation_timeout=timeout) if new else {}).items():
         try:
@@ -46,9 +91,9 @@ def ensure_topics(conf: dict, partitions: dict[str, int], replication: int = 1, 
 
 def topic_partitions(conf: dict, topic: str, timeout: float = 15.0) -> list[int]:
     try:
-        md = AdminClient(conf).list_topics(topic, timeout=timeout).topics.get(topic)
+        md = client(AdminClient, conf).list_topics(topic, timeout=timeout).topics.get(topic)
     except KafkaException as exc:
-        raise CsmdError(f"Kafka at {conf['bootstrap.servers']} does not answer: {exc}") from None
+        raise broker_down(conf, exc) from None
     if md is None or md.error is not None or not md.partitions:
         raise CsmdError(f"topic {topic!r} does not exist (set [topics] create = true, or create it)")
     return sorted(md.partitions)
@@ -59,7 +104,7 @@ def input_positions(conf: dict, topic: str, group: str, timeout: float = 15.0) -
     absent where the group has none. Ends are the high watermarks of a fetch (some brokers
     answer a direct watermark query wrongly)."""
     parts = topic_partitions(conf, topic)
-    c = Consumer({**conf, "group.id": group, "enable.auto.commit": False, "fetch.wait.max.ms": 5})
+    c = client(Consumer, {**conf, "group.id": group, "enable.auto.commit": False, "fetch.wait.max.ms": 5})
     try:
         tps = c.committed([TopicPartition(topic, p) for p in parts], timeout=timeout)
         committed = {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
@@ -81,17 +126,26 @@ def input_positions(conf: dict, topic: str, group: str, timeout: float = 15.0) -
 
 
 class KafkaSource:
-    """Every partition of `topic`, from `start` offsets (partition -> next offset) or the beginning."""
+    """Every partition of `topic`, from `start` offsets (partition -> next offset).
 
-    def __init__(self, conf: dict, topic: str, group: str, start: dict[int, int] | None = None):
+    reset: where a partition without a start offset begins, and where one whose offset
+    is out of range continues: "earliest" (the whole topic) or "latest" (only what
+    arrives from now). settings: the user's librdkafka consumer settings.
+    """
+
+    def __init__(self, conf: dict, topic: str, group: str, start: dict[int, int] | None = None,
+                 reset: str = "earliest", settings: dict | None = None):
         self.topic = topic
         self.partitions = topic_partitions(conf, topic)
-        self.consumer = Consumer({
-            **conf, "group.id": group, "enable.auto.commit": False, "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest", "fetch.wait.max.ms": 5, "isolation.level": "read_committed",
+        self._on_error = conf.get("error_cb")
+        self.consumer = client(Consumer, {
+            **conf, "fetch.wait.max.ms": 5, **librdkafka_settings(settings or {}), "group.id": group,
+            "enable.auto.commit": False, "enable.auto.offset.store": False, "auto.offset.reset": reset,
+            "isolation.level": "read_committed",
         })
         start = start or {}
-        self._tps = [TopicPartition(topic, p, start.get(p, OFFSET_BEGINNING)) for p in self.partitions]
+        begin = OFFSET_BEGINNING if reset == "earliest" else OFFSET_END
+        self._tps = [TopicPartition(topic, p, start.get(p, begin)) for p in self.partitions]
         self.consumer.assign(self._tps)
 
     def poll(self, max_records: int = 500, timeout: float = 0.05) -> list[Record]:
@@ -108,8 +162,10 @@ class KafkaSource:
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
                 if err.fatal():
-                    raise CsmdError(f"Kafka consumer failed: {err}")
-                continue  # transient: librdkafka retries by itself
+                    raise CsmdError(f"Kafka consumer failed: {err.str()}")
+                if self._on_error is not None:  # transient: librdkafka retries by itself
+                    self._on_error(err)
+                continue
             out.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.value() or b"",
                               {k: v or b"" for k, v in (msg.headers() or [])}))
         return out
@@ -155,6 +211,12 @@ class KafkaSource:
         self.consumer.close()
 
 
+def producer_config(conf: dict, settings: dict | None, timeout_s: float = 120.0) -> dict:
+    """Every producer of the daemon: idempotent, acks from all replicas, the user's producer settings."""
+    return {**conf, "linger.ms": 2, **librdkafka_settings(settings or {}), "enable.idempotence": True, "acks": "all",
+            "message.timeout.ms": int(timeout_s * 1000)}
+
+
 def arrow_messages(batch: pa.RecordBatch, max_bytes: int) -> list[bytes]:
     """The batch as Arrow IPC stream messages, each under max_bytes (split by rows where needed)."""
     sink = pa.BufferOutputStream()
@@ -180,16 +242,15 @@ class KafkaSink:
     """
 
     def __init__(self, conf: dict, topic: str, max_message_bytes: int, on_failed, timeout_s: float = 120.0,
-                 transactional_id: str | None = None):
+                 transactional_id: str | None = None, settings: dict | None = None):
         self.topic, self.max_message_bytes = topic, max_message_bytes
         self._on_failed = on_failed
-        pconf = {**conf, "enable.idempotence": True, "acks": "all", "linger.ms": 2,
-                 "message.timeout.ms": int(timeout_s * 1000),
-                 "message.max.bytes": max(max_message_bytes + 65536, 1_000_000)}
+        pconf = producer_config(conf, settings, timeout_s)
+        pconf["message.max.bytes"] = max(max_message_bytes + 65536, int(pconf.get("message.max.bytes", 0)))
         if transactional_id:  # librdkafka wants a message's timeout within its transaction's
             pconf.update({"transactional.id": transactional_id,
                           "transaction.timeout.ms": max(60_000, pconf["message.timeout.ms"])})
-        self.producer = Producer(pconf)
+        self.producer = client(Producer, pconf)
         self.transactional = bool(transactional_id)
         self._in_txn = False
         if self.transactional:

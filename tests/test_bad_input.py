@@ -56,7 +56,7 @@ def test_bad_text_input(tmp_path, data, query, message):
 
 def test_missing_files(tmp_path):
     assert "nope.graph: No such file or directory" in run_match(tmp_path, tmp_path / "nope.graph", GOOD_QUERY)
-    assert "noq: no such file or directory" in run_match(tmp_path, GOOD_DATA, tmp_path / "noq")
+    assert "noq: No such file or directory" in run_match(tmp_path, GOOD_DATA, tmp_path / "noq")
 
 
 def test_bad_tables(tmp_path):

@@ -5,31 +5,49 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 from csmd.engines import BACKENDS, GPU_CONTINUOUS, resolve_backend
-from csmd.errors import CsmdError
+from csmd.errors import CsmdError, InputError, missing
+
+
+def _number(kind, text: str):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
 
 
 def _positive_int(text: str) -> int:
-    val = int(text)
+    val = _number(int, text)
     if val < 0:
         raise argparse.ArgumentTypeError("must be >= 0")
     return val
 
 
 def _batch_size(text: str) -> int:
-    val = int(text)
+    val = _number(int, text)
     if val < 1:
         raise argparse.ArgumentTypeError("must be >= 1")
     return val
 
 
 def _positive_float(text: str) -> float:
-    val = float(text)
+    val = _number(float, text)
     if not val > 0:
         raise argparse.ArgumentTypeError("must be > 0")
     return val
+
+
+def _check_output(path: Path | None) -> None:
+    """Refuse an --output that cannot be written, before any work."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise InputError(path, None, "is a directory (--output names the Arrow file to write)")
+    if not path.parent.is_dir():
+        raise missing(path.parent)
 
 
 def cmd_match(args) -> int:
@@ -39,6 +57,7 @@ def cmd_match(args) -> int:
     from csmd.cli.match import run_queries
 
     backend = resolve_backend(args.backend, gpu_engine=True)
+    _check_output(args.output)
     g = read_graph(args.data)
     paths = query_files(args.query)
     queries = [(p, read_query(p)) for p in paths]  # refuse bad queries before any work
@@ -72,19 +91,26 @@ def cmd_replay(args) -> int:
     if args.count_only and args.output:
         raise CsmdError("--output writes the matches of each delta; it cannot be combined with --count-only")
     resolve_backend(args.backend, GPU_CONTINUOUS)  # a clear error before any reading
+    _check_output(args.output)
+    if not args.stream.exists():
+        raise missing(args.stream)
     g0 = read_graph(args.data)
     queries = [(p.stem, read_query(p)) for p in query_files(args.query)]
-    if not args.stream.is_file():
-        raise CsmdError(f"{args.stream}: no such file")
     results, _ = replay(g0, args.stream, queries, batch_size=args.batch_size, count_only=args.count_only,
                         output=args.output, backend=args.backend)
     if not args.json:
-        print(f"{'query':<32} {'positive':>14} {'negative':>14} {'updates':>9} {'seconds':>9}")
+        print(f"{'query':<32} {'positive':>14} {'negative':>14} {'updates':>9} {'records':>9} {'ignored':>9} "
+              f"{'seconds':>9}")
     for res in results:
         if args.json:
             print(json.dumps(res))
         else:
-            print(f"{res['query']:<32} {res['positive']:>14} {res['negative']:>14} {res['updates']:>9} {res['seconds']:>9.3f}")
+            print(f"{res['query']:<32} {res['positive']:>14} {res['negative']:>14} {res['updates']:>9} "
+                  f"{res['records']:>9} {res['ignored']:>9} {res['seconds']:>9.3f}")
+    if results and results[0]["updates"] and results[0]["ignored"] == results[0]["updates"]:
+        print(f"csmd replay: warning: every update of {args.stream} was ignored (each inserts what the graph "
+              f"already has, or deletes what it lacks): is it the data graph rather than an update stream?",
+              file=sys.stderr)
     return 0
 
 
@@ -146,6 +172,7 @@ def cmd_demo(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="csmd", description="Streaming continuous subgraph matching.")
+    p.add_argument("--version", action="version", version=f"csmd {version('csmd')}")
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("match", help="one-shot static query: count or list the matches of queries in a graph")

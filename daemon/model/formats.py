@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from csmd.errors import InputError
+from csmd.errors import InputError, missing
 from csmd.model.graph import Graph, scalar
 
 MAX_QUERY_VERTICES = 32
@@ -268,7 +268,7 @@ def query_files(paths) -> list[Path]:
         elif p.exists():
             out.append(p)
         else:
-            raise InputError(p, None, "no such file or directory")
+            raise missing(p)
     return out
 
 

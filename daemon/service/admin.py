@@ -21,16 +21,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
 from csmd.errors import CsmdError, NotYetApplied
+from csmd.service.config import split_listen
 
 MAX_BODY = 1 << 20
-
-
-def _split_listen(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    try:
-        return host or "127.0.0.1", int(port)
-    except ValueError:
-        raise CsmdError(f"[admin] listen must be host:port, got {listen!r}") from None
 
 
 class AdminServer:
@@ -40,7 +33,7 @@ class AdminServer:
         self.daemon = daemon
         handler = type("Handler", (_Handler,), {"daemon": daemon})
         try:
-            self.httpd = ThreadingHTTPServer(_split_listen(listen), handler)
+            self.httpd = ThreadingHTTPServer(split_listen(listen), handler)
         except OSError as exc:
             raise CsmdError(f"admin endpoint cannot listen on {listen}: {exc.strerror or exc}") from None
         self.httpd.daemon_threads = True

@@ -27,6 +27,11 @@ DEFAULTS: dict[str, dict] = {
         "transactions": False,  # exactly-once: deltas and offsets in one Kafka transaction
         "transactional_id": "csmd",
         "client": {},  # extra librdkafka settings for every client (security.protocol, sasl.*, ...)
+        "consumer": {},  # librdkafka settings for the consumers only (fetch.*, queued.*, ...)
+        "producer": {},  # librdkafka settings for the producers only (linger.ms, compression.type, ...)
+        # where a partition starts with no checkpoint and no committed offset (and where one whose
+        # offset is out of range continues): "earliest" reads the whole topic, "latest" only new records
+        "offset_reset": "earliest",
     },
     "topics": {
         "input": "csmd.updates",
@@ -79,7 +84,7 @@ DEFAULTS: dict[str, dict] = {
     },
 }
 _PATHS = {("graph", "initial"), ("queries", "paths"), ("checkpoint", "dir")}
-_CHOICES = {("input", "format"): ("auto", "arrow", "json", "text"), ("pipeline", "backend"): ("auto", "cpu", "gpu"),
+_CHOICES = {("input", "format"): ("auto", "arrow", "json", "text"), ("kafka", "offset_reset"): ("earliest", "latest"), ("pipeline", "backend"): ("auto", "cpu", "gpu"),
             ("log", "format"): ("auto", "json", "console"),
             ("checkpoint", "on_mismatch"): ("fail", "rebuild"), ("log", "level"): ("debug", "info", "warning", "error")}
 _POSITIVE = {("topics", "partitions"), ("topics", "replication"), ("topics", "max_message_bytes"),
@@ -162,6 +167,9 @@ def load_config(path=None, env=None) -> dict[str, dict]:
             if section in data and key in data[section]:
                 cfg[section][key] = [str(base / p) for p in value] if isinstance(value, list) else \
                     (str(base / value) if value else value)
+    origin = {}  # (section, key) -> the file or variable that set it, for errors found below
+    if path is not None:
+        origin = {(sec, key): str(path) for sec, values in data.items() for key in values}
     for var, text in sorted(env.items()):
         if not var.startswith("CSMD_") or "__" not in var:
             continue
@@ -170,4 +178,58 @@ def load_config(path=None, env=None) -> dict[str, dict]:
             raise CsmdError(f"{var}: no setting [{section}] {key}")
         cfg[section][key] = _check(var, section, key, _from_env(text, DEFAULTS[section][key], var),
                                    DEFAULTS[section][key])
+        origin[section, key] = var
+    _check_listen(cfg["admin"]["listen"], origin.get(("admin", "listen"), "defaults"))
+    _check_librdkafka(cfg["kafka"], origin)
     return cfg
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """(host, port) of a host:port setting; CsmdError unless the port is 0 .. 65535."""
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise CsmdError(f"[admin] listen must be host:port with a port in 0 .. 65535, got {listen!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def _check_listen(listen: str, where: str) -> None:
+    if listen:
+        try:
+            split_listen(listen)
+        except CsmdError as exc:
+            raise CsmdError(f"{where}: {exc}") from None
+
+
+def _check_librdkafka(kafka: dict, origin: dict) -> None:
+    """Refuse unknown librdkafka settings, bad values and settings csmd must own, when the config
+    loads rather than when the first client is made (each error names where the setting came from).
+    Settings that only fail together (sasl.* still missing a password from the environment) are
+    reported when the daemon makes its clients."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+
+    from csmd.connectors.kafka import FIXED, librdkafka_settings
+
+    quiet = {"log_level": 0, "logger": _Silent()}
+    for table, make in (("client", None), ("consumer", Consumer), ("producer", Producer)):
+        where = origin.get(("kafka", table), "defaults")
+        for key in kafka[table]:
+            if key in FIXED:
+                raise CsmdError(f"{where}: [kafka] {table}: {key!r} is set by {FIXED[key]}, not here")
+        for cls in (Consumer, Producer) if make is None else (make,):
+            extra = {"group.id": "csmd-config-check"} if cls is Consumer else {}
+            try:
+                made = cls({**quiet, **extra, **librdkafka_settings(kafka[table])})
+            except (KafkaException, ValueError, TypeError) as exc:
+                reason = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
+                if reason.startswith("Failed to create"):  # a combination, not one setting
+                    continue
+                raise CsmdError(f"{where}: [kafka] {table}: {reason}") from None
+            if cls is Consumer:
+                made.close()
+
+
+class _Silent:
+    """A logger for the throwaway clients of the check (no broker is contacted)."""
+
+    def log(self, *args):
+        pass

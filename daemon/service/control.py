@@ -12,6 +12,7 @@ import json
 import threading
 from dataclasses import dataclass
 
+from csmd.connectors.kafka import client, producer_config
 from csmd.connectors.records import Record
 from csmd.errors import CsmdError, InputError, NotYetApplied
 from csmd.model.formats import parse_query_text
@@ -163,7 +164,7 @@ class ControlPlane:
 
         with self._lock:
             if self._requests is None:
-                self._requests = Producer({**self._conf(), "enable.idempotence": True, "acks": "all"})
+                self._requests = client(Producer, producer_config(self._conf(), self.cfg["kafka"]["producer"]))
         self._requests.produce(self.cfg["topics"]["control"], json.dumps(msg).encode(), msg["name"],
                                headers={CONTENT_TYPE: JSON}, on_delivery=delivered)
         self._requests.flush(timeout)

@@ -66,6 +66,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self._suppress: dict[int, int] = {}  # input partition -> deltas below this offset were delivered
         self._committed: dict[int, int] = {}
         self._requests = None  # producer of admin requests (outside any transaction of the daemon's)
+        self._error_logged: dict[int, float] = {}  # Kafka error code -> when it was last logged
         self._lock = threading.Lock()
         self.started = time.time()
 
@@ -91,11 +92,24 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
             ("csmd_checkpoint_seq", "gauge", "Sequence number of the last checkpoint"),
             ("csmd_seq", "gauge", "Next update sequence number"),
             ("csmd_queries", "gauge", "Registered queries"),
+            ("csmd_kafka_errors_total", "counter", "Errors reported by the Kafka clients, by code"),
         ]:
             m.describe(name, kind, text)
 
     def _conf(self) -> dict:
-        return client_config(self.cfg["kafka"]["bootstrap"], self.cfg["kafka"]["client"])
+        return client_config(self.cfg["kafka"]["bootstrap"], self.cfg["kafka"]["client"], self._kafka_error, self.log)
+
+    def _kafka_error(self, err) -> None:
+        """error_cb of every Kafka client: counted always, logged once a minute per kind (a broker
+        that is down reports the same error many times a second), fatal ones stop the daemon."""
+        self.metrics.inc("csmd_kafka_errors_total", code=err.name())
+        if err.fatal():
+            self._fail(f"Kafka client failed: {err.str()}")
+            return
+        now = time.monotonic()
+        if now - self._error_logged.get(err.code(), -1e9) >= 60:
+            self._error_logged[err.code()] = now
+            self.log.warning("kafka client error (librdkafka retries)", code=err.name(), reason=err.str())
 
     def run(self) -> int:
         t = self.cfg["topics"]
@@ -121,9 +135,10 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self.tracker = DeliveryTracker(on_done=lambda t0: self.metrics.latency.observe([time.monotonic() - t0]))
         k = self.cfg["kafka"]
         self.sink = KafkaSink(conf, t["output"], t["max_message_bytes"], self._fail, self.cfg["delivery"]["timeout_s"],
-                              k["transactional_id"] if k["transactions"] else None)
-        self.source = KafkaSource(conf, t["input"], k["group"], start)
-        self.control = KafkaSource(conf, t["control"], k["group"] + ".control", {0: self.control_applied + 1})
+                              k["transactional_id"] if k["transactions"] else None, k["producer"])
+        self.source = KafkaSource(conf, t["input"], k["group"], start, k["offset_reset"], k["consumer"])
+        self.control = KafkaSource(conf, t["control"], k["group"] + ".control", {0: self.control_applied + 1},
+                                   settings=k["consumer"])
         self._committed = dict(st.committed)
         self._suppress = {p: o for p, o in st.committed.items() if o > start.get(p, 0)}
         self._next_offsets = {p: start.get(p, 0) for p in self.source.partitions}

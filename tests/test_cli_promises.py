@@ -1,0 +1,84 @@
+"""What the command line promises: bad input is `where: reason` and exit code 2, never a traceback
+(issue 12 items 10, 11 and 14)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from csmd.connectors.broker import free_port
+
+from kafka_harness import HUMAN
+
+CSMD = [sys.executable, "-m", "csmd"]
+DATA, Q1, STREAM = HUMAN / "data.graph", HUMAN / "queries" / "Q_1.graph", HUMAN / "insertion.graph"
+
+
+def csmd(*args, env=None):
+    import os
+
+    return subprocess.run(CSMD + [str(a) for a in args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def refused(out, message: str) -> None:
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert message in out.stderr.strip().splitlines()[-1], out.stderr
+
+
+@pytest.mark.parametrize("command", ["match", "replay"])
+def test_output_that_cannot_be_written_is_refused_before_the_work(tmp_path, command):
+    extra = ["--stream", STREAM] if command == "replay" else []
+    base = [command, "--data", DATA, "--query", Q1, *extra, "--output"]
+    refused(csmd(*base, tmp_path / "nope" / "out.arrow"), f"{tmp_path / 'nope'}: No such file or directory")
+    refused(csmd(*base, tmp_path), f"{tmp_path}: is a directory")
+
+
+def test_one_wording_for_a_missing_file(tmp_path):
+    gone = tmp_path / "gone"
+    for out in (csmd("match", "--data", gone, "--query", Q1), csmd("match", "--data", DATA, "--query", gone),
+                csmd("replay", "--data", DATA, "--query", Q1, "--stream", gone), csmd("run", "--config", gone)):
+        refused(out, f"{gone}: No such file or directory")
+
+
+def test_argument_errors_name_the_argument_not_a_function():
+    out = csmd("match", "--data", DATA, "--query", Q1, "--time-limit", "abc")
+    refused(out, "argument --time-limit: not a number: 'abc'")
+    assert "_positive" not in out.stderr
+
+
+@pytest.mark.parametrize("toml, message", [
+    ('[admin]\nlisten = "127.0.0.1:70000"\n', "[admin] listen must be host:port with a port in 0 .. 65535"),
+    ('[kafka]\nclient = { "no.such.key" = 1 }\n', '[kafka] client: No such configuration property: "no.such.key"'),
+    ('[kafka]\nconsumer = { "fetch.wait.max.ms" = "soon" }\n', "[kafka] consumer: Invalid value"),
+    ('[kafka]\nproducer = { "acks" = 1 }\n', "[kafka] producer: 'acks' is set by csmd"),
+    ('[kafka]\noffset_reset = "middle"\n', "[kafka] offset_reset must be one of earliest, latest"),
+])
+def test_config_errors_are_found_when_the_config_loads(tmp_path, toml, message):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(toml)
+    refused(csmd("run", "--config", cfg), f"{cfg}: {message}")
+
+
+def test_a_broker_that_does_not_answer_is_one_line_with_a_hint(tmp_path):
+    out = csmd("run", env={"CSMD_KAFKA__BOOTSTRAP": f"127.0.0.1:{free_port()}", "CSMD_LOG__FORMAT": "json",
+                           "CSMD_ADMIN__LISTEN": ""})
+    refused(out, "does not answer")
+    assert "csmd broker" in out.stderr and len(out.stderr.strip().splitlines()) <= 2, out.stderr
+
+
+def test_version_and_the_replay_table():
+    out = csmd("--version")
+    assert out.returncode == 0 and out.stdout.startswith("csmd 0.")
+    out = csmd("replay", "--data", DATA, "--query", Q1, "--stream", STREAM)
+    header, row = out.stdout.splitlines()[:2]
+    assert header.split() == ["query", "positive", "negative", "updates", "records", "ignored", "seconds"]
+    assert row.split()[3:6] == ["4314", "4314", "0"]
+    assert "warning" not in out.stderr
+
+
+def test_a_static_graph_given_as_the_stream_is_warned_about():
+    out = csmd("replay", "--data", DATA, "--query", Q1, "--stream", DATA)
+    assert out.returncode == 0 and "every update of" in out.stderr and "data graph rather than an update stream" \
+        in out.stderr
