@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 
 import cupy as cp
 import numpy as np
@@ -125,6 +126,9 @@ class DeviceMVG:
             self.e_nbr = self.e_lab = self.e_el = cp.empty(1, cp.int32)
             self.e_ct = self.e_dt = cp.empty(1, cp.int64)
             self._view = None
+            # held while arrays are swapped (growth, new vertices) and while a reader on another
+            # stream takes the view and enqueues its launch: a growth then waits for that launch
+            self.swap = threading.RLock()
             indptr = indptr.astype(cp.int64)
             cap = cp.empty(max(n, 1), cp.int64)
             _launch("mvg_build_plan", n, (self.view(), indptr, cap))
@@ -152,13 +156,15 @@ class DeviceMVG:
         return cls(dg.labels, dg.indptr, dg.gadj, dg.gadj_el)
 
     # ---- the view kernels read --------------------------------------------------------------
-    def view(self) -> np.ndarray:
-        """The MVGView kernel argument (valid until the next growth or add_vertices)."""
+    def view(self) -> np.void:
+        """The MVGView kernel argument (valid until the next growth or add_vertices; a reader on
+        another stream takes it and launches under `swap`). A numpy structured scalar: CuPy
+        passes it by value at a third of the host cost of a one-element array."""
         if self._view is None:
             v = np.zeros(1, self._dtype)
             for name in self._dtype.names:
                 v[name] = self.n if name == "n" else getattr(self, name).data.ptr
-            self._view = v
+            self._view = v[0]
         return self._view
 
     @property
@@ -181,24 +187,25 @@ class DeviceMVG:
             (("e_nbr", "e_lab", "e_el", "e_ct", "e_dt"), entries, None)) if need > len(getattr(self, names[0]))]
         if not grow:
             return
-        cp.cuda.Device().synchronize()  # readers on other streams may still use the old arrays
-        for names, need, fill in grow:
-            size = max(need, 2 * len(getattr(self, names[0])))
-            for name in names:
-                f = -1 if name == "cur" else 0 if name == "labels" else fill
-                setattr(self, name, _grown(getattr(self, name), size, f))
-        self._view = None
+        with self.swap:
+            cp.cuda.Device().synchronize()  # readers on other streams may still use the old arrays
+            for names, need, fill in grow:
+                size = max(need, 2 * len(getattr(self, names[0])))
+                for name in names:
+                    f = -1 if name == "cur" else 0 if name == "labels" else fill
+                    setattr(self, name, _grown(getattr(self, name), size, f))
+            self._view = None
 
     # ---- vertices ------------------------------------------------------------------------------
     def add_vertices(self, labels) -> int:
         """New vertices with these labels and no version yet; returns the first new id."""
         labels = np.asarray(labels, np.int32)
         first = self.n
-        with self.stream:
+        with self.stream, self.swap:
             self._reserve(vertices=first + len(labels))
             self.labels[first: first + len(labels)] = cp.asarray(labels)
-        self.n += len(labels)
-        self._view = None
+            self.n += len(labels)
+            self._view = None
         return first
 
     # ---- the graph updater ---------------------------------------------------------------------

@@ -107,52 +107,83 @@ class GpuMatcher(StaticMatcher):
 
 
 class GpuEngine(ContinuousEngine):
-    """The continuous engine on the device: the MVG (gpu/device_mvg.py) and the executor
-    (gpu/executor.py), both on the MVG's stream.
+    """The continuous engine on the device: the MVG (gpu/device_mvg.py) with its updater on
+    one stream, the executor (gpu/executor.py) on another.
 
-    One lock orders apply, submit, release and the latest-state reads: the updater's pool
-    growth replaces arrays that a running search would still read (inter-batch overlap,
-    GU and EX on separate streams, is the next step and needs growth to wait for readers).
+    Batch k+1 is applied while batch k is matched (GUIDE section 2): the executor's stream
+    waits only for the event recorded after its own batch's apply, and the version rules
+    keep a read at batch k's timestamps blind to later batches. `_writing` orders what runs
+    on the updater's stream (apply, release, latest-state reads); a pool growth waits for
+    launches in flight through the MVG's `swap` lock.
     """
 
     name = "gpu"
 
-    def __init__(self, g0: Graph):
-        self.mvg = DeviceMVG.from_graph(g0)
-        self.executor = Executor()
-        self._lock = threading.Lock()
+    def __init__(self, g0: Graph | DeviceGraph):
+        """g0 on the host, or already on the device (a graph built there: R-MAT)."""
+        on_device = isinstance(g0, DeviceGraph)
+        self.mvg = DeviceMVG.from_device_graph(g0) if on_device else DeviceMVG.from_graph(g0)
+        self.executor = Executor(cp.cuda.Stream(non_blocking=True))
+        self._writing = threading.Lock()
+        # host copy of the labels: seeds are built on the host
+        self._labels = g0.labels.get() if on_device else np.array(g0.labels, np.int32)
+        self._n = g0.n
+        self._applied: dict[int, cp.cuda.Event] = {}  # first_seq of an applied batch -> its event
+        self._events = threading.Lock()
 
     def apply(self, batch: UpdateBatch):
-        with self._lock:
+        with self._writing:
             if len(batch.new_labels):
                 first = self.mvg.add_vertices(batch.new_labels)
                 if first != batch.first_vertex:  # the sequencer and the device disagree on vertex ids
                     raise RuntimeError(f"device MVG gave vertex id {first}, the sequencer {batch.first_vertex}")
+                self._add_labels(batch.new_labels)
             token = self.mvg.apply(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
+            event = self.mvg.stream.record()
+            with self._events:
+                if len(self._applied) > 256:  # batches nobody submitted (no query registered)
+                    self._applied.pop(next(iter(self._applied)))
+                self._applied[batch.first_seq] = event
             return [(token, token.replaced_at)] if token.count else []
 
+    def _add_labels(self, labels) -> None:
+        """Append to the host labels; a reader keeps a valid prefix (the array is swapped, not resized)."""
+        end = self._n + len(labels)
+        if end > len(self._labels):
+            grown = np.zeros(max(end, 2 * len(self._labels)), np.int32)
+            grown[: self._n] = self._labels[: self._n]
+            grown[self._n: end] = labels
+            self._labels = grown
+        else:
+            self._labels[self._n: end] = labels
+        self._n = end
+
     def release(self, tokens) -> None:
-        with self._lock:
+        with self._writing:
             self.mvg.release(tokens)
 
     def live_edge_labels(self, a, b):
-        with self._lock:
+        with self._writing:
             return self.mvg.live_edge_labels(np.asarray(a, np.int64), np.asarray(b, np.int64)).astype(np.int64)
 
     def live_neighbors(self, v: int):
-        with self._lock:
+        with self._writing:
             return self.mvg.live_neighbors(v)
 
     def live_edges(self):
-        with self._lock:
+        with self._writing:
             return self.mvg.live_edges()
 
     def prepare(self, query: ContinuousQuery) -> PreparedQuery:
         return self.executor.prepare(query)
 
     def submit(self, batch: UpdateBatch, queries: list[PreparedQuery]) -> Done:
-        with self._lock:
-            return Done(self.executor.run(self.mvg, batch, queries))
+        with self._events:  # this batch's event, and those of earlier batches that were never submitted
+            done = [s for s in self._applied if s <= batch.first_seq]
+            applied = [self._applied.pop(s) for s in done]
+        # an event dropped above: wait for everything applied so far (safe, overlaps less)
+        self.executor.stream.wait_event(applied[-1] if applied else self.mvg.stream.record())
+        return Done(self.executor.run(self.mvg, batch, queries, self._labels))
 
     def stats(self) -> EngineStats:
         return EngineStats(self.mvg.live_versions, self.mvg.memory_bytes)

@@ -8,13 +8,14 @@ its own table (the anchor's) and timestamp; counts come back per seed and are su
 (query, update) here. Materialized queries go through the bounded output buffer (each row
 ends with its seed) with pause and resume: no match is dropped.
 
-Seeds are built on the host, vectorized per anchor (a batch has at most a few thousand
-updates); two-vertex queries need no search (every seed is a match).
+Host work per batch is a few numpy calls whatever the number of queries: the anchors of
+all registered queries are one sorted table keyed by (label of x, label of y, edge label),
+and an update finds its anchors by binary search in it. The device gets one upload (the
+seeds) and gives one read-back (counts and the launch's control words together) for
+count-only queries. Two-vertex queries need no search: every seed is a match.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import cupy as cp
 import numpy as np
@@ -26,6 +27,8 @@ from .launch import i32, i64
 from .layout import CTL_IDLE, CTL_OUTN, CTL_STARTED, CTL_STOP, MAXQ, STOP_FULL, structs
 from .matcher import WARPS_PER_BLOCK, Tuning, _grid, _warp_words, query_tables
 from .module import kernel
+
+_SEQ_BITS = 40  # (query, seq) in one int64 key: sequence numbers stay below 2^40
 
 
 class PreparedQuery:
@@ -41,159 +44,189 @@ class PreparedQuery:
             orders[i, : self.n] = a.order
         self.tables, el = query_tables(QueryBatch.pack([query.q] * na), orders)
         self.el = np.zeros((na, MAXQ * MAXQ), np.int32) if el is None else el.astype(np.int32)
-        labels = np.asarray(query.q.labels)
-        # (x, y, edge label, label of x, label of y) per anchor
-        self.anchors = [(a.x, a.y, a.el, int(labels[a.x]), int(labels[a.y])) for a in query.anchors]
+        labels = np.asarray(query.q.labels, np.int64)
+        self.x = np.array([a.x for a in query.anchors], np.int64)
+        self.y = np.array([a.y for a in query.anchors], np.int64)
+        self.anchor_el = np.array([a.el for a in query.anchors], np.int64)
+        self.lx, self.ly = labels[self.x], labels[self.y]
 
 
-@dataclass
-class _Seeds:
-    """The seeds of one batch for a group of queries (host arrays, one entry per seed)."""
-
-    a: np.ndarray  # image of the anchor's x
-    b: np.ndarray  # image of its y
-    seq: np.ndarray  # the update's timestamp
-    query: np.ndarray  # index of the query in the group
-    tab: np.ndarray  # index of the anchor's table in the group's tables
+def _index(values: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Position of each x in the sorted values, -1 where it is absent."""
+    i = np.minimum(np.searchsorted(values, x), len(values) - 1)
+    return np.where(values[i] == x, i, -1)
 
 
-def _seeds(queries: list[PreparedQuery], batch: UpdateBatch, la: np.ndarray, lb: np.ndarray) -> _Seeds:
-    ea, eb = np.asarray(batch.edge_a, np.int64), np.asarray(batch.edge_b, np.int64)
-    el, seq = np.asarray(batch.edge_label), np.asarray(batch.edge_seq, np.int64)
-    parts = []
-    tab = 0
-    for qi, pq in enumerate(queries):
-        for x, y, ael, lx, ly in pq.anchors:
-            fit = el == ael
-            fwd = np.flatnonzero(fit & (la == lx) & (lb == ly))
-            rev = np.flatnonzero(fit & (lb == lx) & (la == ly))
-            k = len(fwd) + len(rev)
-            if k:
-                parts.append((np.concatenate([ea[fwd], eb[rev]]), np.concatenate([eb[fwd], ea[rev]]),
-                              np.concatenate([seq[fwd], seq[rev]]), np.full(k, qi), np.full(k, tab)))
-            tab += 1
-    if not parts:
-        e = np.zeros(0, np.int64)
-        return _Seeds(e, e, e, e, e)
-    return _Seeds(*(np.concatenate(c) for c in zip(*parts)))
+class _Group:
+    """The queries of one kind (count-only or materialized) as the kernel sees them: their
+    tables on the device, and every anchor in one table sorted by its key. Built when the
+    registered queries change, reused for every batch until then."""
+
+    def __init__(self, queries: list[PreparedQuery]):
+        self.queries = queries
+        cat = np.concatenate
+        self.tab_query = cat([np.full(len(pq.x), i) for i, pq in enumerate(queries)])
+        self.x, self.y = cat([pq.x for pq in queries]), cat([pq.y for pq in queries])
+        tables = cat([pq.tables for pq in queries])
+        self.size = tables[:, 0].astype(np.int64)
+        self.nmax = int(self.size.max())
+        self.width = self.nmax + 1  # the seed in the last column
+        tables[:, 1] = self.width
+        tables[:, 2] = 0  # no count_last on the MVG
+        self.tables, self.el = cp.asarray(tables), cp.asarray(cat([pq.el for pq in queries]))
+        lx, ly, ael = cat([pq.lx for pq in queries]), cat([pq.ly for pq in queries]), cat([pq.anchor_el for pq in queries])
+        self.labels, self.elabels = np.unique(cat([lx, ly])), np.unique(ael)
+        key = self._key(_index(self.labels, lx), _index(self.labels, ly), _index(self.elabels, ael))
+        self.order = np.argsort(key, kind="stable")
+        self.keys = key[self.order]
+
+    def _key(self, ix, iy, ie):
+        nl, ne = len(self.labels), len(self.elabels)
+        return np.where((ix >= 0) & (iy >= 0) & (ie >= 0), (ix * nl + iy) * ne + ie, -1)
+
+    def seeds(self, batch: UpdateBatch, labels: np.ndarray):
+        """(a, b, seq, table) of every seed of the batch: each update against each anchor its
+        (label, label, edge label) fits, in both orientations."""
+        ea, eb = np.asarray(batch.edge_a, np.int64), np.asarray(batch.edge_b, np.int64)
+        seq = np.asarray(batch.edge_seq, np.int64)
+        ia, ib = _index(self.labels, labels[ea]), _index(self.labels, labels[eb])
+        ie = _index(self.elabels, np.asarray(batch.edge_label, np.int64))
+        parts = []
+        for src, dst, key in ((ea, eb, self._key(ia, ib, ie)), (eb, ea, self._key(ib, ia, ie))):
+            lo = np.searchsorted(self.keys, key, "left")
+            cnt = np.where(key >= 0, np.searchsorted(self.keys, key, "right") - lo, 0)
+            u = np.repeat(np.arange(len(key)), cnt)
+            within = np.arange(len(u)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+            parts.append((src[u], dst[u], seq[u], self.order[lo[u] + within]))
+        return [np.concatenate(c) for c in zip(*parts)]
 
 
 class Executor:
-    """Runs the versioned search; keeps the task queue between batches."""
+    """Runs the versioned search on its own stream; keeps the task queue between batches."""
 
-    def __init__(self, tuning: Tuning | None = None):
+    def __init__(self, stream: cp.cuda.Stream, tuning: Tuning | None = None):
+        self.stream = stream
         self.tuning = tuning or Tuning()
         self._queue = self._ready = None
+        self._groups: dict[tuple, _Group] = {}
 
     def prepare(self, query: ContinuousQuery) -> PreparedQuery:
         return PreparedQuery(query)
 
-    def run(self, mvg, batch: UpdateBatch, queries: list[PreparedQuery]) -> dict[str, Matches]:
-        """Every query's matches (or per-update counts) for the batch's edge updates, on mvg's
-        stream (after the batch's apply). Queries without matches are absent."""
+    def _group(self, queries: list[PreparedQuery]) -> _Group:
+        key = tuple(id(pq) for pq in queries)
+        grp = self._groups.get(key)
+        if grp is None:  # cached groups hold their queries, so an id is not reused while cached
+            if len(self._groups) >= 8:
+                self._groups.clear()
+            grp = self._groups[key] = _Group(queries)
+        return grp
+
+    def run(self, mvg, batch: UpdateBatch, queries: list[PreparedQuery], labels: np.ndarray) -> dict[str, Matches]:
+        """Every query's matches (or per-update counts) for the batch's edge updates, on the
+        executor's stream (the caller made it wait for the batch's apply). labels: the
+        vertex labels on the host. Queries without matches are absent."""
         out: dict[str, Matches] = {}
         if not len(batch.edge_seq) or not queries:
             return out
-        with mvg.stream:
-            ends = cp.asarray(np.concatenate([batch.edge_a, batch.edge_b]).astype(np.int64))
-            lab = mvg.labels[ends].get()
-        k = len(batch.edge_seq)
-        la, lb = lab[:k], lab[k:]
         for count_only in (True, False):
             group = [pq for pq in queries if pq.count_only == count_only]
             if group:
-                out.update(self._group(mvg, group, _seeds(group, batch, la, lb), emit=not count_only))
+                out.update(self._matches(mvg, self._group(group), batch, labels, emit=not count_only))
         return out
 
-    def _group(self, mvg, group: list[PreparedQuery], s: _Seeds, emit: bool) -> dict[str, Matches]:
-        tables = np.concatenate([pq.tables for pq in group])
-        el = np.concatenate([pq.el for pq in group])
-        sizes = tables[s.tab, 0]
-        two = sizes == 2  # the seed is the match
-        big = np.flatnonzero(~two)
-        counts = np.zeros(len(s.seq), np.int64)
-        counts[two] = 1
-        rows_of = [np.flatnonzero(two)]  # seeds whose rows are (a, b) at (x, y)
+    def _matches(self, mvg, grp: _Group, batch: UpdateBatch, labels, emit: bool) -> dict[str, Matches]:
+        a, b, seq, tab = grp.seeds(batch, labels)
+        if not len(seq):
+            return {}
+        big = grp.size[tab] > 2  # a two-vertex anchor's seed is its match
+        counts = np.ones(len(seq), np.int64)
         found = []  # (rows, seed) from the search
-        if len(big):
-            c, rows = self._search(mvg, tables, el, s, big, emit)
-            counts[big] = c
-            found = rows
-        result = {}
-        for qi, pq in enumerate(group):
-            mine = s.query == qi
-            if not emit:
-                hit = mine & (counts > 0)
-                if hit.any():
-                    seqs, inv = np.unique(s.seq[hit], return_inverse=True)
-                    result[pq.name] = Matches(seqs, counts=np.bincount(inv, counts[hit]).astype(np.int64))
-                continue
-            parts_rows, parts_seq = [], []
-            two_mine = rows_of[0][mine[rows_of[0]]]
-            if len(two_mine):
-                r = np.zeros((len(two_mine), 2), np.int32)
-                tabs = s.tab[two_mine]
-                first = sum(len(p.anchors) for p in group[:qi])
-                for ai, (ax, ay, *_rest) in enumerate(pq.anchors):
-                    sel = tabs == first + ai
-                    r[sel, ax], r[sel, ay] = s.a[two_mine[sel]], s.b[two_mine[sel]]
-                parts_rows.append(r)
-                parts_seq.append(s.seq[two_mine])
-            for rows, seed in found:
-                sel = s.query[seed] == qi
-                if sel.any():
-                    parts_rows.append(rows[sel, : pq.n])
-                    parts_seq.append(s.seq[seed[sel]])
-            if parts_rows:
-                result[pq.name] = Matches(np.concatenate(parts_seq), rows=np.concatenate(parts_rows).astype(np.int32))
-        return result
+        if big.any():
+            which = np.flatnonzero(big)
+            counts[which], found = self._search(mvg, grp, a[which], b[which], seq[which], tab[which], emit)
+            found = [(rows, which[seed]) for rows, seed in found]
+        query = grp.tab_query[tab]
+        if not emit:
+            return _count_matches(grp.queries, query, seq, counts)
+        two = np.flatnonzero(~big)
+        rows2 = np.zeros((len(two), grp.nmax), np.int32)
+        r = np.arange(len(two))
+        rows2[r, grp.x[tab[two]]], rows2[r, grp.y[tab[two]]] = a[two], b[two]
+        rows = [rows2] + [r[:, : grp.nmax] for r, _ in found]
+        seeds = np.concatenate([two] + [s for _, s in found])
+        return _row_matches(grp.queries, query[seeds], seq[seeds], np.concatenate(rows))
 
-    def _search(self, mvg, tables: np.ndarray, el: np.ndarray, s: _Seeds, which: np.ndarray, emit: bool):
-        """Search the seeds `which`: (matches per seed, [(rows, seed index) per drain])."""
-        S = len(which)
-        nmax = int(tables[:, 0].max())
-        width = nmax + 1  # the seed in the last column
-        tables = tables.copy()
-        tables[:, 1] = width
-        tables[:, 2] = 0  # no count_last on the MVG
+    def _search(self, mvg, grp: _Group, a, b, seq, tab, emit: bool):
+        """Search the seeds: (matches per seed, [(rows, seed index) per drain])."""
+        S = len(seq)
         fn = kernel("matcher", "match_at")
-        smem = WARPS_PER_BLOCK * 8 * _warp_words(nmax)
+        smem = WARPS_PER_BLOCK * 8 * _warp_words(grp.nmax)
         fn.max_dynamic_shared_size_bytes = smem
         blocks = _grid(fn, smem, self.tuning.max_blocks_per_sm)
         tn = self.tuning
         found = []
-        with mvg.stream:
+        with self.stream:
             if self._queue is None:
                 self._queue = cp.empty(tn.queue_tasks * structs().task, cp.uint8)
                 self._ready = cp.zeros(tn.queue_tasks, cp.int32)
-            pool = np.full((S, 32, 2), -1, np.int32)
-            pool[:, 0, 0], pool[:, 0, 1] = s.a[which], s.b[which]
-            pool = cp.asarray(pool.reshape(-1))
-            seed_tab = cp.asarray(s.tab[which].astype(np.int32))
-            seed_T = cp.asarray(s.seq[which].astype(np.int64))
+            dev = cp.asarray(np.stack([a, b, seq, tab]))  # the one upload
+            pool = cp.full((S, 32, 2), -1, cp.int32)
+            pool[:, 0, 0], pool[:, 0, 1] = dev[0], dev[1]
+            seed_tab, seed_T = dev[3].astype(cp.int32), dev[2]
             chunk_q = cp.arange(S, dtype=cp.int32)
-            dev_tables, dev_el = cp.asarray(tables), cp.asarray(el)
-            ctl = cp.zeros(8, cp.uint64)
-            state = cp.zeros(blocks * WARPS_PER_BLOCK * _warp_words(nmax), cp.uint64)
-            counts = cp.zeros(S, cp.uint64)
+            buf = cp.zeros(8 + S, cp.uint64)  # the control words, then the count of each seed
+            ctl, counts = buf[:8], buf[8:]
+            state = cp.empty(blocks * WARPS_PER_BLOCK * _warp_words(grp.nmax), cp.uint64)
             out_cap = max(32, tn.out_rows) if emit else 0
-            out = cp.empty(max(1, out_cap * width), cp.int32)
+            out = cp.empty(max(1, out_cap * grp.width), cp.int32)
             resume = False
             while True:
-                ctl[CTL_IDLE:CTL_OUTN + 1] = 0
-                ctl[CTL_STARTED] = 0
-                fn((blocks,), (WARPS_PER_BLOCK * 32,), (
-                    mvg.view(), i32(nmax), dev_tables, dev_el, seed_tab, seed_T, pool, chunk_q, i64(S * 32), ctl,
-                    self._queue, self._ready, i64(tn.queue_tasks), state, counts, i32(resume), i32(emit), out,
-                    i64(out_cap), i64(0), i64(int(tn.offload_us * 1e3))), shared_mem=smem)
+                with mvg.swap:  # the view stays valid until the launch is enqueued
+                    fn((blocks,), (WARPS_PER_BLOCK * 32,), (
+                        mvg.view(), i32(grp.nmax), grp.tables, grp.el, seed_tab, seed_T, pool.reshape(-1), chunk_q,
+                        i64(S * 32), ctl, self._queue, self._ready, i64(tn.queue_tasks), state, counts, i32(resume),
+                        i32(emit), out, i64(out_cap), i64(0), i64(int(tn.offload_us * 1e3))), shared_mem=smem)
+                if not emit:
+                    host = buf.get()
+                    if host[CTL_STOP]:
+                        raise RuntimeError(f"match_at stopped early ({int(host[CTL_STOP])})")
+                    return host[8:].astype(np.int64), found
                 c = ctl.get()
-                if emit and c[CTL_OUTN]:
+                if c[CTL_OUTN]:
                     k = int(c[CTL_OUTN])
-                    rows = out[: k * width].reshape(k, width).get()
-                    found.append((rows, which[rows[:, -1]]))
+                    rows = out[: k * grp.width].reshape(k, grp.width).get()
+                    found.append((rows, rows[:, -1].astype(np.int64)))
                 if c[CTL_STOP] == 0:
-                    break
+                    return counts.get().astype(np.int64), found
                 if c[CTL_STOP] != STOP_FULL:
                     raise RuntimeError(f"match_at stopped early ({int(c[CTL_STOP])})")
+                ctl[CTL_IDLE:CTL_OUTN + 1] = 0
+                ctl[CTL_STARTED] = 0
                 resume = True
-            return counts.get().astype(np.int64), found
+
+
+def _by_query(query: np.ndarray):
+    """(query index, positions) for each query present, positions in their original order."""
+    order = np.argsort(query, kind="stable")
+    present, starts = np.unique(query[order], return_index=True)
+    return zip(present, np.split(order, starts[1:]))
+
+
+def _count_matches(queries, query, seq, counts) -> dict[str, Matches]:
+    """Per query, the updates with matches and their numbers (exact int64 sums)."""
+    hit = counts > 0
+    key = (query[hit].astype(np.int64) << _SEQ_BITS) | seq[hit]
+    order = np.argsort(key, kind="stable")
+    key, c = key[order], counts[hit][order]
+    if not len(key):
+        return {}
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    ukey, sums = key[first], np.add.reduceat(c, first)
+    uq = ukey >> _SEQ_BITS
+    return {queries[qi].name: Matches(ukey[pos] & ((1 << _SEQ_BITS) - 1), counts=sums[pos])
+            for qi, pos in _by_query(uq)}
+
+
+def _row_matches(queries, query, seq, rows) -> dict[str, Matches]:
+    return {queries[qi].name: Matches(seq[pos], rows=rows[pos, : queries[qi].n]) for qi, pos in _by_query(query)}

@@ -8,21 +8,20 @@ import sys
 import numpy as np
 import pytest
 
-from csmd.engines import GPU_CONTINUOUS, continuous_engine, gpu_unavailable_reason
+from csmd.engines import continuous_engine, gpu_unavailable_reason
 from csmd.errors import CsmdError
 from csmd.model.graph import Graph
 
 G = Graph.from_edges(np.array([0, 0, 1], np.int32), [0, 1], [1, 2])
 
 
-def test_cpu_and_auto_without_a_gpu_engine_run_on_the_cpu():
+def test_cpu_runs_on_the_cpu_and_auto_on_the_gpu_where_there_is_one():
     assert continuous_engine("cpu", G).name == "cpu"
-    if gpu_unavailable_reason() is not None or not GPU_CONTINUOUS:
-        assert continuous_engine("auto", G).name == "cpu"
+    assert continuous_engine("auto", G).name == ("cpu" if gpu_unavailable_reason() else "gpu")
 
 
-def test_gpu_without_a_gpu_engine_is_a_clear_error_naming_the_setting():
-    if gpu_unavailable_reason() is None and GPU_CONTINUOUS:
+def test_gpu_without_a_gpu_is_a_clear_error_naming_the_setting():
+    if gpu_unavailable_reason() is None:
         pytest.skip("the GPU continuous engine runs here")
     with pytest.raises(CsmdError, match=r"^\[pipeline\] backend gpu: .*use \[pipeline\] backend cpu or auto"):
         continuous_engine("gpu", G, "[pipeline] backend")
@@ -31,7 +30,7 @@ def test_gpu_without_a_gpu_engine_is_a_clear_error_naming_the_setting():
 
 
 def test_replay_backend_gpu_is_exit_2_with_reason(tmp_path):
-    if gpu_unavailable_reason() is None and GPU_CONTINUOUS:
+    if gpu_unavailable_reason() is None:
         pytest.skip("the GPU continuous engine runs here")
     (tmp_path / "g.graph").write_text("v 1 0\nv 2 0\ne 1 2\n")
     (tmp_path / "s.txt").write_text("e 1 3\n")

@@ -8,13 +8,13 @@ from csmd.cli.replay import replay
 
 
 @pytest.mark.parametrize("batch_size", [64])
-def test_human_insertion_stream_all_40_queries_at_once(batch_size):
+def test_human_insertion_stream_all_40_queries_at_once(batch_size, backend):
     root = dataset("human")
     expected = read_expected(root / "expected_insert_counts.txt")
     assert len(expected) == 40
     queries = [(name, read_query(root / "queries" / f"{name}.graph")) for name in expected]
     results, pipe = replay(read_graph(root / "data.graph"), root / "insertion.graph", queries,
-                           batch_size=batch_size, count_only=True, show_progress=False)
+                           batch_size=batch_size, count_only=True, show_progress=False, backend=backend)
     got = {r["query"]: (r["positive"], r["negative"]) for r in results}
     assert got == {name: (count, 0) for name, count in expected.items()}
     assert results[0]["updates"] == 4314

@@ -8,7 +8,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from csmd.engines import BACKENDS, GPU_CONTINUOUS, resolve_backend
+from csmd.engines import BACKENDS, resolve_backend
 from csmd.errors import CsmdError, InputError, missing
 
 
@@ -56,7 +56,7 @@ def cmd_match(args) -> int:
     from csmd.cli.progress import Progress
     from csmd.cli.match import run_queries
 
-    backend = resolve_backend(args.backend, gpu_engine=True)
+    backend = resolve_backend(args.backend)
     _check_output(args.output)
     g = read_graph(args.data)
     paths = query_files(args.query)
@@ -90,7 +90,7 @@ def cmd_replay(args) -> int:
 
     if args.count_only and args.output:
         raise CsmdError("--output writes the matches of each delta; it cannot be combined with --count-only")
-    resolve_backend(args.backend, GPU_CONTINUOUS)  # a clear error before any reading
+    resolve_backend(args.backend)  # a clear error before any reading
     _check_output(args.output)
     if not args.stream.exists():
         raise missing(args.stream)

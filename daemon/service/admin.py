@@ -144,7 +144,8 @@ def _match(daemon, body: dict) -> dict:
     name = body.get("name") or "query"
     q = parse_query_text(text, name)
     g, seq = daemon.live_graph()
-    res = run_query(g, q, name, distinct=bool(body.get("distinct", False)), limit=body.get("limit"),
+    res = run_query(g, q, name, backend=daemon.pipe.engine.name, distinct=bool(body.get("distinct", False)),
+                    limit=body.get("limit"),
                     time_limit=body.get("time_limit"))
     return {**res, "seq": seq, "vertices": g.n, "edges": g.num_edges}
 
