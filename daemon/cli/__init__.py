@@ -239,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="embedded broker + daemon + the human stream, with live delta counts")
     demo.add_argument("--config", type=Path, default=Path("configs/demo.toml"))
     demo.add_argument("--rate", type=float, default=500.0, help="updates per second to produce (default 500)")
+    demo.add_argument("--keep", action="store_true",
+                      help="after the stream, keep the broker and the daemon up for `csmd admin` until Ctrl-C")
     demo.set_defaults(func=cmd_demo)
     return p
 

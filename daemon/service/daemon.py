@@ -202,7 +202,10 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
             "dead_letters": self.metrics.get("csmd_dead_letters_total"),
             "lag": self.metrics.series("csmd_consumer_lag"),
             "ignored": dict(self.pipe.ignored), "gc_live_versions": self.pipe.engine_stats()["live_versions"],
-            "offsets": dict(self._next_offsets),
+            "offsets": dict(self._next_offsets),  # handed to the pipeline
+            # records done (executed, deltas acknowledged), as the next offset of the done prefix
+            "acknowledged": {p: o for (topic, p), o in self.tracker.committable().items()
+                             if topic == self.cfg["topics"]["input"]},
             "queries": {n: {"positive": t[0], "negative": t[1]} for n, t in self.totals.items() if n in self.specs},
         }
 
