@@ -49,4 +49,5 @@ def test_csmd_broker_on_a_port_in_use_says_so():
         port = s.getsockname()[1]
         out = subprocess.run(CSMD + ["broker", "--port", str(port)], capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
-    assert out.stderr.strip() == f"csmd broker: error: port {port} is in use (another broker?); --port 0 picks a free one"
+    assert out.stderr.strip() == \
+        f"csmd broker: error: port {port} is in use (another broker?); --port 0 picks a free one"

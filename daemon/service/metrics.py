@@ -167,12 +167,10 @@ class Metrics:
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=self.registry)
         self._series = {name: kind(name, text, labels, registry=self.registry) for name, kind, text, labels in _SERIES}
-        self._read = {
-            "csmd_ignored_updates_total": _KeptElsewhere("csmd_ignored_updates_total", "Updates that changed nothing, by reason",
-                                                ("reason",), {(r,): 0 for r in IGNORED_REASONS}),
-            "csmd_gc_released_total": _KeptElsewhere("csmd_gc_released_total", "Versions released by the garbage collector",
-                                            (), {(): 0}),
-        }
+        self._read = {c.name: c for c in (
+            _KeptElsewhere("csmd_ignored_updates_total", "Updates that changed nothing, by reason", ("reason",),
+                           {(r,): 0 for r in IGNORED_REASONS}),
+            _KeptElsewhere("csmd_gc_released_total", "Versions released by the garbage collector", (), {(): 0}))}
         for collector in self._read.values():
             self.registry.register(collector)
         self.latency = LatencyHistogram()
@@ -205,7 +203,7 @@ class Metrics:
             self.inc("csmd_deltas_total", 0, query=name, sign=sign)
 
     def _samples(self, name: str):
-        collector = self._series.get(name) or self._read[name]
+        collector = self._series[name] if name in self._series else self._read[name]
         return [s for fam in collector.collect() for s in fam.samples]
 
     def series(self, name: str) -> dict[str, float]:
