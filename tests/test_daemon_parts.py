@@ -17,9 +17,10 @@ from csmd.service.delivery import DeliveryTracker
 from csmd.errors import CsmdError
 from csmd.model.formats import Update, read_graph, read_updates
 from csmd.service.metrics import LatencyHistogram, Metrics
+from csmd.pipeline.sequencer import IGNORED_REASONS
 from csmd.pipeline.stages import Pipeline
 
-from kafka_harness import HUMAN
+from kafka_harness import HUMAN, metric, samples
 
 
 # ---- config ------------------------------------------------------------------------------------------
@@ -212,23 +213,46 @@ def test_histogram_quantiles_are_within_a_bucket_of_numpy():
     h.observe(x)
     for q in (0.5, 0.9, 0.99):
         assert np.quantile(x, q) <= h.quantile(q) <= np.quantile(x, q) * 2 ** (1 / 8) * 1.001
-    text = Metrics().prometheus()
-    assert 'csmd_update_latency_seconds_bucket{le="+Inf"} 0' in text
-    lines = h.prometheus("lat", "help")
-    buckets = [int(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("lat_bucket")]
-    assert buckets == sorted(buckets) and buckets[-1] == len(x)
-    le_01 = next(int(line.rsplit(" ", 1)[1]) for line in lines if 'le="0.1"' in line)
+
+
+def test_the_latency_histogram_folds_into_standard_buckets():
+    m = Metrics()
+    assert metric(m.prometheus(), "csmd_update_latency_seconds_bucket", le="+Inf") == 0
+    x = np.random.default_rng(1).lognormal(-5, 2, 20000)
+    m.latency.observe(x)
+    text = m.prometheus()
+    buckets = sorted((float(dict(labels)["le"]), v) for (name, labels), v in samples(text).items()
+                     if name == "csmd_update_latency_seconds_bucket")
+    counts = [v for _, v in buckets]
+    assert counts == sorted(counts) and counts[-1] == len(x) == metric(text, "csmd_update_latency_seconds_count")
+    assert abs(metric(text, "csmd_update_latency_seconds_sum") - x.sum()) < 1e-6 * x.sum()
+    le_01 = dict(buckets)[0.1]
     assert abs(le_01 - (x <= 0.1).sum()) <= (abs(x - 0.1) < 0.01).sum()
 
 
 def test_metrics_text_format():
     m = Metrics()
-    m.describe("csmd_deltas_total", "counter", "Deltas")
     m.inc("csmd_deltas_total", 3, query='Q"1', sign="+")
     m.inc("csmd_deltas_total", 2, query='Q"1', sign="+")
     text = m.prometheus()
     assert "# TYPE csmd_deltas_total counter" in text
-    assert 'csmd_deltas_total{query="Q\\"1",sign="+"} 5' in text
+    assert 'csmd_deltas_total{query="Q\\"1",sign="+"} 5.0' in text
+    assert m.get("csmd_deltas_total", sign="+", query='Q"1') == 5
+    assert metric(text, "process_cpu_seconds_total") > 0, "the standard process metrics"
+
+
+def test_every_reason_the_sequencer_ignores_an_update_for_is_exported():
+    """The metric shows IGNORED_REASONS from the start; the sequencer counts under no other name."""
+    ups = [Update("e", 1, 1), Update("e", 1, 2), Update("e", 1, 2), Update("-e", 10**9, 10**9 + 1), Update("v", 1, 0),
+           Update("-v", 10**9)]
+    pipe = Pipeline(read_graph(HUMAN / "data.graph"), threaded=False)
+    pipe.run(iter(ups), lambda r: None)
+    assert set(pipe.ignored) == set(IGNORED_REASONS)
+    m = Metrics()
+    assert {dict(labels)["reason"] for (name, labels), v in samples(m.prometheus()).items()
+            if name == "csmd_ignored_updates_total" and v == 0} == set(IGNORED_REASONS)
+    m.bind("csmd_ignored_updates_total", lambda: {(r,): pipe.ignored[r] for r in IGNORED_REASONS})
+    assert m.get("csmd_ignored_updates_total", reason="self_loop") == 1
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------------

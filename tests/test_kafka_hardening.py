@@ -1,4 +1,4 @@
-"""The daemon's promises under bad records, restarts and backpressure (issue 12, items 1-6).
+"""The daemon's promises under bad records, restarts and backpressure; its metrics (issue 12).
 
 Truth: `csmd replay` of the same stream (the reference fixture of test_kafka_daemon)
 and the dead-letter topic read back.
@@ -7,6 +7,7 @@ and the dead-letter topic read back.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 
 from csmd.connectors.broker import EmbeddedBroker, free_port
 
-from kafka_harness import DaemonProcess, Proxy, Topics, human_lines, kill_leftovers
+from kafka_harness import REPO, DaemonProcess, Proxy, Topics, human_lines, kill_leftovers, metric, samples
 from test_kafka_daemon import _arrow, dedup, reference, rows_of, start  # noqa: F401 (reference is a fixture)
 
 
@@ -27,10 +28,6 @@ from test_kafka_daemon import _arrow, dedup, reference, rows_of, start  # noqa: 
 def _no_leftover_daemons():
     yield
     kill_leftovers()
-
-
-def _metric(text: str, name: str) -> list[float]:
-    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)]
 
 
 def test_an_idle_bad_record_and_ids_beyond_int64_are_dead_lettered_and_never_sent_twice(tmp_path, kafka_bootstrap):
@@ -62,8 +59,9 @@ def test_an_idle_bad_record_and_ids_beyond_int64_are_dead_lettered_and_never_sen
     d = DaemonProcess(cfg, tmp_path / "d2.log", port)
     d.wait_offset(len(bad) + len(lines))
     metrics = d.get("/metrics")
-    assert _metric(metrics, "csmd_updates_total ") == [len(lines)]
-    assert sum(_metric(metrics, "csmd_deltas_total{")) == 0, "re-read deltas were not published"
+    assert metric(metrics, "csmd_updates_total") == len(lines)
+    assert sum(v for (name, _), v in samples(metrics).items() if name == "csmd_deltas_total") == 0, \
+        "re-read deltas were not published"
     assert d.stop() == 0
     assert len(t.read(t.dead_letter)) == len(bad), "dead letters of re-read records are not sent again"
     assert len(t.deltas()) == deltas_before
@@ -168,3 +166,26 @@ def test_an_uncaught_exception_is_a_log_record_in_the_log_format():
     records = [json.loads(line) for line in out.stderr.splitlines()]
     assert [r["event"] for r in records] == ["thread crashed", "crashed"]
     assert "ZeroDivisionError" in records[0]["exception"] and "RuntimeError: boom" in records[1]["exception"]
+
+
+def test_every_metric_the_readme_lists_is_on_metrics_from_the_start(tmp_path, kafka_bootstrap):
+    """Item 12: prometheus-client metrics; each listed series exists before the first record,
+    counters at 0, with the process metrics beside them."""
+    t, cfg, port = start(tmp_path, kafka_bootstrap, queries=["Q_1", "Q_2"])
+    d = DaemonProcess(cfg, tmp_path / "d.log", port)
+    text = d.get("/metrics")
+    readme = (REPO / "README.md").read_text()
+    listed = re.findall(r"`(csmd_[a-z_]+)(?:\{([a-z,]+)\})?`", readme.split("The metrics are:")[1].split("\n## ")[0])
+    assert len(listed) >= 14
+    got = samples(text)
+    for name, labels in listed:
+        found = [dict(lab) for (n, lab) in got if n in (name, name + "_bucket")]
+        assert found, f"{name} is missing from /metrics at start"
+        assert all(set(lab) - {"le"} == set(labels.split(",")) - {""} for lab in found), (name, found)
+        if name.endswith("_total"):
+            assert all(v == 0 for (n, _), v in got.items() if n == name), name
+    assert {(q, s) for q in ("Q_1", "Q_2") for s in "+-"} == \
+        {(dict(lab)["query"], dict(lab)["sign"]) for (n, lab) in got if n == "csmd_deltas_total"}
+    for standard in ("process_cpu_seconds_total", "process_resident_memory_bytes", "python_info"):
+        assert any(n == standard for n, _ in got), standard
+    assert d.stop() == 0

@@ -164,6 +164,12 @@ def _read_text(path: Path) -> str:
         raise CsmdError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
+def cmd_broker(args) -> int:
+    from csmd.cli.broker import run_broker
+
+    return run_broker(args)
+
+
 def cmd_demo(args) -> int:
     from csmd.cli.demo import run_demo
 
@@ -224,9 +230,17 @@ def build_parser() -> argparse.ArgumentParser:
     acts.add_parser("health", help="whether the daemon is running")
     a.set_defaults(func=cmd_admin)
 
+    b = sub.add_parser("broker", help="the embedded Kafka broker alone (prints its bootstrap address)")
+    b.add_argument("--port", type=_positive_int,
+                   help="port on 127.0.0.1 (default: the default config's, 9092; 0: any free port)")
+    b.add_argument("--log", type=Path, help="append the broker's own log to this file (default: discarded)")
+    b.set_defaults(func=cmd_broker)
+
     demo = sub.add_parser("demo", help="embedded broker + daemon + the human stream, with live delta counts")
     demo.add_argument("--config", type=Path, default=Path("configs/demo.toml"))
     demo.add_argument("--rate", type=float, default=500.0, help="updates per second to produce (default 500)")
+    demo.add_argument("--keep", action="store_true",
+                      help="after the stream, keep the broker and the daemon up for `csmd admin` until Ctrl-C")
     demo.set_defaults(func=cmd_demo)
     return p
 

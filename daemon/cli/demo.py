@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pyarrow.ipc as ipc
 
+from csmd.cli.live import Window, query_table, status_line
 from csmd.connectors.broker import EmbeddedBroker, free_port
 
 from csmd.service.admin import call
@@ -44,10 +45,17 @@ class _Totals:
         self.lock = threading.Lock()
         self.by_query: dict[str, list[int]] = {}
         self.records = 0
+        self.count = 0  # deltas, or matches of count-only queries (each delta's count)
+
+    def table(self, expected: dict[str, int], top: int | None) -> list[str]:
+        with self.lock:
+            by_query = {q: list(v) for q, v in self.by_query.items()}
+        return query_table(by_query, expected, top)
 
     def add(self, table) -> None:
         with self.lock:
             self.records += 1
+            self.count += sum(table.column("count").to_pylist())
             for q, s, c in zip(table.column("query").to_pylist(), table.column("sign").to_pylist(),
                                table.column("count").to_pylist()):
                 self.by_query.setdefault(q, [0, 0])[0 if s > 0 else 1] += c
@@ -85,17 +93,20 @@ def _produce(bootstrap: str, topic: str, lines: list[str], rate: float, sent: li
     p.flush(30)
 
 
-def _table(totals: _Totals, expected: dict[str, int], top: int | None) -> list[str]:
-    with totals.lock:
-        rows = sorted(totals.by_query.items(), key=lambda kv: -kv[1][0])
-    rows = rows[:top] if top else sorted(rows, key=lambda kv: [int(t) if t.isdigit() else t
-                                                                for t in kv[0].replace("_", " _ ").split()])
-    out = [f"  {'query':<10} {'new matches':>12} {'vanished':>9}  {'expected':>9}"]
-    for q, (pos, neg) in rows:
-        want = expected.get(q)
-        mark = "" if want is None else ("  ok" if pos == want else "")
-        out.append(f"  {q:<10} {pos:>12} {neg:>9}  {'' if want is None else want:>9}{mark}")
-    return out
+def _interrupt(_signum, _frame):
+    raise KeyboardInterrupt
+
+
+def _keep(bootstrap: str, url: str, queries: Path, daemon: subprocess.Popen) -> None:
+    """--keep: the broker and the daemon stay up for `csmd admin` until Ctrl-C (or SIGTERM)."""
+    print(f"\nkept running: broker {bootstrap}, daemon admin {url} (Ctrl-C stops both); try\n"
+          f"  csmd admin --url {url} stats\n"
+          f"  csmd admin --url {url} match --query {queries / 'Q_1.graph'}\n"
+          f"  csmd admin --url {url} remove --name Q_40\n"
+          f"  csmd admin --url {url} add --query {queries / 'Q_40.graph'}", flush=True)
+    while daemon.poll() is None:
+        time.sleep(0.5)
+    print(f"the daemon exited with {daemon.returncode}; see out/daemon.log")
 
 
 def run_demo(args) -> int:
@@ -111,6 +122,7 @@ def run_demo(args) -> int:
     expected = _expected(graph.parent / "expected_insert_counts.txt")
     tty = sys.stdout.isatty()
     stop = threading.Event()
+    signal.signal(signal.SIGTERM, _interrupt)  # stopped like Ctrl-C: the daemon and the broker go too
     with EmbeddedBroker(log_path=out / "broker.log") as broker:
         admin_port = free_port()
         env = {**os.environ, "CSMD_KAFKA__BOOTSTRAP": broker.bootstrap,
@@ -132,8 +144,9 @@ def run_demo(args) -> int:
                 if time.monotonic() > deadline:
                     raise CsmdError("the daemon did not start within 120 s; see out/daemon.log")
                 time.sleep(0.1)
-            queries = len(call(url, "GET", "/queries")["queries"])
-            print(f"daemon running with {queries} queries; streaming {len(lines)} edge insertions "
+            queries = call(url, "GET", "/queries")["queries"]
+            count_only = all(q["count_only"] for q in queries)
+            print(f"daemon running with {len(queries)} queries; streaming {len(lines)} edge insertions "
                   f"of {stream} at {args.rate:.0f}/s (Ctrl-C stops)\n")
             totals, sent = _Totals(), [0]
             workers = [threading.Thread(target=_read_deltas, args=(broker.bootstrap, cfg["topics"]["output"], totals,
@@ -142,29 +155,34 @@ def run_demo(args) -> int:
                                                                args.rate, sent, stop), daemon=True)]
             for w in workers:
                 w.start()
-            shown, printed = 0, 0.0
+            window, drawn, printed = Window(), 0, 0.0
             while True:
                 s = call(url, "GET", "/stats")
-                done = s["offsets"].get("0", 0)
-                status = (f"produced {sent[0]}/{len(lines)}  processed {done}  {s['updates_per_s']:.0f} upd/s  "
-                          f"{s['deltas_per_s']:.0f} deltas/s  latency p50 {s['latency_p50_s'] * 1000:.0f} ms "
-                          f"p99 {s['latency_p99_s'] * 1000:.0f} ms  dead letters {s['dead_letters']:.0f}")
-                finished = done >= len(lines) and s["pending_records"] == 0
-                if tty:
-                    view = [status, ""] + _table(totals, expected, 12)
-                    sys.stdout.write(("\x1b[%dA" % shown if shown else "") + "\x1b[J" + "\n".join(view) + "\n")
-                    shown = len(view)
-                elif finished or time.monotonic() - printed >= 2:
-                    print(status, flush=True)
-                    printed = time.monotonic()
+                acked = s["acknowledged"].get("0", 0)
+                now = time.monotonic()
+                window.add(now, acked=acked, deltas=totals.count)
+                status = status_line(produced=sent[0], total=len(lines), acknowledged=acked,
+                                     updates_per_s=window.rate("acked"), deltas_per_s=window.rate("deltas"),
+                                     count_only=count_only, latency_p50_s=s["latency_p50_s"],
+                                     latency_p99_s=s["latency_p99_s"], dead_letters=s["dead_letters"])
+                finished = acked >= len(lines) and s["pending_records"] == 0
+                view = [status, ""] + totals.table(expected, 12)
+                if tty:  # redrawn in place
+                    sys.stdout.write(("\x1b[%dA" % drawn if drawn else "") + "\x1b[J" + "\n".join(view) + "\n")
+                    drawn = len(view)
+                elif finished or now - printed >= 2:  # a log of the view, every 2 s
+                    print("\n".join(view) + "\n", flush=True)
+                    printed = now
                 if finished:
                     time.sleep(1.0)  # the last deltas reach the viewer
                     break
                 time.sleep(0.5)
             print("\nfinal delta totals per query (new matches = the expected counts of the insertion stream):")
-            print("\n".join(_table(totals, expected, None)))
+            print("\n".join(totals.table(expected, None)))
             agree = sum(totals.by_query.get(q, [0])[0] == n for q, n in expected.items())
             print(f"\n{agree}/{len(expected)} queries equal expected_insert_counts.txt")
+            if args.keep:
+                _keep(broker.bootstrap, url, graph.parent / "queries", daemon)
         except KeyboardInterrupt:
             print("\ninterrupted: stopping")
         finally:

@@ -21,6 +21,10 @@ from csmd.engine import ContinuousEngine, UpdateBatch
 from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update
 from csmd.model.graph import Graph, scalar
 
+# why an update changed nothing: the keys of Sequencer.ignored (the daemon's metric shows each from the start)
+IGNORED_REASONS = (SELF_LOOP, DUPLICATE_INSERT, MISSING_DELETE, DUPLICATE_VERTEX, MISSING_VERTEX) = (
+    "self_loop", "duplicate_insert", "missing_delete", "duplicate_vertex", "missing_vertex")
+
 
 class Vertices:
     """External ids, labels and liveness of every vertex, by internal id. A deleted vertex
@@ -110,30 +114,30 @@ class Sequencer:
             record_of[seq] = rec
             if rec.op == INSERT_EDGE:
                 if rec.u == rec.v:
-                    self.ignored["self_loop"] += 1
+                    self.ignored[SELF_LOOP] += 1
                     continue
                 a = vertex(rec.u, 0, seq)
                 b = vertex(rec.v, 0, seq)
                 if live_label(a, b) >= 0:
-                    self.ignored["duplicate_insert"] += 1
+                    self.ignored[DUPLICATE_INSERT] += 1
                 else:
                     edge(seq, a, b, +1, rec.label)
             elif rec.op == DELETE_EDGE:
                 a, b = vx.index.get(rec.u), vx.index.get(rec.v)
                 label = -1 if a is None or b is None or a == b else live_label(a, b)
                 if label < 0:
-                    self.ignored["missing_delete"] += 1
+                    self.ignored[MISSING_DELETE] += 1
                 else:
                     edge(seq, a, b, -1, label)  # the stored edge's label: it is what vanishes
             elif rec.op == INSERT_VERTEX:
                 if rec.u in vx.index:
-                    self.ignored["duplicate_vertex"] += 1
+                    self.ignored[DUPLICATE_VERTEX] += 1
                 else:
                     vertex(rec.u, rec.label, seq)
             elif rec.op == DELETE_VERTEX:
                 v = vx.index.get(rec.u)
                 if v is None:
-                    self.ignored["missing_vertex"] += 1
+                    self.ignored[MISSING_VERTEX] += 1
                     continue
                 live = set(int(x) for x in engine.live_neighbors(v)) if v < first_vertex else set()
                 live |= {b if a == v else a for (a, b), lab in overlay.items() if lab >= 0 and v in (a, b)}

@@ -89,8 +89,6 @@ class ConsumeLoop:
         m.set("csmd_device_memory_bytes", engine["memory_bytes"])
         m.set("csmd_seq", self.pipe.next_seq)
         m.set("csmd_queries", len(self.specs))
-        for reason, n in list(self.pipe.ignored.items()):
-            m.set("csmd_ignored_updates_total", n, reason=reason)
 
     def _commit(self, wait: bool = False) -> None:
         topic = self.cfg["topics"]["input"]

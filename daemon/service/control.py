@@ -134,6 +134,7 @@ class ControlPlane:
             if ch.action == "add":
                 self.specs[ch.spec.name] = ch.spec
                 self.totals[ch.spec.name] = [0, 0]
+                self.metrics.query(ch.spec.name)
                 self.removed.discard(ch.spec.name)
             else:
                 self.specs.pop(ch.spec.name, None)

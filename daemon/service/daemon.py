@@ -30,6 +30,7 @@ from csmd.connectors.kafka import KafkaSink, KafkaSource, client_config, ensure_
 from csmd.engines import continuous_engine
 from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
+from csmd.pipeline.sequencer import IGNORED_REASONS
 from csmd.pipeline.stages import Pipeline
 from csmd.service.checkpointing import Checkpointing
 from csmd.service.consume import ConsumeLoop
@@ -48,7 +49,6 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self.cfg = cfg
         self.log = log or get_logger()
         self.metrics = Metrics()
-        self._describe_metrics()
         self.stopping = threading.Event()
         self.status = "starting"
         self.fatal: str | None = None
@@ -69,32 +69,6 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self._error_logged: dict[int, float] = {}  # Kafka error code -> when it was last logged
         self._lock = threading.Lock()
         self.started = time.time()
-
-    def _describe_metrics(self) -> None:
-        m = self.metrics
-        for name, kind, text in [
-            ("csmd_records_total", "counter", "Input records consumed"),
-            ("csmd_updates_total", "counter", "Updates applied to the graph"),
-            ("csmd_deltas_total", "counter", "Match deltas published, by query and sign"),
-            ("csmd_output_records_total", "counter", "Kafka records of deltas produced"),
-            ("csmd_dead_letters_total", "counter", "Input or control records sent to the dead-letter topic"),
-            ("csmd_ignored_updates_total", "counter", "Updates that changed nothing, by reason"),
-            ("csmd_queue_depth", "gauge", "Items waiting in front of each pipeline stage"),
-            ("csmd_pending_records", "gauge", "Input records not yet done (executed and acknowledged)"),
-            ("csmd_consumer_paused", "gauge", "1 while backpressure pauses the input consumer"),
-            ("csmd_consumer_pauses_total", "counter", "Times backpressure paused the input consumer"),
-            ("csmd_consumer_lag", "gauge", "Input records behind the end of each partition"),
-            ("csmd_committed_offset", "gauge", "Input offset committed, by partition"),
-            ("csmd_gc_live_versions", "gauge", "Neighbor-array versions alive in the multi-version graph"),
-            ("csmd_gc_released_total", "counter", "Versions released by the garbage collector"),
-            ("csmd_device_memory_bytes", "gauge", "GPU memory in use by the engine (0 on the CPU engine)"),
-            ("csmd_checkpoints_total", "counter", "Checkpoints written"),
-            ("csmd_checkpoint_seq", "gauge", "Sequence number of the last checkpoint"),
-            ("csmd_seq", "gauge", "Next update sequence number"),
-            ("csmd_queries", "gauge", "Registered queries"),
-            ("csmd_kafka_errors_total", "counter", "Errors reported by the Kafka clients, by code"),
-        ]:
-            m.describe(name, kind, text)
 
     def _conf(self) -> dict:
         return client_config(self.cfg["kafka"]["bootstrap"], self.cfg["kafka"]["client"], self._kafka_error, self.log)
@@ -130,6 +104,11 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         for s in specs:
             s.register(self.pipe)
         self.specs = {s.name: s for s in specs}
+        for s in specs:
+            self.metrics.query(s.name)
+        self.metrics.bind("csmd_ignored_updates_total",
+                          lambda: {(r,): self.pipe.ignored.get(r, 0) for r in IGNORED_REASONS})
+        self.metrics.bind("csmd_gc_released_total", lambda: {(): self.pipe.gc.released})
         self.totals = {s.name: [0, 0] for s in specs}
         self.encoder = DeltaEncoder(self.pipe.vertices)
         self.tracker = DeliveryTracker(on_done=lambda t0: self.metrics.latency.observe([time.monotonic() - t0]))
@@ -145,6 +124,9 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self._replay_control(start)
         if self._suppress:
             self.log.info("re-reading records whose deltas were delivered before", up_to=self._suppress)
+        self._gauges()  # the gauges hold values before the first commit interval
+        for p, hi in st.ends.items():  # the consumer knows the ends only after its first fetch
+            self.metrics.set("csmd_consumer_lag", hi - start.get(p, 0), partition=p)
         out = threading.Thread(target=self._run_pipeline, name="csmd-out", daemon=True)
         out.start()
         admin = self._start_admin()
@@ -218,9 +200,12 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
             "latency_p50_s": lat.quantile(0.5), "latency_p99_s": lat.quantile(0.99),
             "pending_records": self.tracker.pending(), "paused": self.paused,
             "dead_letters": self.metrics.get("csmd_dead_letters_total"),
-            "lag": self.metrics.snapshot().get("csmd_consumer_lag", {}),
+            "lag": self.metrics.series("csmd_consumer_lag"),
             "ignored": dict(self.pipe.ignored), "gc_live_versions": self.pipe.engine_stats()["live_versions"],
-            "offsets": dict(self._next_offsets),
+            "offsets": dict(self._next_offsets),  # handed to the pipeline
+            # records done (executed, deltas acknowledged), as the next offset of the done prefix
+            "acknowledged": {p: o for (topic, p), o in self.tracker.committable().items()
+                             if topic == self.cfg["topics"]["input"]},
             "queries": {n: {"positive": t[0], "negative": t[1]} for n, t in self.totals.items() if n in self.specs},
         }
 

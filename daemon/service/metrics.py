@@ -1,8 +1,12 @@
-"""Counters, gauges and latency histograms, rendered in the Prometheus text format.
+"""The daemon's metrics, through prometheus-client: counters, gauges, the process metrics,
+and a fine latency histogram.
 
-The histogram keeps fine log-spaced buckets (8 per power of two, so a quantile
-read from it is within 9% of the true value) in constant memory, however long
-the daemon runs; /metrics exports them folded into a few standard buckets.
+Every series the README lists exists from the start (at 0), so a dashboard or an
+alert never sees a metric appear only after its first event. Each daemon has its
+own registry (tests run several in one process). The histogram keeps fine
+log-spaced buckets (8 per power of two, so a quantile read from it is within 9%
+of the true value) in constant memory, however long the daemon runs; /metrics
+exports them folded into a few standard buckets by a custom collector.
 """
 
 from __future__ import annotations
@@ -13,6 +17,13 @@ import time
 from collections import deque
 
 import numpy as np
+from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, PlatformCollector, ProcessCollector,
+                               disable_created_metrics, generate_latest)
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+from csmd.pipeline.sequencer import IGNORED_REASONS
+
+disable_created_metrics()  # a `_created` twin of every counter is noise for these users
 
 _SUB = 8  # buckets per power of two
 _LO = 2.0 ** -20  # about 1 microsecond: the first bucket holds everything below
@@ -46,6 +57,11 @@ class LatencyHistogram:
             np.add.at(self.counts, idx, 1)
             self.total += float(x.sum())
 
+    def snapshot(self) -> tuple[np.ndarray, float]:
+        """The fine bucket counts and the sum, consistent with each other."""
+        with self._lock:
+            return self.counts.copy(), self.total
+
     @property
     def count(self) -> int:
         return int(self.counts.sum())
@@ -58,18 +74,6 @@ class LatencyHistogram:
             return math.nan
         b = int(np.searchsorted(cum, q * cum[-1], "left"))
         return self.upper(b)
-
-    def prometheus(self, name: str, help_text: str) -> list[str]:
-        with self._lock:
-            counts, total = self.counts.copy(), self.total
-        cum = np.cumsum(counts)
-        edges = np.array([self.upper(b) for b in range(_NB + 1)])
-        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-        for le in EXPORT_BUCKETS:  # a fine bucket counts below `le` when its upper edge is
-            k = int(np.searchsorted(edges, le * (1 + 1e-9), "right"))
-            lines.append(f'{name}_bucket{{le="{le}"}} {int(cum[k - 1]) if k else 0}')
-        lines += [f'{name}_bucket{{le="+Inf"}} {int(cum[-1])}', f"{name}_sum {total:.6f}", f"{name}_count {int(cum[-1])}"]
-        return lines
 
 
 class Rate:
@@ -97,63 +101,118 @@ class Rate:
             return sum(n for _, n in self._events) / self.window
 
 
-def _labels(labels: dict) -> str:
-    if not labels:
-        return ""
-    body = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-                    for k, v in sorted(labels.items()))
-    return "{" + body + "}"
+class _LatencyCollector:
+    """Exports a LatencyHistogram as a Prometheus histogram with the standard EXPORT_BUCKETS."""
+
+    def __init__(self, hist: LatencyHistogram, name: str, help_text: str):
+        self.hist, self.name, self.help = hist, name, help_text
+
+    def collect(self):
+        h = self.hist
+        counts, total = h.snapshot()
+        cum = np.cumsum(counts)
+        edges = np.array([h.upper(b) for b in range(_NB + 1)])
+        buckets = []
+        for le in EXPORT_BUCKETS:  # a fine bucket counts below `le` when its upper edge is
+            k = int(np.searchsorted(edges, le * (1 + 1e-9), "right"))
+            buckets.append((str(le), int(cum[k - 1]) if k else 0))
+        buckets.append(("+Inf", int(cum[-1])))
+        yield HistogramMetricFamily(self.name, self.help, buckets=buckets, sum_value=total)
+
+
+class _KeptElsewhere:
+    """A counter another part keeps (the sequencer's ignored updates, the GC's releases),
+    read when scraped: `read()` gives {label values: count}; zeros until `bind`."""
+
+    def __init__(self, name: str, help_text: str, labels: tuple, zeros: dict):
+        self.name, self.help, self.labels = name, help_text, labels
+        self.read = lambda: zeros
+
+    def collect(self):
+        fam = CounterMetricFamily(self.name, self.help, labels=self.labels)
+        for key, value in self.read().items():
+            fam.add_metric(list(key), value)
+        yield fam
+
+
+# name, kind, help, label names
+_SERIES = [
+    ("csmd_records_total", Counter, "Input records consumed", ()),
+    ("csmd_updates_total", Counter, "Updates applied to the graph", ()),
+    ("csmd_deltas_total", Counter, "Match deltas published, by query and sign", ("query", "sign")),
+    ("csmd_output_records_total", Counter, "Kafka records of deltas produced", ()),
+    ("csmd_dead_letters_total", Counter, "Input or control records sent to the dead-letter topic", ()),
+    ("csmd_queue_depth", Gauge, "Items waiting in front of each pipeline stage", ("stage",)),
+    ("csmd_pending_records", Gauge, "Input records not yet done (executed and acknowledged)", ()),
+    ("csmd_consumer_paused", Gauge, "1 while backpressure pauses the input consumer", ()),
+    ("csmd_consumer_pauses_total", Counter, "Times backpressure paused the input consumer", ()),
+    ("csmd_consumer_lag", Gauge, "Input records behind the end of each partition (negative: past the end)",
+     ("partition",)),
+    ("csmd_committed_offset", Gauge, "Input offset committed, by partition", ("partition",)),
+    ("csmd_gc_live_versions", Gauge, "Neighbor-array versions alive in the multi-version graph", ()),
+    ("csmd_device_memory_bytes", Gauge, "GPU memory in use by the engine (0 on the CPU engine)", ()),
+    ("csmd_checkpoints_total", Counter, "Checkpoints written", ()),
+    ("csmd_checkpoint_seq", Gauge, "Sequence number of the last checkpoint", ()),
+    ("csmd_seq", Gauge, "Next update sequence number", ()),
+    ("csmd_queries", Gauge, "Registered queries", ()),
+    ("csmd_kafka_errors_total", Counter, "Errors reported by the Kafka clients, by code", ("code",)),
+]
 
 
 class Metrics:
-    """The daemon's metrics: named counters and gauges with labels, histograms, rates."""
+    """The daemon's metrics by name; `inc`/`set` take the label values as keywords."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._values: dict[str, dict[tuple, float]] = {}
-        self._meta: dict[str, tuple[str, str]] = {}  # name -> (type, help)
+        self.registry = CollectorRegistry()
+        for collector in (ProcessCollector, PlatformCollector, GCCollector):
+            collector(registry=self.registry)
+        self._series = {name: kind(name, text, labels, registry=self.registry) for name, kind, text, labels in _SERIES}
+        self._read = {c.name: c for c in (
+            _KeptElsewhere("csmd_ignored_updates_total", "Updates that changed nothing, by reason", ("reason",),
+                           {(r,): 0 for r in IGNORED_REASONS}),
+            _KeptElsewhere("csmd_gc_released_total", "Versions released by the garbage collector", (), {(): 0}))}
+        for collector in self._read.values():
+            self.registry.register(collector)
         self.latency = LatencyHistogram()
+        self.registry.register(_LatencyCollector(self.latency, "csmd_update_latency_seconds",
+                                                 "Per update record: arrival at the daemon to its deltas acknowledged"))
         self.updates_rate = Rate()
         self.deltas_rate = Rate()
+        Gauge("csmd_updates_per_second", "Updates applied per second over the last 10 s",
+              registry=self.registry).set_function(self.updates_rate.per_second)
+        Gauge("csmd_deltas_per_second", "Match deltas published per second over the last 10 s",
+              registry=self.registry).set_function(self.deltas_rate.per_second)
 
-    def describe(self, name: str, kind: str, help_text: str) -> None:
-        self._meta[name] = (kind, help_text)
+    def _child(self, name: str, labels: dict):
+        metric = self._series[name]
+        return metric.labels(**labels) if labels else metric
 
     def inc(self, name: str, n: float = 1, **labels) -> None:
-        key = tuple(sorted(labels.items()))
-        with self._lock:
-            series = self._values.setdefault(name, {})
-            series[key] = series.get(key, 0) + n
+        self._child(name, labels).inc(n)
 
     def set(self, name: str, value: float, **labels) -> None:
-        with self._lock:
-            self._values.setdefault(name, {})[tuple(sorted(labels.items()))] = value
+        self._child(name, labels).set(value)
+
+    def bind(self, name: str, read) -> None:
+        """Where a counter kept elsewhere is read from: `read()` -> {label values: count}."""
+        self._read[name].read = read
+
+    def query(self, name: str) -> None:
+        """A registered query's delta series exist from its registration, at 0."""
+        for sign in "+-":
+            self.inc("csmd_deltas_total", 0, query=name, sign=sign)
+
+    def _samples(self, name: str):
+        collector = self._series[name] if name in self._series else self._read[name]
+        return [s for fam in collector.collect() for s in fam.samples]
+
+    def series(self, name: str) -> dict[str, float]:
+        """{label values joined by ",": value} of one metric (for `csmd admin stats`)."""
+        return {",".join(s.labels.values()): s.value for s in self._samples(name)}
 
     def get(self, name: str, **labels) -> float:
-        with self._lock:
-            return self._values.get(name, {}).get(tuple(sorted(labels.items())), 0)
-
-    def snapshot(self) -> dict:
-        """Every series as {name: {label-string: value}} (for `csmd admin stats`)."""
-        with self._lock:
-            return {name: {_labels(dict(k)) or "": v for k, v in series.items()} for name, series in self._values.items()}
+        want = {k: str(v) for k, v in labels.items()}
+        return next((s.value for s in self._samples(name) if s.labels == want), 0)
 
     def prometheus(self) -> str:
-        lines: list[str] = []
-        with self._lock:
-            items = [(name, dict(series)) for name, series in sorted(self._values.items())]
-        for name, series in items:
-            kind, help_text = self._meta.get(name, ("gauge", name))
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-            lines += [f"{name}{_labels(dict(k))} {_number(v)}" for k, v in sorted(series.items())]
-        lines += ["# HELP csmd_updates_per_second Updates applied per second over the last 10 s",
-                  "# TYPE csmd_updates_per_second gauge", f"csmd_updates_per_second {self.updates_rate.per_second():.3f}",
-                  "# HELP csmd_deltas_per_second Match deltas published per second over the last 10 s",
-                  "# TYPE csmd_deltas_per_second gauge", f"csmd_deltas_per_second {self.deltas_rate.per_second():.3f}"]
-        lines += self.latency.prometheus("csmd_update_latency_seconds",
-                                         "Per update record: arrival at the daemon to its deltas acknowledged")
-        return "\n".join(lines) + "\n"
-
-
-def _number(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else f"{v:.6f}"
+        return generate_latest(self.registry).decode()

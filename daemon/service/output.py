@@ -90,7 +90,6 @@ class Output:
         self.tracker.executed(b.records)
         self.metrics.inc("csmd_updates_total", b.records)
         self.metrics.updates_rate.add(b.records)
-        self.metrics.set("csmd_gc_released_total", self.pipe.gc.released)
 
     def _unsuppressed(self, items):
         """Drop deltas of records below the committed offsets: they were delivered before a restart."""

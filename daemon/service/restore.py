@@ -34,6 +34,7 @@ class StartState:
     removed: set[str] = field(default_factory=set)  # queries removed through the control topic
     control_applied: int = -1  # the last control request the checkpoint includes
     retired: np.ndarray | None = None  # vertices of the checkpoint's graph that were deleted
+    ends: dict[int, int] = field(default_factory=dict)  # input partition -> end offset at the start
 
 
 def start_state(cfg: dict, conf: dict, log) -> StartState:
@@ -64,14 +65,14 @@ def start_state(cfg: dict, conf: dict, log) -> StartState:
         g0 = read_graph(cfg["graph"]["initial"]) if cfg["graph"]["initial"] else \
             Graph.from_edges(np.zeros(0, np.int32), [], [])
         log.info("starting from the initial graph", vertices=g0.n, edges=g0.num_edges, queries=len(configured))
-        return StartState(g0, 0, {}, configured, committed)
+        return StartState(g0, 0, {}, configured, committed, ends=ends)
     state = ckpt.state
     specs = [QuerySpec(**q) for q in state["queries"]]
     known = {s.name for s in specs} | set(state["removed"])
     specs += [s for s in configured if s.name not in known]
     log.info("restored checkpoint", seq=state["seq"], offsets=offsets, queries=len(specs))
     return StartState(ckpt.graph, int(state["seq"]), offsets, specs, committed, set(state["removed"]),
-                      state["control_applied"], ckpt.retired)
+                      state["control_applied"], ckpt.retired, ends)
 
 
 def config_specs(cfg: dict) -> list[QuerySpec]:
