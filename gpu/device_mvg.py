@@ -322,18 +322,26 @@ class DeviceMVG:
     def edges_at(self, a, b, T, el=None, check_el=False):
         """edge_at for each (a, b, T[, el]): host arrays (entry position, edge label), -1
         where there is no such edge."""
-        pos, label = self.edges_at_async(a, b, T, el, check_el)
+        out = self._edges_at(a, b, T, el, check_el, self.stream)
         with self.stream:
-            return pos.get(), label.get()
+            out = out.get()  # one read-back
+        return out[: len(a)], out[len(a):].astype(np.int32)
 
     def edges_at_async(self, a, b, T, el=None, check_el=False, stream=None):
-        """edges_at launched on `stream` (default: the updater's), without waiting: device arrays."""
-        with stream or self.stream:
-            a, b, T = self._args((a, cp.int32), (b, cp.int32), (T, cp.int64))
-            el = cp.zeros(len(a), cp.int32) if el is None else cp.asarray(el, cp.int32)
-            pos, label = cp.empty(len(a), cp.int64), cp.empty(len(a), cp.int32)
-            _launch("mvg_edges_at", len(a), (self.view(), i64(len(a)), a, b, T, el, np.int32(check_el), pos, label))
-            return pos, label
+        """edges_at launched on `stream` (default: the updater's), without waiting: device arrays
+        (positions, labels as int64)."""
+        out = self._edges_at(a, b, T, el, check_el, stream or self.stream)
+        return out[: len(a)], out[len(a):]
+
+    def _edges_at(self, a, b, T, el, check_el, stream) -> cp.ndarray:
+        """Positions then labels in one device buffer, from one upload."""
+        m = len(a)
+        q = np.empty((4, m), np.int64)
+        q[0], q[1], q[2], q[3] = a, b, T, 0 if el is None else el
+        with stream, self.swap:  # a reader on another stream takes the view under swap
+            out = cp.empty(2 * m, cp.int64)
+            _launch("mvg_edges_at", m, (self.view(), i64(m), cp.asarray(q), np.int32(check_el), out))
+        return out
 
     def live_edge_labels(self, a, b) -> np.ndarray:
         """Label of the edge {a, b} now, -1 where there is none (int32)."""

@@ -439,12 +439,13 @@ extern "C" __global__ void mvg_label_ranges_at(MVGView g, i64 m, const int* v, c
     GRID_STRIDE(i, m) label_range_at(g, v[i], lab[i], T[i], start + i, size + i);
 }
 
-// pos: the entry of {a, b} visible at T (-1: none); label: its edge label (-1: none).
-extern "C" __global__ void mvg_edges_at(MVGView g, i64 m, const int* a, const int* b, const i64* T, const int* el,
-                                        int check_el, i64* pos, int* label) {
+// q: the rows a, b, T, el of m look-ups, one upload. out[i]: the entry of {a, b} visible at T
+// (-1: none); out[m + i]: its edge label (-1: none), one read-back.
+extern "C" __global__ void mvg_edges_at(MVGView g, i64 m, const i64* q, int check_el, i64* out) {
     GRID_STRIDE(i, m) {
-        pos[i] = edge_at(g, a[i], b[i], T[i], el[i], check_el);
-        label[i] = pos[i] >= 0 ? g.e_el[pos[i]] : -1;
+        const i64 pos = edge_at(g, (int)q[i], (int)q[m + i], q[2 * m + i], (int)q[3 * m + i], check_el);
+        out[i] = pos;
+        out[m + i] = pos >= 0 ? g.e_el[pos] : -1;
     }
 }
 
