@@ -1,4 +1,5 @@
-"""The CPU engine: numpy static matcher and the continuous engine over the numpy MVG."""
+"""The numpy CPU engine: static matcher and the continuous engine over the numpy MVG (the fallback
+where numba cannot be imported; the compiled engine in compiled.py shares its storage)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from csmd.model.plan import plan_query
 
 
 class CpuMatcher(StaticMatcher):
-    name = "cpu"
+    name = "numpy"
 
     def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES):
         self.budget_bytes = budget_bytes
@@ -33,7 +34,7 @@ class CpuEngine(ContinuousEngine):
     a compaction moves entries, so it excludes both: `_writing` covers the updater stage
     (apply and the latest-state reads), `_reading` the executor's searches."""
 
-    name = "cpu"
+    name = "numpy"
 
     def __init__(self, g0: Graph):
         self.mvg = MultiVersionGraph(g0)

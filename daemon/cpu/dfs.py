@@ -1,0 +1,341 @@
+"""Depth-first matching compiled with numba: the compiled CPU engine's kernels.
+
+One search body serves static and incremental matching. It reads the CPU
+multi-version graph (daemon/cpu/mvg.py) at one timestamp per search: a vertex's
+version is the newest with ct_min < t, an entry is visible when ct < t <= dt (a
+static graph is the same arena with every entry alive since before time 0).
+
+At each depth the label-grouped neighbour range of every backward neighbour's image
+is found once; the smallest one gives the candidates and the others are binary
+searched for each candidate (the ranges are sorted by neighbour), so a backward
+check costs one search, never a label test or a scan. The search is an explicit
+stack in a `State`, so a static search can stop (output buffer full, node budget
+spent for a time-limit check, --limit reached) and resume where it stopped.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from csmd.model.plan import Plan
+
+MAX_DEPTH = 32  # query vertices (GUIDE 1)
+# the checks of one depth, in this order: backward edges, same-label (injectivity), less, greater
+BACKWARD, SAME_LABEL, LESS, GREATER = range(4)
+# why a search stopped
+DONE, FULL, BUDGET, LIMIT = range(4)
+
+
+class GraphView(NamedTuple):
+    """The arrays of a multi-version graph that a search reads (see mvg.py for their meaning)."""
+
+    labels: np.ndarray  # int32 per vertex
+    cur: np.ndarray  # int64 per vertex: newest version, -1 none
+    ct_min: np.ndarray  # int64 per version
+    prev: np.ndarray  # int64 per version
+    g_key: np.ndarray  # int64, sorted: version << 31 | neighbour label, one per group
+    g_start: np.ndarray
+    g_end: np.ndarray
+    e_nbr: np.ndarray  # int32 per entry
+    e_el: np.ndarray
+    e_ct: np.ndarray  # int64 per entry
+    e_dt: np.ndarray
+
+
+def graph_view(mvg, cur: np.ndarray | None = None) -> GraphView:
+    """The arrays of `mvg` now. Appends never change what a read at an earlier timestamp sees,
+    but `cur` is updated in place: a search that may overlap the updater passes a copy."""
+    return GraphView(mvg.labels.a, mvg.cur.a if cur is None else cur, mvg.v_ct_min.a, mvg.v_prev.a,
+                     mvg.g_key.view(), mvg.g_start.a, mvg.g_end.a, mvg.e_nbr.a, mvg.e_el.a, mvg.e_ct.a, mvg.e_dt.a)
+
+
+class PlanSet(NamedTuple):
+    """Several plans flattened: plan p's depths are the rows off[p] .. off[p] + depth[p] - 1."""
+
+    off: np.ndarray  # int64 per plan
+    depth: np.ndarray  # int64 per plan
+    query: np.ndarray  # int64 per plan: which query it belongs to (a query has one plan per anchor)
+    order: np.ndarray  # int64 per row: the query vertex matched at that depth
+    qlab: np.ndarray  # int32 per row: its label
+    chk: np.ndarray  # int64 (rows, 5): check kind k of a row is chk_j[chk[r, k]:chk[r, k + 1]]
+    chk_j: np.ndarray  # int64: the earlier depth a check refers to
+    chk_el: np.ndarray  # int32: the edge label of a backward check
+
+
+def plan_set(plans: list[Plan], query_of: list[int]) -> PlanSet:
+    """Flatten plans (plans[i] belongs to query query_of[i])."""
+    depth = np.array([p.depth for p in plans], np.int64)
+    off = np.concatenate([[0], np.cumsum(depth)[:-1]]).astype(np.int64)
+    order, qlab, chk, chk_j, chk_el = [], [], [], [], []
+    for p in plans:
+        if p.depth > MAX_DEPTH:
+            raise ValueError(f"a query has {p.depth} vertices; at most {MAX_DEPTH} are supported")
+        for i, u in enumerate(p.order):
+            order.append(u)
+            qlab.append(int(p.query.labels[u]))
+            row = [len(chk_j)]
+            for j, el in p.backward[i]:
+                chk_j.append(j)
+                chk_el.append(el)
+            for kind in (p.same_label[i], p.less[i], p.greater[i]):
+                row.append(len(chk_j))
+                chk_j.extend(kind)
+                chk_el.extend([0] * len(kind))
+            row.append(len(chk_j))
+            chk.append(row)
+    return PlanSet(off, depth, np.array(query_of, np.int64), np.array(order, np.int64), np.array(qlab, np.int32),
+                   np.array(chk, np.int64).reshape(-1, 5), np.array(chk_j, np.int64), np.array(chk_el, np.int32))
+
+
+class State(NamedTuple):
+    """A search's stack: images, the candidate range being walked and the backward ranges, per depth."""
+
+    m: np.ndarray  # int32 (MAX_DEPTH,): the image of each depth
+    pos: np.ndarray  # int64 (MAX_DEPTH,): next candidate entry
+    end: np.ndarray
+    piv: np.ndarray  # int64 (MAX_DEPTH,): which backward range the candidates come from
+    rs: np.ndarray  # int64 (MAX_DEPTH, MAX_DEPTH): start of each backward range
+    re: np.ndarray
+    at: np.ndarray  # int64 (2,): the current depth, the next root (static search)
+
+
+def new_state() -> State:
+    d = MAX_DEPTH
+    return State(np.zeros(d, np.int32), np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros(d, np.int64),
+                 np.zeros((d, d), np.int64), np.zeros((d, d), np.int64), np.zeros(2, np.int64))
+
+
+# ---- reading the graph at a timestamp ----------------------------------------------------------
+@njit(cache=True, nogil=True)
+def _lower_bound(a, lo, hi, x):
+    """The first position in the sorted a[lo:hi] whose value is not below x."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def _group(gv, v, label, t):
+    """Entry range of v's neighbours with `label` in v's version at t."""
+    vid = gv.cur[v]
+    while vid >= 0 and gv.ct_min[vid] >= t:
+        vid = gv.prev[vid]
+    if vid < 0:
+        return 0, 0
+    key = (vid << 31) | label
+    lo = _lower_bound(gv.g_key, 0, len(gv.g_key), key)
+    if lo < len(gv.g_key) and gv.g_key[lo] == key:
+        return gv.g_start[lo], gv.g_end[lo]
+    return 0, 0
+
+
+@njit(cache=True, nogil=True)
+def _has_edge(gv, s, e, c, el, t):
+    """Is there an entry for neighbour c in [s, e), visible at t, with edge label el?"""
+    lo = _lower_bound(gv.e_nbr, s, e, c)
+    # a pair deleted and re-inserted within one version has several entries, one visible
+    while lo < e and gv.e_nbr[lo] == c:
+        if gv.e_ct[lo] < t and t <= gv.e_dt[lo]:
+            return gv.e_el[lo] == el
+        lo += 1
+    return False
+
+
+# ---- the search ----------------------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def _open(gv, ps, r, d, t, st):
+    """Enter depth d (plan row r): find every backward range, walk the smallest."""
+    lo, hi = ps.chk[r, BACKWARD], ps.chk[r, BACKWARD + 1]
+    best, size = 0, -1
+    for k in range(hi - lo):
+        s, e = _group(gv, st.m[ps.chk_j[lo + k]], ps.qlab[r], t)
+        st.rs[d, k], st.re[d, k] = s, e
+        if size < 0 or e - s < size:
+            best, size = k, e - s
+        if size == 0:
+            break
+    st.piv[d] = best
+    st.pos[d] = st.rs[d, best]
+    st.end[d] = st.rs[d, best] + size
+
+
+@njit(cache=True, nogil=True)
+def _accept(gv, ps, r, d, t, st, i, cand):
+    """Is entry i of depth d's candidate range an image for that depth?"""
+    if not (gv.e_ct[i] < t and t <= gv.e_dt[i]):
+        return False
+    c = gv.e_nbr[i]
+    lo = ps.chk[r, BACKWARD]
+    if gv.e_el[i] != ps.chk_el[lo + st.piv[d]]:
+        return False
+    if cand.shape[0] and not cand[r, c]:
+        return False
+    for x in range(ps.chk[r, SAME_LABEL], ps.chk[r, SAME_LABEL + 1]):
+        if st.m[ps.chk_j[x]] == c:
+            return False
+    for x in range(ps.chk[r, LESS], ps.chk[r, LESS + 1]):
+        if not st.m[ps.chk_j[x]] < c:
+            return False
+    for x in range(ps.chk[r, GREATER], ps.chk[r, GREATER + 1]):
+        if not st.m[ps.chk_j[x]] > c:
+            return False
+    for k in range(ps.chk[r, BACKWARD + 1] - lo):
+        if k != st.piv[d] and not _has_edge(gv, st.rs[d, k], st.re[d, k], c, ps.chk_el[lo + k], t):
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _write(ps, off, k, m, out, n):
+    """Row n of out: the images in query-vertex order."""
+    for j in range(k):
+        out[n, ps.order[off + j]] = m[j]
+
+
+@njit(cache=True, nogil=True)
+def _run(gv, ps, p, t, cand, st, d0, out, n_out, materialize, budget, limit):
+    """Continue plan p's search below depth d0 - 1 (fixed images) until it is exhausted (DONE), out
+    is full (FULL), `budget` candidates were looked at (BUDGET, -1: none) or `limit` matches were
+    found (LIMIT, -1: none). Returns (why, rows in out, matches found, budget left)."""
+    off, k = ps.off[p], ps.depth[p]
+    d = st.at[0]
+    found = 0
+    why = DONE
+    while d >= d0:
+        i = st.pos[d]
+        if i >= st.end[d]:
+            d -= 1
+            continue
+        if budget == 0:
+            why = BUDGET
+            break
+        budget -= 1
+        r = off + d
+        if not _accept(gv, ps, r, d, t, st, i, cand):
+            st.pos[d] = i + 1
+            continue
+        if d + 1 < k:
+            st.pos[d] = i + 1
+            st.m[d] = gv.e_nbr[i]
+            d += 1
+            _open(gv, ps, off + d, d, t, st)
+            continue
+        if materialize:
+            if n_out == out.shape[0]:
+                why = FULL  # this candidate is looked at again on resumption
+                break
+            st.m[d] = gv.e_nbr[i]
+            _write(ps, off, k, st.m, out, n_out)
+            n_out += 1
+        st.pos[d] = i + 1
+        found += 1
+        if found == limit:
+            why = LIMIT
+            break
+    st.at[0] = d
+    return why, n_out, found, budget
+
+
+@njit(cache=True, nogil=True)
+def static_step(gv, ps, cand, roots, st, out, materialize, budget, limit):
+    """Search plan 0 from roots[st.at[1]:] until done, out full, budget spent or limit reached.
+    Returns (why, rows in out, matches found); st holds where to resume."""
+    k = ps.depth[0]
+    n_out, found = 0, 0
+    while True:
+        if st.at[0] < 1:  # no root in progress: take the next
+            if st.at[1] == len(roots):
+                return DONE, n_out, found
+            if k == 1 and materialize and n_out == out.shape[0]:
+                return FULL, n_out, found
+            st.m[0] = roots[st.at[1]]
+            st.at[1] += 1
+            if k == 1:
+                if materialize:
+                    _write(ps, 0, 1, st.m, out, n_out)
+                    n_out += 1
+                found += 1
+                if found == limit:
+                    return LIMIT, n_out, found
+                continue
+            _open(gv, ps, 1, 1, 0, st)
+            st.at[0] = 1
+        why, n_out, f, budget = _run(gv, ps, 0, 0, cand, st, 1, out, n_out, materialize, budget,
+                                     -1 if limit < 0 else limit - found)
+        found += f
+        if why != DONE:
+            return why, n_out, found
+
+
+@njit(cache=True, nogil=True)
+def match_edges(gv, ps, e_seq, e_a, e_b, e_el, materialize, width):
+    """Incremental matching of a batch's edge ops for every plan (one per query and anchor edge).
+
+    Each op {a, b} at timestamp e_seq is mapped onto the plan's anchor (depths 0 and 1) in both
+    orientations, and the rest of the plan is searched at that timestamp. Returns the matches per
+    (query, op) and, for the queries with materialize[q], every match: rows (query-vertex order,
+    padded to width), their query and their op.
+    """
+    nq = len(materialize)
+    counts = np.zeros((nq, len(e_seq)), np.int64)
+    out = np.zeros((64, width), np.int32)
+    out_q = np.zeros(64, np.int64)
+    out_op = np.zeros(64, np.int64)
+    none = np.zeros((0, 0), np.bool_)
+    n_out = 0
+    st = State(np.zeros(MAX_DEPTH, np.int32), np.zeros(MAX_DEPTH, np.int64), np.zeros(MAX_DEPTH, np.int64),
+               np.zeros(MAX_DEPTH, np.int64), np.zeros((MAX_DEPTH, MAX_DEPTH), np.int64),
+               np.zeros((MAX_DEPTH, MAX_DEPTH), np.int64), np.zeros(2, np.int64))
+    for p in range(len(ps.off)):
+        off, k, q = ps.off[p], ps.depth[p], ps.query[p]
+        mat = materialize[q]
+        lx, ly = ps.qlab[off], ps.qlab[off + 1]
+        el = ps.chk_el[ps.chk[off + 1, BACKWARD]]  # depth 1's only backward edge is the anchor
+        for e in range(len(e_seq)):
+            if e_el[e] != el:
+                continue
+            t = e_seq[e]
+            for o in range(2):
+                u0, u1 = (e_a[e], e_b[e]) if o == 0 else (e_b[e], e_a[e])
+                if gv.labels[u0] != lx or gv.labels[u1] != ly:
+                    continue
+                st.m[0], st.m[1] = u0, u1
+                first = n_out
+                if k == 2:
+                    if mat:
+                        if n_out == out.shape[0]:
+                            out, out_q, out_op = _grow(out, out_q, out_op)
+                        _write(ps, off, 2, st.m, out, n_out)
+                        n_out += 1
+                    counts[q, e] += 1
+                else:
+                    _open(gv, ps, off + 2, 2, t, st)
+                    st.at[0] = 2
+                    while True:
+                        why, n_out, f, _ = _run(gv, ps, p, t, none, st, 2, out, n_out, mat, -1, -1)
+                        counts[q, e] += f
+                        if why != FULL:
+                            break
+                        out, out_q, out_op = _grow(out, out_q, out_op)
+                out_q[first:n_out] = q
+                out_op[first:n_out] = e
+    return counts, out[:n_out], out_q[:n_out], out_op[:n_out]
+
+
+@njit(cache=True, nogil=True)
+def _grow(out, out_q, out_op):
+    n = out.shape[0]
+    big = np.zeros((2 * n, out.shape[1]), np.int32)
+    big[:n] = out
+    big_q = np.zeros(2 * n, np.int64)
+    big_q[:n] = out_q
+    big_op = np.zeros(2 * n, np.int64)
+    big_op[:n] = out_op
+    return big, big_q, big_op
