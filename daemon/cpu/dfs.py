@@ -58,11 +58,25 @@ class PlanSet(NamedTuple):
     off: np.ndarray  # int64 per plan
     depth: np.ndarray  # int64 per plan
     query: np.ndarray  # int64 per plan: which query it belongs to (a query has one plan per anchor)
+    tail: np.ndarray  # int64 per plan: the first depth of its independent tail (see _tail)
     order: np.ndarray  # int64 per row: the query vertex matched at that depth
     qlab: np.ndarray  # int32 per row: its label
     chk: np.ndarray  # int64 (rows, 5): check kind k of a row is chk_j[chk[r, k]:chk[r, k + 1]]
     chk_j: np.ndarray  # int64: the earlier depth a check refers to
     chk_el: np.ndarray  # int32: the edge label of a backward check
+
+
+def _tail(plan: Plan) -> int:
+    """The first depth T (>= 1) from which no depth refers to another depth >= T: no edge, no
+    injectivity or symmetry check between them. Given the images above T, the candidates of
+    each such depth do not depend on the others', so their number of completions is the
+    product of their candidate counts (a tree query's leaves, say)."""
+    refers = [max([j for j, _ in plan.backward[d]] + plan.same_label[d] + plan.less[d] + plan.greater[d],
+                  default=-1) for d in range(plan.depth)]
+    t = max(plan.depth - 1, 1)
+    while t > 1 and max(refers[t - 1:]) < t - 1:
+        t -= 1
+    return t
 
 
 def plan_set(plans: list[Plan], query_of: list[int]) -> PlanSet:
@@ -86,7 +100,8 @@ def plan_set(plans: list[Plan], query_of: list[int]) -> PlanSet:
                 chk_el.extend([0] * len(kind))
             row.append(len(chk_j))
             chk.append(row)
-    return PlanSet(off, depth, np.array(query_of, np.int64), np.array(order, np.int64), np.array(qlab, np.int32),
+    tail = np.array([_tail(p) for p in plans], np.int64)
+    return PlanSet(off, depth, np.array(query_of, np.int64), tail, np.array(order, np.int64), np.array(qlab, np.int32),
                    np.array(chk, np.int64).reshape(-1, 5), np.array(chk_j, np.int64), np.array(chk_el, np.int32))
 
 
@@ -193,6 +208,24 @@ def _accept(gv, ps, r, d, t, st, i, cand):
 
 
 @njit(cache=True, nogil=True)
+def _tail_count(gv, ps, off, d0, k, t, st, cand):
+    """The completions of the images above depth d0, which starts an independent tail (count-only):
+    the product of each tail depth's candidate count. Returns (count, candidates looked at)."""
+    total, looked = 1, 0
+    for d in range(d0, k):
+        _open(gv, ps, off + d, d, t, st)
+        n = 0
+        for i in range(st.pos[d], st.end[d]):
+            n += _accept(gv, ps, off + d, d, t, st, i, cand)
+        looked += st.end[d] - st.pos[d]
+        st.pos[d] = st.end[d]
+        if n == 0:
+            return 0, looked
+        total *= n
+    return total, looked
+
+
+@njit(cache=True, nogil=True)
 def _write(ps, off, k, m, out, n):
     """Row n of out: the images in query-vertex order."""
     for j in range(k):
@@ -224,6 +257,15 @@ def _run(gv, ps, p, t, cand, st, d0, out, n_out, materialize, budget, limit):
         if d + 1 < k:
             st.pos[d] = i + 1
             st.m[d] = gv.e_nbr[i]
+            if d + 1 == ps.tail[p] and not materialize:
+                n, looked = _tail_count(gv, ps, off, d + 1, k, t, st, cand)
+                budget = max(budget - looked, 0) if budget > 0 else budget
+                found += n
+                if limit >= 0 and found >= limit:
+                    found = limit
+                    why = LIMIT
+                    break
+                continue
             d += 1
             _open(gv, ps, off + d, d, t, st)
             continue
@@ -264,6 +306,15 @@ def static_step(gv, ps, cand, roots, st, out, materialize, budget, limit):
                 found += 1
                 if found == limit:
                     return LIMIT, n_out, found
+                continue
+            if ps.tail[0] == 1 and not materialize:
+                n, looked = _tail_count(gv, ps, 0, 1, k, 0, st, cand)
+                budget = max(budget - looked, 0)
+                found += n
+                if limit >= 0 and found >= limit:
+                    return LIMIT, n_out, limit
+                if budget == 0:
+                    return BUDGET, n_out, found
                 continue
             _open(gv, ps, 1, 1, 0, st)
             st.at[0] = 1
@@ -315,6 +366,8 @@ def match_edges(gv, ps, e_seq, e_a, e_b, e_el, materialize, width):
                         _write(ps, off, 2, st.m, out, n_out)
                         n_out += 1
                     counts[q, e] += 1
+                elif ps.tail[p] <= 2 and not mat:
+                    counts[q, e] += _tail_count(gv, ps, off, 2, k, t, st, none)[0]
                 else:
                     _open(gv, ps, off + 2, 2, t, st)
                     st.at[0] = 2
