@@ -12,7 +12,7 @@ import weakref
 
 import numpy as np
 
-from csmd.cpu.dfs import DONE, LIMIT, graph_view, match_edges, new_state, plan_set, static_step
+from csmd.cpu.dfs import DONE, LIMIT, Memo, graph_view, match_edges, new_state, plan_set, static_step
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import MultiVersionGraph
@@ -20,6 +20,7 @@ from csmd.engine import ContinuousQuery, Done, Matches, SearchResult, StaticMatc
 from csmd.model.plan import Plan, make_plan, plan_query
 
 STEP_CANDIDATES = 1 << 20  # candidates a static search looks at between two time-limit checks (a few ms)
+STATIC_MEMO_BYTES = 64 << 20  # a static search memoises segment counts when that fits in this
 _arenas: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> its arena (`csmd match` runs many queries on one)
 
 
@@ -46,11 +47,14 @@ def search(g, plan: Plan, *, limit=None, time_limit=None, sink=None,
     chunk = max(1, min(1 << 16, budget_bytes // (4 * plan.depth))) if sink is not None else 0
     out = np.zeros((chunk, plan.depth), np.int32)
     view = _view(g)
+    cells = plan.depth * len(view.labels) if 16 * plan.depth * len(view.labels) <= STATIC_MEMO_BYTES else 0
+    memo = Memo(np.zeros(cells, np.int64).reshape(-1, len(view.labels)), np.zeros(cells, np.int64).reshape(
+        -1, len(view.labels)))
     count, complete = 0, False
     while limit is None or count < limit:
         if deadline is not None and time.monotonic() > deadline:
             break
-        why, rows, found = static_step(view, ps, cand, roots, st, out, sink is not None, STEP_CANDIDATES,
+        why, rows, found = static_step(view, ps, cand, memo, roots, st, out, sink is not None, STEP_CANDIDATES,
                                        -1 if limit is None else limit - count)
         count += found
         if rows:  # the chunk leaves before the search goes on (FULL resumes there)
@@ -92,6 +96,8 @@ class CompiledEngine(CpuEngine):
     def __init__(self, g0):
         super().__init__(g0)
         self._registered = None  # the last query list submitted and its flattened plans
+        self._memo = Memo(np.zeros((0, 0), np.int64), np.zeros((0, 0), np.int64))
+        self._sid = 0  # the memo's last search id
 
     def prepare(self, query: ContinuousQuery) -> CompiledQuery:
         return CompiledQuery(query)
@@ -113,9 +119,15 @@ class CompiledEngine(CpuEngine):
         with self._writing:
             self._reading.acquire()
             view = graph_view(self.mvg, self.mvg.cur.view().copy())
+        depth = int(ps.depth.max())
+        if self._memo.stamp.shape[0] < depth or self._memo.stamp.shape[1] < len(view.labels):
+            shape = (max(depth, self._memo.stamp.shape[0]), len(view.labels))
+            self._memo = Memo(np.zeros(shape, np.int64), np.zeros(shape, np.int64))
+            self._sid = 0
         try:
-            counts, rows, row_q, row_op = match_edges(view, ps, batch.edge_seq, batch.edge_a, batch.edge_b,
-                                                      batch.edge_label, materialize, width)
+            counts, rows, row_q, row_op, self._sid = match_edges(view, ps, batch.edge_seq, batch.edge_a, batch.edge_b,
+                                                                 batch.edge_label, materialize, width, self._memo,
+                                                                 self._sid)
         finally:
             self._reading.release()
         out = {}

@@ -64,17 +64,47 @@ class PlanSet(NamedTuple):
     chk: np.ndarray  # int64 (rows, 5): check kind k of a row is chk_j[chk[r, k]:chk[r, k + 1]]
     chk_j: np.ndarray  # int64: the earlier depth a check refers to
     chk_el: np.ndarray  # int32: the edge label of a backward check
+    seg: np.ndarray  # int64 per row: where the independent segment that starts at it ends (_segments)
+    memo: np.ndarray  # int64 per row: the one earlier depth its segment refers to (its count is memoised
+                      # by that depth's image), -1 when it refers to several
+
+
+def _refers(plan: Plan) -> list[set[int]]:
+    """The earlier depths each depth's checks refer to (edges, injectivity, symmetry)."""
+    return [{j for j, _ in plan.backward[d]} | set(plan.same_label[d]) | set(plan.less[d]) | set(plan.greater[d])
+            for d in range(plan.depth)]
+
+
+def _segments(plan: Plan) -> list[int]:
+    """Per depth d: the smallest e > d such that no depth from e on refers to one in [d, e). Given
+    the images above d, the completions of [d, e) and of [e, k) are then independent, and the
+    matches below d number their product (a tree query's subtrees, say)."""
+    refers, k = _refers(plan), plan.depth
+    seg = []
+    for d in range(k):
+        e = d + 1
+        while any(refers[x] & set(range(d, e)) for x in range(e, k)):
+            e += 1
+        seg.append(e)
+    return seg
+
+
+def _boundaries(plan: Plan, seg: list[int]) -> list[int]:
+    """Per depth d: the one depth above d that the segment [d, seg[d]) refers to, else -1."""
+    refers = _refers(plan)
+    out = []
+    for d, e in enumerate(seg):
+        outside = set().union(*refers[d:e]) - set(range(d, e))
+        out.append(outside.pop() if len(outside) == 1 else -1)
+    return out
 
 
 def _tail(plan: Plan) -> int:
-    """The first depth T (>= 1) from which no depth refers to another depth >= T: no edge, no
-    injectivity or symmetry check between them. Given the images above T, the candidates of
-    each such depth do not depend on the others', so their number of completions is the
-    product of their candidate counts (a tree query's leaves, say)."""
-    refers = [max([j for j, _ in plan.backward[d]] + plan.same_label[d] + plan.less[d] + plan.greater[d],
-                  default=-1) for d in range(plan.depth)]
+    """The first depth T (>= 1) from which no depth refers to another depth >= T: each depth of
+    the tail is a segment of its own, so its completions are a product of candidate counts."""
+    refers = _refers(plan)
     t = max(plan.depth - 1, 1)
-    while t > 1 and max(refers[t - 1:]) < t - 1:
+    while t > 1 and all(j < t - 1 for x in range(t - 1, plan.depth) for j in refers[x]):
         t -= 1
     return t
 
@@ -83,10 +113,13 @@ def plan_set(plans: list[Plan], query_of: list[int]) -> PlanSet:
     """Flatten plans (plans[i] belongs to query query_of[i])."""
     depth = np.array([p.depth for p in plans], np.int64)
     off = np.concatenate([[0], np.cumsum(depth)[:-1]]).astype(np.int64)
-    order, qlab, chk, chk_j, chk_el = [], [], [], [], []
+    order, qlab, chk, chk_j, chk_el, seg, memo = [], [], [], [], [], [], []
     for p in plans:
         if p.depth > MAX_DEPTH:
             raise ValueError(f"a query has {p.depth} vertices; at most {MAX_DEPTH} are supported")
+        segments = _segments(p)
+        seg.extend(segments)
+        memo.extend(_boundaries(p, segments))
         for i, u in enumerate(p.order):
             order.append(u)
             qlab.append(int(p.query.labels[u]))
@@ -102,7 +135,8 @@ def plan_set(plans: list[Plan], query_of: list[int]) -> PlanSet:
             chk.append(row)
     tail = np.array([_tail(p) for p in plans], np.int64)
     return PlanSet(off, depth, np.array(query_of, np.int64), tail, np.array(order, np.int64), np.array(qlab, np.int32),
-                   np.array(chk, np.int64).reshape(-1, 5), np.array(chk_j, np.int64), np.array(chk_el, np.int32))
+                   np.array(chk, np.int64).reshape(-1, 5), np.array(chk_j, np.int64), np.array(chk_el, np.int32),
+                   np.array(seg, np.int64), np.array(memo, np.int64))
 
 
 class State(NamedTuple):
@@ -115,12 +149,17 @@ class State(NamedTuple):
     rs: np.ndarray  # int64 (MAX_DEPTH, MAX_DEPTH): start of each backward range
     re: np.ndarray
     at: np.ndarray  # int64 (2,): the current depth, the next root (static search)
+    acc: np.ndarray  # int64 (MAX_DEPTH,): counting, per depth: the segment's completions so far
+    prod: np.ndarray  # int64 (MAX_DEPTH,): counting: the product along the current candidate's chain
+    stack: np.ndarray  # int64 (MAX_DEPTH,): counting: the depths of the open segments
 
 
-def new_state() -> State:
+@njit(cache=True, nogil=True)
+def new_state():
     d = MAX_DEPTH
     return State(np.zeros(d, np.int32), np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros(d, np.int64),
-                 np.zeros((d, d), np.int64), np.zeros((d, d), np.int64), np.zeros(2, np.int64))
+                 np.zeros((d, d), np.int64), np.zeros((d, d), np.int64), np.zeros(2, np.int64),
+                 np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros(d, np.int64))
 
 
 # ---- reading the graph at a timestamp ----------------------------------------------------------
@@ -207,22 +246,96 @@ def _accept(gv, ps, r, d, t, st, i, cand):
     return True
 
 
+class Memo(NamedTuple):
+    """Segment counts by (depth, image of the segment's one boundary depth), valid while stamp == the
+    search's id: a segment's count depends on nothing else at one timestamp of one plan."""
+
+    stamp: np.ndarray  # int64 (depths, vertices)
+    count: np.ndarray  # int64 (depths, vertices); no rows: no memo
+
+
 @njit(cache=True, nogil=True)
-def _tail_count(gv, ps, off, d0, k, t, st, cand):
-    """The completions of the images above depth d0, which starts an independent tail (count-only):
-    the product of each tail depth's candidate count. Returns (count, candidates looked at)."""
-    total, looked = 1, 0
-    for d in range(d0, k):
-        _open(gv, ps, off + d, d, t, st)
-        n = 0
-        for i in range(st.pos[d], st.end[d]):
-            n += _accept(gv, ps, off + d, d, t, st, i, cand)
-        looked += st.end[d] - st.pos[d]
-        st.pos[d] = st.end[d]
-        if n == 0:
-            return 0, looked
-        total *= n
-    return total, looked
+def _recall(ps, off, y, st, memo, sid):
+    """(whether known, count) of the segment at depth y."""
+    b = ps.memo[off + y]
+    if b < 0 or memo.stamp.shape[0] == 0:
+        return False, 0
+    v = st.m[b]
+    if memo.stamp[y, v] != sid:
+        return False, 0
+    return True, memo.count[y, v]
+
+
+@njit(cache=True, nogil=True)
+def _chain(ps, off, p, y, st, memo, sid):
+    """Go on along depth p's current candidate: the segments y, seg[y], ... up to p's segment end
+    multiply. Returns the first segment that must be searched, or -1 when the chain is done
+    (its product then added to p's count)."""
+    e = ps.seg[off + p]
+    while y < e:
+        known, v = _recall(ps, off, y, st, memo, sid)
+        if not known:
+            return y
+        st.prod[p] *= v
+        if v == 0:
+            return -1
+        y = ps.seg[off + y]
+    st.acc[p] += st.prod[p]
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _segment_count(gv, ps, off, y0, t, st, cand, memo, sid):
+    """The completions of the segment [y0, seg[y0]) given the images above y0: the sum over y0's
+    candidates of the product of the segments below it (an explicit stack: one frame per open
+    segment)."""
+    known, v = _recall(ps, off, y0, st, memo, sid)
+    if known:
+        return v
+    sp = 0
+    st.stack[0] = y0
+    st.acc[y0] = 0
+    _open(gv, ps, off + y0, y0, t, st)
+    while True:
+        d = st.stack[sp]
+        nxt = -1
+        while st.pos[d] < st.end[d] and nxt < 0:
+            i = st.pos[d]
+            st.pos[d] = i + 1
+            if _accept(gv, ps, off + d, d, t, st, i, cand):
+                st.m[d] = gv.e_nbr[i]
+                st.prod[d] = 1
+                nxt = _chain(ps, off, d, d + 1, st, memo, sid)
+        if nxt < 0:  # d's candidates are exhausted: its segment's count is known
+            v = st.acc[d]
+            b = ps.memo[off + d]
+            if b >= 0 and memo.stamp.shape[0]:
+                memo.stamp[d, st.m[b]] = sid
+                memo.count[d, st.m[b]] = v
+            if sp == 0:
+                return v
+            sp -= 1
+            p = st.stack[sp]
+            st.prod[p] *= v
+            nxt = _chain(ps, off, p, ps.seg[off + d], st, memo, sid) if v else -1
+            if nxt < 0:
+                continue
+        # open the next segment of the current candidate
+        sp += 1
+        st.stack[sp] = nxt
+        st.acc[nxt] = 0
+        _open(gv, ps, off + nxt, nxt, t, st)
+
+
+@njit(cache=True, nogil=True)
+def _count(gv, ps, off, d, end, t, st, cand, memo, sid):
+    """The completions of depths [d, end) given the images above d (count-only; nothing from end
+    on refers into [d, end)): the product of its segments' counts."""
+    total = 1
+    while d < end and total:
+        total *= _segment_count(gv, ps, off, d, t, st, cand, memo, sid)
+        d = ps.seg[off + d]
+    return total
 
 
 @njit(cache=True, nogil=True)
@@ -233,7 +346,7 @@ def _write(ps, off, k, m, out, n):
 
 
 @njit(cache=True, nogil=True)
-def _run(gv, ps, p, t, cand, st, d0, out, n_out, materialize, budget, limit):
+def _run(gv, ps, p, t, cand, memo, sid, st, d0, out, n_out, materialize, budget, limit):
     """Continue plan p's search below depth d0 - 1 (fixed images) until it is exhausted (DONE), out
     is full (FULL), `budget` candidates were looked at (BUDGET, -1: none) or `limit` matches were
     found (LIMIT, -1: none). Returns (why, rows in out, matches found, budget left)."""
@@ -258,9 +371,7 @@ def _run(gv, ps, p, t, cand, st, d0, out, n_out, materialize, budget, limit):
             st.pos[d] = i + 1
             st.m[d] = gv.e_nbr[i]
             if d + 1 == ps.tail[p] and not materialize:
-                n, looked = _tail_count(gv, ps, off, d + 1, k, t, st, cand)
-                budget = max(budget - looked, 0) if budget > 0 else budget
-                found += n
+                found += _count(gv, ps, off, d + 1, k, t, st, cand, memo, sid)
                 if limit >= 0 and found >= limit:
                     found = limit
                     why = LIMIT
@@ -286,9 +397,10 @@ def _run(gv, ps, p, t, cand, st, d0, out, n_out, materialize, budget, limit):
 
 
 @njit(cache=True, nogil=True)
-def static_step(gv, ps, cand, roots, st, out, materialize, budget, limit):
+def static_step(gv, ps, cand, memo, roots, st, out, materialize, budget, limit):
     """Search plan 0 from roots[st.at[1]:] until done, out full, budget spent or limit reached.
-    Returns (why, rows in out, matches found); st holds where to resume."""
+    Returns (why, rows in out, matches found); st holds where to resume. The memo's search id is
+    1: the graph does not change."""
     k = ps.depth[0]
     n_out, found = 0, 0
     while True:
@@ -308,17 +420,13 @@ def static_step(gv, ps, cand, roots, st, out, materialize, budget, limit):
                     return LIMIT, n_out, found
                 continue
             if ps.tail[0] == 1 and not materialize:
-                n, looked = _tail_count(gv, ps, 0, 1, k, 0, st, cand)
-                budget = max(budget - looked, 0)
-                found += n
+                found += _count(gv, ps, 0, 1, k, 0, st, cand, memo, 1)
                 if limit >= 0 and found >= limit:
                     return LIMIT, n_out, limit
-                if budget == 0:
-                    return BUDGET, n_out, found
                 continue
             _open(gv, ps, 1, 1, 0, st)
             st.at[0] = 1
-        why, n_out, f, budget = _run(gv, ps, 0, 0, cand, st, 1, out, n_out, materialize, budget,
+        why, n_out, f, budget = _run(gv, ps, 0, 0, cand, memo, 1, st, 1, out, n_out, materialize, budget,
                                      -1 if limit < 0 else limit - found)
         found += f
         if why != DONE:
@@ -326,13 +434,14 @@ def static_step(gv, ps, cand, roots, st, out, materialize, budget, limit):
 
 
 @njit(cache=True, nogil=True)
-def match_edges(gv, ps, e_seq, e_a, e_b, e_el, materialize, width):
+def match_edges(gv, ps, e_seq, e_a, e_b, e_el, materialize, width, memo, sid):
     """Incremental matching of a batch's edge ops for every plan (one per query and anchor edge).
 
     Each op {a, b} at timestamp e_seq is mapped onto the plan's anchor (depths 0 and 1) in both
     orientations, and the rest of the plan is searched at that timestamp. Returns the matches per
     (query, op) and, for the queries with materialize[q], every match: rows (query-vertex order,
-    padded to width), their query and their op.
+    padded to width), their query and their op. memo and sid: segment counts (Memo), and the
+    last search id used with it; returns the new last id too.
     """
     nq = len(materialize)
     counts = np.zeros((nq, len(e_seq)), np.int64)
@@ -341,9 +450,7 @@ def match_edges(gv, ps, e_seq, e_a, e_b, e_el, materialize, width):
     out_op = np.zeros(64, np.int64)
     none = np.zeros((0, 0), np.bool_)
     n_out = 0
-    st = State(np.zeros(MAX_DEPTH, np.int32), np.zeros(MAX_DEPTH, np.int64), np.zeros(MAX_DEPTH, np.int64),
-               np.zeros(MAX_DEPTH, np.int64), np.zeros((MAX_DEPTH, MAX_DEPTH), np.int64),
-               np.zeros((MAX_DEPTH, MAX_DEPTH), np.int64), np.zeros(2, np.int64))
+    st = new_state()
     for p in range(len(ps.off)):
         off, k, q = ps.off[p], ps.depth[p], ps.query[p]
         mat = materialize[q]
@@ -353,6 +460,7 @@ def match_edges(gv, ps, e_seq, e_a, e_b, e_el, materialize, width):
             if e_el[e] != el:
                 continue
             t = e_seq[e]
+            sid += 1  # a new (plan, timestamp): the memo's counts so far do not hold
             for o in range(2):
                 u0, u1 = (e_a[e], e_b[e]) if o == 0 else (e_b[e], e_a[e])
                 if gv.labels[u0] != lx or gv.labels[u1] != ly:
@@ -366,20 +474,20 @@ def match_edges(gv, ps, e_seq, e_a, e_b, e_el, materialize, width):
                         _write(ps, off, 2, st.m, out, n_out)
                         n_out += 1
                     counts[q, e] += 1
-                elif ps.tail[p] <= 2 and not mat:
-                    counts[q, e] += _tail_count(gv, ps, off, 2, k, t, st, none)[0]
+                elif not mat:
+                    counts[q, e] += _count(gv, ps, off, 2, k, t, st, none, memo, sid)
                 else:
                     _open(gv, ps, off + 2, 2, t, st)
                     st.at[0] = 2
                     while True:
-                        why, n_out, f, _ = _run(gv, ps, p, t, none, st, 2, out, n_out, mat, -1, -1)
+                        why, n_out, f, _ = _run(gv, ps, p, t, none, memo, sid, st, 2, out, n_out, mat, -1, -1)
                         counts[q, e] += f
                         if why != FULL:
                             break
                         out, out_q, out_op = _grow(out, out_q, out_op)
                 out_q[first:n_out] = q
                 out_op[first:n_out] = e
-    return counts, out[:n_out], out_q[:n_out], out_op[:n_out]
+    return counts, out[:n_out], out_q[:n_out], out_op[:n_out], sid
 
 
 @njit(cache=True, nogil=True)
