@@ -16,6 +16,7 @@ from csmd.cpu.dfs import DONE, LIMIT, Memo, graph_view, match_edges, new_state, 
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import MultiVersionGraph
+from csmd.cpu.updater import apply_edges
 from csmd.engine import ContinuousQuery, Done, Matches, SearchResult, StaticMatcher, UpdateBatch
 from csmd.model.plan import Plan, make_plan, plan_query
 
@@ -84,7 +85,7 @@ class CompiledQuery:
 
 
 class CompiledEngine(CpuEngine):
-    """The numpy engine's multi-version graph, matched by the compiled search.
+    """The numpy engine's multi-version graph, updated (updater.py) and matched by compiled code.
 
     The kernel runs without the GIL, so the updater may apply later batches meanwhile:
     it reads a copy of the newest-version table (the one array apply changes in place)
@@ -98,6 +99,9 @@ class CompiledEngine(CpuEngine):
         self._registered = None  # the last query list submitted and its flattened plans
         self._memo = Memo(np.zeros((0, 0), np.int64), np.zeros((0, 0), np.int64))
         self._sid = 0  # the memo's last search id
+
+    def _apply_edges(self, *ops):
+        return apply_edges(self.mvg, *ops)
 
     def prepare(self, query: ContinuousQuery) -> CompiledQuery:
         return CompiledQuery(query)

@@ -43,13 +43,16 @@ class GraphView(NamedTuple):
     e_el: np.ndarray
     e_ct: np.ndarray  # int64 per entry
     e_dt: np.ndarray
+    v_es: np.ndarray  # int64 per version: its entries (the updater copies them)
+    v_ee: np.ndarray
 
 
 def graph_view(mvg, cur: np.ndarray | None = None) -> GraphView:
     """The arrays of `mvg` now. Appends never change what a read at an earlier timestamp sees,
     but `cur` is updated in place: a search that may overlap the updater passes a copy."""
     return GraphView(mvg.labels.a, mvg.cur.a if cur is None else cur, mvg.v_ct_min.a, mvg.v_prev.a,
-                     mvg.g_key.view(), mvg.g_start.a, mvg.g_end.a, mvg.e_nbr.a, mvg.e_el.a, mvg.e_ct.a, mvg.e_dt.a)
+                     mvg.g_key.view(), mvg.g_start.a, mvg.g_end.a, mvg.e_nbr.a, mvg.e_el.a, mvg.e_ct.a, mvg.e_dt.a,
+                     mvg.v_es.a, mvg.v_ee.a)
 
 
 class PlanSet(NamedTuple):
@@ -164,7 +167,7 @@ def new_state():
 
 # ---- reading the graph at a timestamp ----------------------------------------------------------
 @njit(cache=True, nogil=True)
-def _lower_bound(a, lo, hi, x):
+def lower_bound(a, lo, hi, x):
     """The first position in the sorted a[lo:hi] whose value is not below x."""
     while lo < hi:
         mid = (lo + hi) >> 1
@@ -176,7 +179,7 @@ def _lower_bound(a, lo, hi, x):
 
 
 @njit(cache=True, nogil=True)
-def _group(gv, v, label, t):
+def group_range(gv, v, label, t):
     """Entry range of v's neighbours with `label` in v's version at t."""
     vid = gv.cur[v]
     while vid >= 0 and gv.ct_min[vid] >= t:
@@ -184,7 +187,7 @@ def _group(gv, v, label, t):
     if vid < 0:
         return 0, 0
     key = (vid << 31) | label
-    lo = _lower_bound(gv.g_key, 0, len(gv.g_key), key)
+    lo = lower_bound(gv.g_key, 0, len(gv.g_key), key)
     if lo < len(gv.g_key) and gv.g_key[lo] == key:
         return gv.g_start[lo], gv.g_end[lo]
     return 0, 0
@@ -193,7 +196,7 @@ def _group(gv, v, label, t):
 @njit(cache=True, nogil=True)
 def _has_edge(gv, s, e, c, el, t):
     """Is there an entry for neighbour c in [s, e), visible at t, with edge label el?"""
-    lo = _lower_bound(gv.e_nbr, s, e, c)
+    lo = lower_bound(gv.e_nbr, s, e, c)
     # a pair deleted and re-inserted within one version has several entries, one visible
     while lo < e and gv.e_nbr[lo] == c:
         if gv.e_ct[lo] < t and t <= gv.e_dt[lo]:
@@ -209,7 +212,7 @@ def _open(gv, ps, r, d, t, st):
     lo, hi = ps.chk[r, BACKWARD], ps.chk[r, BACKWARD + 1]
     best, size = 0, -1
     for k in range(hi - lo):
-        s, e = _group(gv, st.m[ps.chk_j[lo + k]], ps.qlab[r], t)
+        s, e = group_range(gv, st.m[ps.chk_j[lo + k]], ps.qlab[r], t)
         st.rs[d, k], st.re[d, k] = s, e
         if size < 0 or e - s < size:
             best, size = k, e - s

@@ -46,7 +46,10 @@ class CpuEngine(ContinuousEngine):
         with self._writing:
             if len(batch.new_labels):
                 self.mvg.add_vertices(batch.new_labels)
-            return self.mvg.apply(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
+            return self._apply_edges(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
+
+    def _apply_edges(self, *ops):
+        return self.mvg.apply(*ops)
 
     def release(self, tokens) -> None:
         with self._writing, self._reading:
