@@ -77,21 +77,24 @@ def _write(ar, own, nbr, ts, lab, sgn, starts, first, size, e0, g0, v0):
     """Write the new version of every run with an insertion at arena offsets e0 (entries), g0
     (groups), v0 (versions), in run order. Returns the number of groups written."""
     e, g, v = e0, g0, v0
+    cap = size.max() if len(size) else 0
+    t_nbr = np.empty(cap, np.int32)
+    t_el = np.empty(cap, np.int32)
+    t_ct = np.empty(cap, np.int64)
+    t_dt = np.empty(cap, np.int64)
+    t_key = np.empty(cap, np.int64)
     for r in range(len(first)):
         if first[r] == INF:
             continue
         u = own[starts[r]]
         old = ar.cur[u]
         k = 0
-        t_nbr = np.empty(size[r], np.int32)
-        t_el = np.empty(size[r], np.int32)
-        t_ct = np.empty(size[r], np.int64)
-        t_dt = np.empty(size[r], np.int64)
-        if old >= 0:
+        if old >= 0:  # the live entries, already in (label, neighbour) order
             for j in range(ar.v_es[old], ar.v_ee[old]):
                 if ar.e_dt[j] == INF:
                     t_nbr[k], t_el[k], t_ct[k], t_dt[k] = ar.e_nbr[j], ar.e_el[j], ar.e_ct[j], INF
                     k += 1
+        copied = k
         for i in range(starts[r], starts[r + 1]):
             if ts[i] < first[r]:
                 continue  # applied in place
@@ -103,23 +106,30 @@ def _write(ar, own, nbr, ts, lab, sgn, starts, first, size, e0, g0, v0):
                 while t_nbr[x] != nbr[i] or t_dt[x] != INF:
                     x -= 1
                 t_dt[x] = ts[i]
-        # (label, neighbour), stable: equal pairs stay in ct order, as they were appended
-        key = (ar.labels[t_nbr].astype(np.int64) << 32) | t_nbr.astype(np.int64)
-        o = np.argsort(key, kind="mergesort")
-        es = e
         for x in range(k):
-            j = o[x]
-            lab_x = key[j] >> 32
-            if x == 0 or lab_x != key[o[x - 1]] >> 32:
-                if x:
+            t_key[x] = (np.int64(ar.labels[t_nbr[x]]) << 32) | t_nbr[x]
+        # merge the copied entries with the inserted ones sorted stably (equal pairs keep their
+        # time order): the version is in (label, neighbour, ct) order
+        ins = copied + np.argsort(t_key[copied:k], kind="mergesort")
+        es, a, b = e, 0, 0
+        while a < copied or b < k - copied:
+            if b == k - copied or (a < copied and t_key[a] <= t_key[ins[b]]):
+                x = a
+                a += 1
+            else:
+                x = ins[b]
+                b += 1
+            label = t_key[x] >> 32
+            if e == es or label != ar.g_key[g - 1] & ((1 << 31) - 1):
+                if e > es:
                     ar.g_end[g - 1] = e
-                ar.g_key[g] = (np.int64(v) << 31) | lab_x
+                ar.g_key[g] = (np.int64(v) << 31) | label
                 ar.g_start[g] = e
                 g += 1
-            ar.e_nbr[e], ar.e_el[e], ar.e_ct[e], ar.e_dt[e] = t_nbr[j], t_el[j], t_ct[j], t_dt[j]
-            ar.e_key[e] = (np.int64(g - 1) << 31) | t_nbr[j]
+            ar.e_nbr[e], ar.e_el[e], ar.e_ct[e], ar.e_dt[e] = t_nbr[x], t_el[x], t_ct[x], t_dt[x]
+            ar.e_key[e] = (np.int64(g - 1) << 31) | t_nbr[x]
             e += 1
-        if k:
+        if e > es:
             ar.g_end[g - 1] = e
         ar.v_vertex[v], ar.v_ct_min[v], ar.v_prev[v], ar.v_es[v], ar.v_ee[v] = u, first[r], old, es, e
         ar.v_live[v] = True
