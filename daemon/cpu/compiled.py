@@ -12,10 +12,10 @@ import weakref
 
 import numpy as np
 
-from csmd.cpu.dfs import DONE, LIMIT, Memo, graph_view, match_edges, new_state, plan_set, static_step
+from csmd.cpu.dfs import DONE, LIMIT, Memo, edge_labels, graph_view, match_edges, new_state, plan_set, static_step
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
-from csmd.cpu.mvg import MultiVersionGraph
+from csmd.cpu.mvg import INF, MultiVersionGraph
 from csmd.cpu.updater import apply_edges
 from csmd.engine import ContinuousQuery, Done, Matches, SearchResult, StaticMatcher, UpdateBatch
 from csmd.model.plan import Plan, make_plan, plan_query
@@ -102,6 +102,10 @@ class CompiledEngine(CpuEngine):
 
     def _apply_edges(self, *ops):
         return apply_edges(self.mvg, *ops)
+
+    def live_edge_labels(self, a, b):
+        with self._writing:
+            return edge_labels(graph_view(self.mvg), np.asarray(a, np.int64), np.asarray(b, np.int64), INF - 1)
 
     def prepare(self, query: ContinuousQuery) -> CompiledQuery:
         return CompiledQuery(query)

@@ -194,15 +194,34 @@ def group_range(gv, v, label, t):
 
 
 @njit(cache=True, nogil=True)
+def find_entry(gv, s, e, c, t):
+    """The entry for neighbour c in [s, e) visible at t, -1 if none."""
+    j = lower_bound(gv.e_nbr, s, e, c)
+    # a pair deleted and re-inserted within one version has several entries, one visible
+    while j < e and gv.e_nbr[j] == c:
+        if gv.e_ct[j] < t and t <= gv.e_dt[j]:
+            return j
+        j += 1
+    return -1
+
+
+@njit(cache=True, nogil=True)
 def _has_edge(gv, s, e, c, el, t):
     """Is there an entry for neighbour c in [s, e), visible at t, with edge label el?"""
-    lo = lower_bound(gv.e_nbr, s, e, c)
-    # a pair deleted and re-inserted within one version has several entries, one visible
-    while lo < e and gv.e_nbr[lo] == c:
-        if gv.e_ct[lo] < t and t <= gv.e_dt[lo]:
-            return gv.e_el[lo] == el
-        lo += 1
-    return False
+    j = find_entry(gv, s, e, c, t)
+    return j >= 0 and gv.e_el[j] == el
+
+
+@njit(cache=True, nogil=True)
+def edge_labels(gv, a, b, t):
+    """The label of the edge {a[i], b[i]} visible at t, -1 where there is none."""
+    out = np.full(len(a), -1, np.int32)
+    for i in range(len(a)):
+        s, e = group_range(gv, a[i], gv.labels[b[i]], t)
+        j = find_entry(gv, s, e, b[i], t)
+        if j >= 0:
+            out[i] = gv.e_el[j]
+    return out
 
 
 # ---- the search ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from csmd.cpu.dfs import graph_view, group_range, lower_bound
+from csmd.cpu.dfs import find_entry, graph_view, group_range
 from csmd.cpu.mvg import INF, MultiVersionGraph
 
 
@@ -55,10 +55,8 @@ def _sizes(gv, own, nbr, ts, sgn, starts):
                 first[r] = ts[i]
                 break
             s, e = group_range(gv, own[i], gv.labels[nbr[i]], INF - 1)
-            j = lower_bound(gv.e_nbr, s, e, nbr[i])
-            while j < e and gv.e_nbr[j] == nbr[i] and gv.e_dt[j] != INF:
-                j += 1
-            if j == e or gv.e_nbr[j] != nbr[i]:
+            j = find_entry(gv, s, e, nbr[i], INF - 1)  # the live entry: dt == INF
+            if j < 0:
                 return first, size, False
             gv.e_dt[j] = ts[i]
         if first[r] == INF:
