@@ -12,13 +12,10 @@ first-use compile time (a fresh numba cache) against a warm start.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
+
+from first_use import first_use
 
 from csmd.cli.replay import replay
 from csmd.model.formats import read_graph, read_query
@@ -42,15 +39,6 @@ def read_rapidflow(path: Path) -> dict[str, float]:
             name, _, vm = line.split()[:3]
             out[name] = float(vm)
     return out
-
-
-def first_use_seconds(root: Path, cache_dir: str) -> float:
-    """Wall time of a one-query replay in a fresh process with the given numba cache."""
-    cmd = [sys.executable, "-m", "csmd", "replay", "--json", "--backend", "cpu", "--data", str(root / "data.graph"),
-           "--stream", str(root / "insertion.graph"), "--query", str(root / "queries" / "Q_1.graph")]
-    t0 = time.monotonic()
-    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "NUMBA_CACHE_DIR": cache_dir})
-    return time.monotonic() - t0
 
 
 def main() -> None:
@@ -92,9 +80,8 @@ def main() -> None:
         sec, _ = measure(g0, stream, [("nothing", nothing)], args.batch_size, args.runs, backend)
         print(f"fixed per-update cost, engine {backend:<6} {sec:>8.3f} s   {sec / updates * 1e6:.1f} us per update")
     if not args.no_compile_time:
-        with tempfile.TemporaryDirectory() as cache:
-            cold = first_use_seconds(root, cache)
-            warm = first_use_seconds(root, cache)
+        cold, warm = first_use(["replay", "--json", "--backend", "cpu", "--data", str(root / "data.graph"), "--stream",
+                                str(stream), "--query", str(root / "queries" / "Q_1.graph")])
         print(f"compiled engine, one-query replay in a fresh process: {cold:.1f} s with an empty numba cache "
               f"(first use: compiles), {warm:.1f} s with it warm")
 

@@ -23,6 +23,10 @@ from numba import njit
 from csmd.model.plan import Plan
 
 MAX_DEPTH = 32  # query vertices (GUIDE 1)
+# The search's functions allocate nothing, so they run without numba's reference counting: with
+# it, every call increfs and decrefs each array it is passed (tens of them in the NamedTuples),
+# which cost ten times the check being made.
+hot = njit(cache=True, nogil=True, _nrt=False)
 # the checks of one depth, in this order: backward edges, same-label (injectivity), less, greater
 BACKWARD, SAME_LABEL, LESS, GREATER = range(4)
 # why a search stopped
@@ -151,7 +155,7 @@ class State(NamedTuple):
     piv: np.ndarray  # int64 (MAX_DEPTH,): which backward range the candidates come from
     rs: np.ndarray  # int64 (MAX_DEPTH, MAX_DEPTH): start of each backward range
     re: np.ndarray
-    at: np.ndarray  # int64 (2,): the current depth, the next root (static search)
+    at: np.ndarray  # int64 (3,): the current depth, the next root (static search), candidates counted
     acc: np.ndarray  # int64 (MAX_DEPTH,): counting, per depth: the segment's completions so far
     prod: np.ndarray  # int64 (MAX_DEPTH,): counting: the product along the current candidate's chain
     stack: np.ndarray  # int64 (MAX_DEPTH,): counting: the depths of the open segments
@@ -161,12 +165,12 @@ class State(NamedTuple):
 def new_state():
     d = MAX_DEPTH
     return State(np.zeros(d, np.int32), np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros(d, np.int64),
-                 np.zeros((d, d), np.int64), np.zeros((d, d), np.int64), np.zeros(2, np.int64),
+                 np.zeros((d, d), np.int64), np.zeros((d, d), np.int64), np.zeros(3, np.int64),
                  np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros(d, np.int64))
 
 
 # ---- reading the graph at a timestamp ----------------------------------------------------------
-@njit(cache=True, nogil=True)
+@hot
 def lower_bound(a, lo, hi, x):
     """The first position in the sorted a[lo:hi] whose value is not below x."""
     while lo < hi:
@@ -178,38 +182,31 @@ def lower_bound(a, lo, hi, x):
     return lo
 
 
-@njit(cache=True, nogil=True)
-def group_range(gv, v, label, t):
-    """Entry range of v's neighbours with `label` in v's version at t."""
-    vid = gv.cur[v]
-    while vid >= 0 and gv.ct_min[vid] >= t:
-        vid = gv.prev[vid]
+@hot
+def group_range(cur, ct_min, prev, g_key, g_start, g_end, v, label, t):
+    """Entry range of v's neighbours with `label` in v's version at t (GraphView's arrays)."""
+    vid = cur[v]
+    while vid >= 0 and ct_min[vid] >= t:
+        vid = prev[vid]
     if vid < 0:
         return 0, 0
     key = (vid << 31) | label
-    lo = lower_bound(gv.g_key, 0, len(gv.g_key), key)
-    if lo < len(gv.g_key) and gv.g_key[lo] == key:
-        return gv.g_start[lo], gv.g_end[lo]
+    lo = lower_bound(g_key, 0, len(g_key), key)
+    if lo < len(g_key) and g_key[lo] == key:
+        return g_start[lo], g_end[lo]
     return 0, 0
 
 
-@njit(cache=True, nogil=True)
-def find_entry(gv, s, e, c, t):
+@hot
+def find_entry(e_nbr, e_ct, e_dt, s, e, c, t):
     """The entry for neighbour c in [s, e) visible at t, -1 if none."""
-    j = lower_bound(gv.e_nbr, s, e, c)
+    j = lower_bound(e_nbr, s, e, c)
     # a pair deleted and re-inserted within one version has several entries, one visible
-    while j < e and gv.e_nbr[j] == c:
-        if gv.e_ct[j] < t and t <= gv.e_dt[j]:
+    while j < e and e_nbr[j] == c:
+        if e_ct[j] < t and t <= e_dt[j]:
             return j
         j += 1
     return -1
-
-
-@njit(cache=True, nogil=True)
-def _has_edge(gv, s, e, c, el, t):
-    """Is there an entry for neighbour c in [s, e), visible at t, with edge label el?"""
-    j = find_entry(gv, s, e, c, t)
-    return j >= 0 and gv.e_el[j] == el
 
 
 @njit(cache=True, nogil=True)
@@ -217,21 +214,22 @@ def edge_labels(gv, a, b, t):
     """The label of the edge {a[i], b[i]} visible at t, -1 where there is none."""
     out = np.full(len(a), -1, np.int32)
     for i in range(len(a)):
-        s, e = group_range(gv, a[i], gv.labels[b[i]], t)
-        j = find_entry(gv, s, e, b[i], t)
+        s, e = group_range(gv.cur, gv.ct_min, gv.prev, gv.g_key, gv.g_start, gv.g_end, a[i], gv.labels[b[i]], t)
+        j = find_entry(gv.e_nbr, gv.e_ct, gv.e_dt, s, e, b[i], t)
         if j >= 0:
             out[i] = gv.e_el[j]
     return out
 
 
 # ---- the search ----------------------------------------------------------------------------------
-@njit(cache=True, nogil=True)
+@hot
 def _open(gv, ps, r, d, t, st):
     """Enter depth d (plan row r): find every backward range, walk the smallest."""
     lo, hi = ps.chk[r, BACKWARD], ps.chk[r, BACKWARD + 1]
     best, size = 0, -1
     for k in range(hi - lo):
-        s, e = group_range(gv, st.m[ps.chk_j[lo + k]], ps.qlab[r], t)
+        s, e = group_range(gv.cur, gv.ct_min, gv.prev, gv.g_key, gv.g_start, gv.g_end, st.m[ps.chk_j[lo + k]],
+                           ps.qlab[r], t)
         st.rs[d, k], st.re[d, k] = s, e
         if size < 0 or e - s < size:
             best, size = k, e - s
@@ -242,29 +240,32 @@ def _open(gv, ps, r, d, t, st):
     st.end[d] = st.rs[d, best] + size
 
 
-@njit(cache=True, nogil=True)
-def _accept(gv, ps, r, d, t, st, i, cand):
-    """Is entry i of depth d's candidate range an image for that depth?"""
-    if not (gv.e_ct[i] < t and t <= gv.e_dt[i]):
+@hot
+def _accept(e_nbr, e_el, e_ct, e_dt, chk, chk_j, chk_el, cand, m, rs, re, piv, r, d, t, i):
+    """Is entry i of depth d's candidate range (plan row r, walked from backward range piv) an
+    image for that depth? The arrays are GraphView's, PlanSet's and State's."""
+    if not (e_ct[i] < t and t <= e_dt[i]):
         return False
-    c = gv.e_nbr[i]
-    lo = ps.chk[r, BACKWARD]
-    if gv.e_el[i] != ps.chk_el[lo + st.piv[d]]:
+    c = e_nbr[i]
+    lo = chk[r, BACKWARD]
+    if e_el[i] != chk_el[lo + piv]:
         return False
     if cand.shape[0] and not cand[r, c]:
         return False
-    for x in range(ps.chk[r, SAME_LABEL], ps.chk[r, SAME_LABEL + 1]):
-        if st.m[ps.chk_j[x]] == c:
+    for x in range(chk[r, SAME_LABEL], chk[r, SAME_LABEL + 1]):
+        if m[chk_j[x]] == c:
             return False
-    for x in range(ps.chk[r, LESS], ps.chk[r, LESS + 1]):
-        if not st.m[ps.chk_j[x]] < c:
+    for x in range(chk[r, LESS], chk[r, LESS + 1]):
+        if not m[chk_j[x]] < c:
             return False
-    for x in range(ps.chk[r, GREATER], ps.chk[r, GREATER + 1]):
-        if not st.m[ps.chk_j[x]] > c:
+    for x in range(chk[r, GREATER], chk[r, GREATER + 1]):
+        if not m[chk_j[x]] > c:
             return False
-    for k in range(ps.chk[r, BACKWARD + 1] - lo):
-        if k != st.piv[d] and not _has_edge(gv, st.rs[d, k], st.re[d, k], c, ps.chk_el[lo + k], t):
-            return False
+    for k in range(chk[r, BACKWARD + 1] - lo):
+        if k != piv:
+            j = find_entry(e_nbr, e_ct, e_dt, rs[d, k], re[d, k], c, t)
+            if j < 0 or e_el[j] != chk_el[lo + k]:
+                return False
     return True
 
 
@@ -276,80 +277,87 @@ class Memo(NamedTuple):
     count: np.ndarray  # int64 (depths, vertices); no rows: no memo
 
 
-@njit(cache=True, nogil=True)
-def _recall(ps, off, y, st, memo, sid):
-    """(whether known, count) of the segment at depth y."""
-    b = ps.memo[off + y]
-    if b < 0 or memo.stamp.shape[0] == 0:
+@hot
+def _recall(bound, stamp, count, m, y, sid):
+    """(whether known, count) of the segment at depth y; bound is y's row of PlanSet.memo."""
+    if bound < 0 or stamp.shape[0] == 0:
         return False, 0
-    v = st.m[b]
-    if memo.stamp[y, v] != sid:
+    v = m[bound]
+    if stamp[y, v] != sid:
         return False, 0
-    return True, memo.count[y, v]
+    return True, count[y, v]
 
 
-@njit(cache=True, nogil=True)
-def _chain(ps, off, p, y, st, memo, sid):
+@hot
+def _chain(seg, bound, stamp, count, m, prod, acc, off, p, y, sid):
     """Go on along depth p's current candidate: the segments y, seg[y], ... up to p's segment end
     multiply. Returns the first segment that must be searched, or -1 when the chain is done
-    (its product then added to p's count)."""
-    e = ps.seg[off + p]
+    (its product then added to p's count). seg, bound: PlanSet.seg and .memo."""
+    e = seg[off + p]
     while y < e:
-        known, v = _recall(ps, off, y, st, memo, sid)
+        known, v = _recall(bound[off + y], stamp, count, m, y, sid)
         if not known:
             return y
-        st.prod[p] *= v
+        prod[p] *= v
         if v == 0:
             return -1
-        y = ps.seg[off + y]
-    st.acc[p] += st.prod[p]
+        y = seg[off + y]
+    acc[p] += prod[p]
     return -1
 
 
-@njit(cache=True, nogil=True)
+@hot
 def _segment_count(gv, ps, off, y0, t, st, cand, memo, sid):
     """The completions of the segment [y0, seg[y0]) given the images above y0: the sum over y0's
     candidates of the product of the segments below it (an explicit stack: one frame per open
     segment)."""
-    known, v = _recall(ps, off, y0, st, memo, sid)
+    seg, bound, stamp, count = ps.seg, ps.memo, memo.stamp, memo.count
+    m, pos, end, acc, prod, stack = st.m, st.pos, st.end, st.acc, st.prod, st.stack
+    known, v = _recall(bound[off + y0], stamp, count, m, y0, sid)
     if known:
         return v
     sp = 0
-    st.stack[0] = y0
-    st.acc[y0] = 0
+    stack[0] = y0
+    acc[y0] = 0
     _open(gv, ps, off + y0, y0, t, st)
+    st.at[2] += end[y0] - pos[y0]
     while True:
-        d = st.stack[sp]
+        d = stack[sp]
+        r = off + d
         nxt = -1
-        while st.pos[d] < st.end[d] and nxt < 0:
-            i = st.pos[d]
-            st.pos[d] = i + 1
-            if _accept(gv, ps, off + d, d, t, st, i, cand):
-                st.m[d] = gv.e_nbr[i]
-                st.prod[d] = 1
-                nxt = _chain(ps, off, d, d + 1, st, memo, sid)
+        while pos[d] < end[d] and nxt < 0:
+            i = pos[d]
+            pos[d] = i + 1
+            if _accept(gv.e_nbr, gv.e_el, gv.e_ct, gv.e_dt, ps.chk, ps.chk_j, ps.chk_el, cand, m, st.rs, st.re,
+                       st.piv[d], r, d, t, i):
+                m[d] = gv.e_nbr[i]
+                if d + 1 == seg[r]:  # a segment of one depth: one completion per candidate
+                    acc[d] += 1
+                else:
+                    prod[d] = 1
+                    nxt = _chain(seg, bound, stamp, count, m, prod, acc, off, d, d + 1, sid)
         if nxt < 0:  # d's candidates are exhausted: its segment's count is known
-            v = st.acc[d]
-            b = ps.memo[off + d]
-            if b >= 0 and memo.stamp.shape[0]:
-                memo.stamp[d, st.m[b]] = sid
-                memo.count[d, st.m[b]] = v
+            v = acc[d]
+            if bound[r] >= 0 and stamp.shape[0]:
+                stamp[d, m[bound[r]]] = sid
+                count[d, m[bound[r]]] = v
             if sp == 0:
                 return v
             sp -= 1
-            p = st.stack[sp]
-            st.prod[p] *= v
-            nxt = _chain(ps, off, p, ps.seg[off + d], st, memo, sid) if v else -1
+            p = stack[sp]
+            prod[p] *= v
+            nxt = _chain(seg, bound, stamp, count, m, prod, acc, off, p, seg[r], sid) if v else -1
             if nxt < 0:
                 continue
         # open the next segment of the current candidate
         sp += 1
-        st.stack[sp] = nxt
-        st.acc[nxt] = 0
+        stack[sp] = nxt
+        acc[nxt] = 0
         _open(gv, ps, off + nxt, nxt, t, st)
+        st.at[2] += end[nxt] - pos[nxt]
 
 
-@njit(cache=True, nogil=True)
+@hot
 def _count(gv, ps, off, d, end, t, st, cand, memo, sid):
     """The completions of depths [d, end) given the images above d (count-only; nothing from end
     on refers into [d, end)): the product of its segments' counts."""
@@ -360,14 +368,14 @@ def _count(gv, ps, off, d, end, t, st, cand, memo, sid):
     return total
 
 
-@njit(cache=True, nogil=True)
+@hot
 def _write(ps, off, k, m, out, n):
     """Row n of out: the images in query-vertex order."""
     for j in range(k):
         out[n, ps.order[off + j]] = m[j]
 
 
-@njit(cache=True, nogil=True)
+@hot
 def _run(gv, ps, p, t, cand, memo, sid, st, d0, out, n_out, materialize, budget, limit):
     """Continue plan p's search below depth d0 - 1 (fixed images) until it is exhausted (DONE), out
     is full (FULL), `budget` candidates were looked at (BUDGET, -1: none) or `limit` matches were
@@ -386,14 +394,17 @@ def _run(gv, ps, p, t, cand, memo, sid, st, d0, out, n_out, materialize, budget,
             break
         budget -= 1
         r = off + d
-        if not _accept(gv, ps, r, d, t, st, i, cand):
+        if not _accept(gv.e_nbr, gv.e_el, gv.e_ct, gv.e_dt, ps.chk, ps.chk_j, ps.chk_el, cand, st.m, st.rs, st.re,
+                       st.piv[d], r, d, t, i):
             st.pos[d] = i + 1
             continue
         if d + 1 < k:
             st.pos[d] = i + 1
             st.m[d] = gv.e_nbr[i]
             if d + 1 == ps.tail[p] and not materialize:
+                looked = st.at[2]
                 found += _count(gv, ps, off, d + 1, k, t, st, cand, memo, sid)
+                budget = max(budget - (st.at[2] - looked), 0) if budget > 0 else budget
                 if limit >= 0 and found >= limit:
                     found = limit
                     why = LIMIT
@@ -418,7 +429,7 @@ def _run(gv, ps, p, t, cand, memo, sid, st, d0, out, n_out, materialize, budget,
     return why, n_out, found, budget
 
 
-@njit(cache=True, nogil=True)
+@hot
 def static_step(gv, ps, cand, memo, roots, st, out, materialize, budget, limit):
     """Search plan 0 from roots[st.at[1]:] until done, out full, budget spent or limit reached.
     Returns (why, rows in out, matches found); st holds where to resume. The memo's search id is
@@ -442,9 +453,13 @@ def static_step(gv, ps, cand, memo, roots, st, out, materialize, budget, limit):
                     return LIMIT, n_out, found
                 continue
             if ps.tail[0] == 1 and not materialize:
+                looked = st.at[2]
                 found += _count(gv, ps, 0, 1, k, 0, st, cand, memo, 1)
                 if limit >= 0 and found >= limit:
                     return LIMIT, n_out, limit
+                budget -= st.at[2] - looked
+                if budget <= 0:
+                    return BUDGET, n_out, found
                 continue
             _open(gv, ps, 1, 1, 0, st)
             st.at[0] = 1

@@ -54,8 +54,9 @@ def _sizes(gv, own, nbr, ts, sgn, starts):
             if sgn[i] > 0:
                 first[r] = ts[i]
                 break
-            s, e = group_range(gv, own[i], gv.labels[nbr[i]], INF - 1)
-            j = find_entry(gv, s, e, nbr[i], INF - 1)  # the live entry: dt == INF
+            s, e = group_range(gv.cur, gv.ct_min, gv.prev, gv.g_key, gv.g_start, gv.g_end, own[i],
+                               gv.labels[nbr[i]], INF - 1)
+            j = find_entry(gv.e_nbr, gv.e_ct, gv.e_dt, s, e, nbr[i], INF - 1)  # the live entry: dt == INF
             if j < 0:
                 return first, size, False
             gv.e_dt[j] = ts[i]
