@@ -12,7 +12,9 @@ import weakref
 
 import numpy as np
 
-from csmd.cpu.dfs import DONE, LIMIT, Memo, edge_labels, graph_view, match_edges, new_state, plan_set, static_step
+from csmd.cpu.arena import edge_labels, graph_view
+from csmd.cpu.dfs import DONE, LIMIT, match_edges, static_step
+from csmd.cpu.plans import Memo, new_state, plan_set
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import INF, MultiVersionGraph

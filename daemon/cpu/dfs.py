@@ -1,224 +1,26 @@
-"""Depth-first matching compiled with numba: the compiled CPU engine's kernels.
+"""Depth-first matching compiled with numba: the compiled CPU engine's search kernels.
 
-One search body serves static and incremental matching. It reads the CPU
-multi-version graph (daemon/cpu/mvg.py) at one timestamp per search: a vertex's
-version is the newest with ct_min < t, an entry is visible when ct < t <= dt (a
-static graph is the same arena with every entry alive since before time 0).
-
-At each depth the label-grouped neighbour range of every backward neighbour's image
-is found once; the smallest one gives the candidates and the others are binary
-searched for each candidate (the ranges are sorted by neighbour), so a backward
-check costs one search, never a label test or a scan. The search is an explicit
-stack in a `State`, so a static search can stop (output buffer full, node budget
-spent for a time-limit check, --limit reached) and resume where it stopped.
+One search body serves static and incremental matching, reading the multi-version
+graph at one timestamp per search (arena.py). At each depth the label-grouped
+neighbour range of every backward neighbour's image is found once; the smallest one
+gives the candidates and the others are binary searched for each candidate (the
+ranges are sorted by neighbour), so a backward check costs one search, never a label
+test or a scan. Count-only searches multiply the counts of independent segments and
+memoise them (plans.py). The search is an explicit stack in a `State`, so a static
+search can stop (output buffer full, candidate budget spent for a time-limit check,
+--limit reached) and resume where it stopped.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 from numba import njit
 
-from csmd.model.plan import Plan
+from csmd.cpu.arena import find_entry, group_range, hot
+from csmd.cpu.plans import BACKWARD, GREATER, LESS, SAME_LABEL, new_state
 
-MAX_DEPTH = 32  # query vertices (GUIDE 1)
-# The search's functions allocate nothing, so they run without numba's reference counting: with
-# it, every call increfs and decrefs each array it is passed (tens of them in the NamedTuples),
-# which cost ten times the check being made.
-hot = njit(cache=True, nogil=True, _nrt=False)
-# the checks of one depth, in this order: backward edges, same-label (injectivity), less, greater
-BACKWARD, SAME_LABEL, LESS, GREATER = range(4)
 # why a search stopped
 DONE, FULL, BUDGET, LIMIT = range(4)
-
-
-class GraphView(NamedTuple):
-    """The arrays of a multi-version graph that a search reads (see mvg.py for their meaning)."""
-
-    labels: np.ndarray  # int32 per vertex
-    cur: np.ndarray  # int64 per vertex: newest version, -1 none
-    ct_min: np.ndarray  # int64 per version
-    prev: np.ndarray  # int64 per version
-    g_key: np.ndarray  # int64, sorted: version << 31 | neighbour label, one per group
-    g_start: np.ndarray
-    g_end: np.ndarray
-    e_nbr: np.ndarray  # int32 per entry
-    e_el: np.ndarray
-    e_ct: np.ndarray  # int64 per entry
-    e_dt: np.ndarray
-    v_es: np.ndarray  # int64 per version: its entries (the updater copies them)
-    v_ee: np.ndarray
-
-
-def graph_view(mvg, cur: np.ndarray | None = None) -> GraphView:
-    """The arrays of `mvg` now. Appends never change what a read at an earlier timestamp sees,
-    but `cur` is updated in place: a search that may overlap the updater passes a copy."""
-    return GraphView(mvg.labels.a, mvg.cur.a if cur is None else cur, mvg.v_ct_min.a, mvg.v_prev.a,
-                     mvg.g_key.view(), mvg.g_start.a, mvg.g_end.a, mvg.e_nbr.a, mvg.e_el.a, mvg.e_ct.a, mvg.e_dt.a,
-                     mvg.v_es.a, mvg.v_ee.a)
-
-
-class PlanSet(NamedTuple):
-    """Several plans flattened: plan p's depths are the rows off[p] .. off[p] + depth[p] - 1."""
-
-    off: np.ndarray  # int64 per plan
-    depth: np.ndarray  # int64 per plan
-    query: np.ndarray  # int64 per plan: which query it belongs to (a query has one plan per anchor)
-    tail: np.ndarray  # int64 per plan: the first depth of its independent tail (see _tail)
-    order: np.ndarray  # int64 per row: the query vertex matched at that depth
-    qlab: np.ndarray  # int32 per row: its label
-    chk: np.ndarray  # int64 (rows, 5): check kind k of a row is chk_j[chk[r, k]:chk[r, k + 1]]
-    chk_j: np.ndarray  # int64: the earlier depth a check refers to
-    chk_el: np.ndarray  # int32: the edge label of a backward check
-    seg: np.ndarray  # int64 per row: where the independent segment that starts at it ends (_segments)
-    memo: np.ndarray  # int64 per row: the one earlier depth its segment refers to (its count is memoised
-                      # by that depth's image), -1 when it refers to several
-
-
-def _refers(plan: Plan) -> list[set[int]]:
-    """The earlier depths each depth's checks refer to (edges, injectivity, symmetry)."""
-    return [{j for j, _ in plan.backward[d]} | set(plan.same_label[d]) | set(plan.less[d]) | set(plan.greater[d])
-            for d in range(plan.depth)]
-
-
-def _segments(plan: Plan) -> list[int]:
-    """Per depth d: the smallest e > d such that no depth from e on refers to one in [d, e). Given
-    the images above d, the completions of [d, e) and of [e, k) are then independent, and the
-    matches below d number their product (a tree query's subtrees, say)."""
-    refers, k = _refers(plan), plan.depth
-    seg = []
-    for d in range(k):
-        e = d + 1
-        while any(refers[x] & set(range(d, e)) for x in range(e, k)):
-            e += 1
-        seg.append(e)
-    return seg
-
-
-def _boundaries(plan: Plan, seg: list[int]) -> list[int]:
-    """Per depth d: the one depth above d that the segment [d, seg[d]) refers to, else -1."""
-    refers = _refers(plan)
-    out = []
-    for d, e in enumerate(seg):
-        outside = set().union(*refers[d:e]) - set(range(d, e))
-        out.append(outside.pop() if len(outside) == 1 else -1)
-    return out
-
-
-def _tail(plan: Plan) -> int:
-    """The first depth T (>= 1) from which no depth refers to another depth >= T: each depth of
-    the tail is a segment of its own, so its completions are a product of candidate counts."""
-    refers = _refers(plan)
-    t = max(plan.depth - 1, 1)
-    while t > 1 and all(j < t - 1 for x in range(t - 1, plan.depth) for j in refers[x]):
-        t -= 1
-    return t
-
-
-def plan_set(plans: list[Plan], query_of: list[int]) -> PlanSet:
-    """Flatten plans (plans[i] belongs to query query_of[i])."""
-    depth = np.array([p.depth for p in plans], np.int64)
-    off = np.concatenate([[0], np.cumsum(depth)[:-1]]).astype(np.int64)
-    order, qlab, chk, chk_j, chk_el, seg, memo = [], [], [], [], [], [], []
-    for p in plans:
-        if p.depth > MAX_DEPTH:
-            raise ValueError(f"a query has {p.depth} vertices; at most {MAX_DEPTH} are supported")
-        segments = _segments(p)
-        seg.extend(segments)
-        memo.extend(_boundaries(p, segments))
-        for i, u in enumerate(p.order):
-            order.append(u)
-            qlab.append(int(p.query.labels[u]))
-            row = [len(chk_j)]
-            for j, el in p.backward[i]:
-                chk_j.append(j)
-                chk_el.append(el)
-            for kind in (p.same_label[i], p.less[i], p.greater[i]):
-                row.append(len(chk_j))
-                chk_j.extend(kind)
-                chk_el.extend([0] * len(kind))
-            row.append(len(chk_j))
-            chk.append(row)
-    tail = np.array([_tail(p) for p in plans], np.int64)
-    return PlanSet(off, depth, np.array(query_of, np.int64), tail, np.array(order, np.int64), np.array(qlab, np.int32),
-                   np.array(chk, np.int64).reshape(-1, 5), np.array(chk_j, np.int64), np.array(chk_el, np.int32),
-                   np.array(seg, np.int64), np.array(memo, np.int64))
-
-
-class State(NamedTuple):
-    """A search's stack: images, the candidate range being walked and the backward ranges, per depth."""
-
-    m: np.ndarray  # int32 (MAX_DEPTH,): the image of each depth
-    pos: np.ndarray  # int64 (MAX_DEPTH,): next candidate entry
-    end: np.ndarray
-    piv: np.ndarray  # int64 (MAX_DEPTH,): which backward range the candidates come from
-    rs: np.ndarray  # int64 (MAX_DEPTH, MAX_DEPTH): start of each backward range
-    re: np.ndarray
-    at: np.ndarray  # int64 (3,): the current depth, the next root (static search), candidates counted
-    acc: np.ndarray  # int64 (MAX_DEPTH,): counting, per depth: the segment's completions so far
-    prod: np.ndarray  # int64 (MAX_DEPTH,): counting: the product along the current candidate's chain
-    stack: np.ndarray  # int64 (MAX_DEPTH,): counting: the depths of the open segments
-
-
-@njit(cache=True, nogil=True)
-def new_state():
-    d = MAX_DEPTH
-    return State(np.zeros(d, np.int32), np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros(d, np.int64),
-                 np.zeros((d, d), np.int64), np.zeros((d, d), np.int64), np.zeros(3, np.int64),
-                 np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros(d, np.int64))
-
-
-# ---- reading the graph at a timestamp ----------------------------------------------------------
-@hot
-def lower_bound(a, lo, hi, x):
-    """The first position in the sorted a[lo:hi] whose value is not below x."""
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if a[mid] < x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@hot
-def group_range(cur, ct_min, prev, g_key, g_start, g_end, v, label, t):
-    """Entry range of v's neighbours with `label` in v's version at t (GraphView's arrays)."""
-    vid = cur[v]
-    while vid >= 0 and ct_min[vid] >= t:
-        vid = prev[vid]
-    if vid < 0:
-        return 0, 0
-    key = (vid << 31) | label
-    lo = lower_bound(g_key, 0, len(g_key), key)
-    if lo < len(g_key) and g_key[lo] == key:
-        return g_start[lo], g_end[lo]
-    return 0, 0
-
-
-@hot
-def find_entry(e_nbr, e_ct, e_dt, s, e, c, t):
-    """The entry for neighbour c in [s, e) visible at t, -1 if none."""
-    j = lower_bound(e_nbr, s, e, c)
-    # a pair deleted and re-inserted within one version has several entries, one visible
-    while j < e and e_nbr[j] == c:
-        if e_ct[j] < t and t <= e_dt[j]:
-            return j
-        j += 1
-    return -1
-
-
-@njit(cache=True, nogil=True)
-def edge_labels(gv, a, b, t):
-    """The label of the edge {a[i], b[i]} visible at t, -1 where there is none."""
-    out = np.full(len(a), -1, np.int32)
-    for i in range(len(a)):
-        s, e = group_range(gv.cur, gv.ct_min, gv.prev, gv.g_key, gv.g_start, gv.g_end, a[i], gv.labels[b[i]], t)
-        j = find_entry(gv.e_nbr, gv.e_ct, gv.e_dt, s, e, b[i], t)
-        if j >= 0:
-            out[i] = gv.e_el[j]
-    return out
 
 
 # ---- the search ----------------------------------------------------------------------------------
@@ -267,14 +69,6 @@ def _accept(e_nbr, e_el, e_ct, e_dt, chk, chk_j, chk_el, cand, m, rs, re, piv, r
             if j < 0 or e_el[j] != chk_el[lo + k]:
                 return False
     return True
-
-
-class Memo(NamedTuple):
-    """Segment counts by (depth, image of the segment's one boundary depth), valid while stamp == the
-    search's id: a segment's count depends on nothing else at one timestamp of one plan."""
-
-    stamp: np.ndarray  # int64 (depths, vertices)
-    count: np.ndarray  # int64 (depths, vertices); no rows: no memo
 
 
 @hot

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from csmd.cpu.dfs import find_entry, graph_view, group_range
+from csmd.cpu.arena import find_entry, graph_view, group_range
 from csmd.cpu.mvg import INF, MultiVersionGraph
 
 
