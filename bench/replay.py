@@ -1,32 +1,44 @@
-"""Continuous matching on the CPU: the human insertion stream through the full pipeline.
+"""Continuous matching on the CPU: the human insertion stream through the full pipeline, beside RapidFlow.
 
-Prints, per query (one registered at a time) and for all queries registered at
-once: updates/s and per-update latency p50/p99 (record read by the updater to
-its deltas collected), median over --runs runs, count-only.
+Prints, per query registered alone and for all queries registered at once (count-only,
+median of --runs runs): csmd replay's seconds, RapidFlow's query time on a 2-core VM
+(rapidflow_query_times.txt, third column) and the ratio; then the fixed per-update cost
+(a query whose labels match nothing) on each CPU engine, and the compiled engine's
+first-use compile time (a fresh numba cache) against a warm start.
 
-    python bench/replay.py [--datasets DIR] [--runs 3] [--batch-size 64] [--queries 40]
+    python bench/replay.py [--datasets DIR] [--runs 3] [--batch-size 64] [--queries 100] [--backend cpu]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
+from first_use import first_use
 
-from csmd.model.formats import read_graph, read_query
 from csmd.cli.replay import replay
+from csmd.model.formats import read_graph, read_query
+from csmd.model.graph import Graph
 
 
-def measure(g0, stream, queries, batch_size, runs):
-    out = []
+def measure(g0, stream, queries, batch_size, runs, backend):
+    """(median seconds, results of the last run)."""
+    secs, res = [], None
     for _ in range(runs):
-        results, pipe = replay(g0, stream, queries, batch_size=batch_size, count_only=True, show_progress=False)
-        lat = pipe.stats.latency
-        out.append((results[0]["seconds"], lat.quantile(0.5), lat.quantile(0.99), results))
-    out.sort(key=lambda r: r[0])
-    return out[len(out) // 2]
+        res, _ = replay(g0, stream, queries, batch_size=batch_size, count_only=True, show_progress=False,
+                        backend=backend)
+        secs.append(res[0]["seconds"])
+    return statistics.median(secs), res
+
+
+def read_rapidflow(path: Path) -> dict[str, float]:
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("Q_"):
+            name, _, vm = line.split()[:3]
+            out[name] = float(vm)
+    return out
 
 
 def main() -> None:
@@ -34,29 +46,44 @@ def main() -> None:
     ap.add_argument("--datasets", type=Path, default=Path(__file__).resolve().parents[1].parent / "shared" / "datasets")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--queries", type=int, default=40)
+    ap.add_argument("--queries", type=int, default=100)
+    ap.add_argument("--backend", default="cpu", help="cpu (compiled) or numpy")
+    ap.add_argument("--no-compile-time", action="store_true", help="skip the fresh-cache compile measurement")
     args = ap.parse_args()
     root = args.datasets / "human"
     g0 = read_graph(root / "data.graph")
     stream = root / "insertion.graph"
     updates = sum(1 for line in open(stream) if line.strip())
+    rapidflow = read_rapidflow(root / "rapidflow_query_times.txt")
     names = [f"Q_{i}" for i in range(1, args.queries + 1)]
     queries = [(n, read_query(root / "queries" / f"{n}.graph")) for n in names]
-    print(f"human: {g0.n} vertices, {g0.num_edges} edges; stream: {updates} insertions; "
-          f"batch size {args.batch_size}; median of {args.runs} runs; CPU engine, count-only")
-    print(f"{'query':<8} {'|V(q)|':>6} {'positive':>12} {'seconds':>8} {'updates/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
-    total = 0.0
+    measure(g0, stream, queries[:1], args.batch_size, 1, args.backend)  # numba's cache load is not a query's time
+    print(f"human: {g0.n} vertices, {g0.num_edges} edges; stream: {updates} insertions; batch size "
+          f"{args.batch_size}; median of {args.runs} runs; engine {args.backend}, count-only; RapidFlow: 2-core VM")
+    print(f"{'query':<8} {'|V(q)|':>6} {'positive':>12} {'csmd s':>8} {'RapidFlow s':>11} {'ratio':>7}")
+    total = rf_total = 0.0
     for name, q in queries:
-        sec, p50, p99, res = measure(g0, stream, [(name, q)], args.batch_size, args.runs)
+        sec, res = measure(g0, stream, [(name, q)], args.batch_size, args.runs, args.backend)
         total += sec
-        print(f"{name:<8} {q.n:>6} {res[0]['positive']:>12} {sec:>8.3f} {updates / sec:>10.0f} {p50 * 1e3:>8.2f} {p99 * 1e3:>8.2f}",
-              flush=True)
-        print(f"  {name} done", file=sys.stderr)
-    sec, p50, p99, res = measure(g0, stream, queries, args.batch_size, args.runs)
-    print(f"{'sum of one-at-a-time runs':<36} {total:>8.3f} s")
-    print(f"{'all ' + str(len(queries)) + ' registered at once':<36} {sec:>8.3f} s  {updates / sec:>8.0f} updates/s  "
-          f"p50 {p50 * 1e3:.2f} ms  p99 {p99 * 1e3:.2f} ms")
-    print(f"reference C++ CPU system: ~2 s of query time for all 100 queries over this stream")
+        rf_total += rapidflow[name]
+        print(f"{name:<8} {q.n:>6} {res[0]['positive']:>12} {sec:>8.3f} {rapidflow[name]:>11.4f} "
+              f"{sec / rapidflow[name]:>7.1f}", flush=True)
+    together, _ = measure(g0, stream, queries, args.batch_size, args.runs, args.backend)
+    print(f"{'sum of one-at-a-time runs':<34} {total:>8.3f} s   RapidFlow {rf_total:.3f} s   "
+          f"ratio {total / rf_total:.2f}")
+    print(f"{f'all {len(queries)} registered at once':<34} {together:>8.3f} s   RapidFlow {rf_total:.3f} s   "
+          f"ratio {together / rf_total:.2f}")
+    # the fixed cost: a query whose labels no vertex has, so nothing is ever searched
+    absent = int(g0.labels.max()) + 1
+    nothing = Graph.from_edges([absent, absent + 1], [0], [1])
+    for backend in ("numpy", "cpu"):
+        sec, _ = measure(g0, stream, [("nothing", nothing)], args.batch_size, args.runs, backend)
+        print(f"fixed per-update cost, engine {backend:<6} {sec:>8.3f} s   {sec / updates * 1e6:.1f} us per update")
+    if not args.no_compile_time:
+        cold, warm = first_use(["replay", "--json", "--backend", "cpu", "--data", str(root / "data.graph"), "--stream",
+                                str(stream), "--query", str(root / "queries" / "Q_1.graph")])
+        print(f"compiled engine, one-query replay in a fresh process: {cold:.1f} s with an empty numba cache "
+              f"(first use: compiles), {warm:.1f} s with it warm")
 
 
 if __name__ == "__main__":

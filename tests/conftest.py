@@ -9,8 +9,8 @@ REPO = Path(__file__).resolve().parents[1]
 DATASETS = Path(os.environ.get("CSMD_DATASETS", REPO.parent / "shared" / "datasets"))
 
 
-# the continuous engines that test_continuous runs every case on
-ENGINES = ["cpu", pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
+# the continuous engines that test_continuous runs every case on: compiled (numba), numpy, GPU
+ENGINES = ["cpu", "numpy", pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
     gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))])]
 
 

@@ -42,3 +42,28 @@ def test_replay_backend_gpu_is_exit_2_with_reason(tmp_path):
                          str(tmp_path / "g.graph"), "--stream", str(tmp_path / "s.txt"), "--query",
                          str(tmp_path / "g.graph")], capture_output=True, text=True)
     assert ok.returncode == 0 and '"backend": "cpu"' in ok.stdout and '"positive": 2' in ok.stdout  # an edge query: both orientations
+
+
+def test_cpu_falls_back_to_numpy_with_a_log_line_when_numba_cannot_be_imported(monkeypatch):
+    import sys
+
+    from structlog.testing import capture_logs
+
+    import csmd.cpu
+    import csmd.engines as engines
+
+    for name in ("numba", "csmd.cpu.compiled", "csmd.cpu.dfs", "csmd.cpu.updater"):
+        monkeypatch.setitem(sys.modules, name, None)  # an import of any of them raises ImportError
+    monkeypatch.delattr(csmd.cpu, "compiled", raising=False)
+    monkeypatch.setattr(engines, "_numba_missing", False)
+    with capture_logs() as logs:
+        assert continuous_engine("cpu", G).name == "numpy"
+        assert engines.static_matcher("cpu").name == "numpy"
+    assert [e["event"] for e in logs] == ["numba cannot be imported: the CPU backend runs the numpy engine"]
+
+
+def test_cpu_is_the_compiled_engine_and_numpy_names_the_fallback():
+    import csmd.engines as engines
+
+    assert continuous_engine("cpu", G).name == "cpu" and engines.static_matcher("cpu").name == "cpu"
+    assert continuous_engine("numpy", G).name == "numpy" and engines.static_matcher("numpy").name == "numpy"

@@ -1,11 +1,11 @@
-"""All 200 HPRD queries give exactly the published embedding counts on the CPU engine."""
+"""All 200 HPRD queries give exactly the published embedding counts on the CPU engines (compiled, numpy)."""
 
 import pytest
 
 from conftest import dataset, read_expected
 from csmd.model.formats import read_graph, read_query
 from csmd.model.plan import plan_query
-from csmd.cpu.matcher import search
+from csmd.cpu import compiled, matcher
 
 
 @pytest.fixture(scope="module")
@@ -14,7 +14,8 @@ def hprd():
     return root, read_graph(root / "data.graph"), read_expected(root / "expected_counts.txt")
 
 
-def test_all_hprd_queries_match_expected_counts(hprd):
+@pytest.mark.parametrize("search", [compiled.search, matcher.search], ids=["cpu", "numpy"])
+def test_all_hprd_queries_match_expected_counts(hprd, search):
     root, g, expected = hprd
     assert len(expected) == 200
     wrong = {}

@@ -21,7 +21,7 @@ import pytest
 from networkx.algorithms.isomorphism import GraphMatcher
 
 from csmd import cli
-from csmd.cpu.matcher import search
+from csmd.cpu import compiled, matcher
 from csmd.model.graph import Graph
 from csmd.model.plan import plan_query, symmetry_constraints
 
@@ -217,7 +217,16 @@ def to_graph(labels, edges, rng=None, ext_ids=None) -> Graph:
     return Graph.from_edges(labels, src, dst, els if edges else None, ext_ids)
 
 
-def collect(g, plan, **kw):
+# the static searches of the compiled and the numpy CPU engine, each against the truth
+SEARCHES = {"cpu": compiled.search, "numpy": matcher.search}
+
+
+@pytest.fixture(params=sorted(SEARCHES))
+def search(request):
+    return SEARCHES[request.param]
+
+
+def collect(search, g, plan, **kw):
     rows = []
     res = search(g, plan, sink=lambda r: rows.append(np.array(r)), **kw)
     for r in rows:
@@ -228,7 +237,7 @@ def collect(g, plan, **kw):
 
 # ---- the random static cases -----------------------------------------------------------
 @pytest.mark.parametrize("seed", range(NUM_CASES), ids=lambda s: f"seed{s}")
-def test_random_case(seed):
+def test_random_case(seed, search):
     kind, glabels, gedges, qlabels, qedges, truth = make_case(seed)
     rng = random.Random(seed * 7919 + 1)
     g = to_graph(glabels, gedges, rng)
@@ -245,7 +254,7 @@ def test_random_case(seed):
     plan = plan_query(g, q)
     res = search(g, plan)
     assert (res.count, res.complete) == (total, True), ctx
-    res, listed = collect(g, plan)
+    res, listed = collect(search, g, plan)
     assert res.count == total and res.complete, ctx
     assert len(listed) == len(set(listed)), f"duplicate matches streamed; {ctx}"
     assert set(listed) == truth, ctx
@@ -259,7 +268,7 @@ def test_random_case(seed):
     _, aut_size = symmetry_constraints(q)
     assert aut_size == len(autos), ctx
     dplan = plan_query(g, q, distinct=True)
-    dres, dlisted = collect(g, dplan)
+    dres, dlisted = collect(search, g, dplan)
     assert dres.complete and dres.count * aut_size == total, ctx
     assert len(dlisted) == dres.count, ctx
     # each distinct match stands for one Aut(q) orbit of embeddings; together they cover all
@@ -276,7 +285,7 @@ def test_random_case(seed):
             assert not r.complete, f"limit={limit}; {ctx}"
         if limit > total:
             assert r.complete, f"limit={limit}; {ctx}"
-        r, lim_listed = collect(g, plan, limit=limit)
+        r, lim_listed = collect(search, g, plan, limit=limit)
         assert r.count == min(limit, total) == len(lim_listed), f"limit={limit} (sink); {ctx}"
         assert len(set(lim_listed)) == len(lim_listed) and set(lim_listed) <= truth, f"limit={limit}; {ctx}"
         if limit > total:
@@ -287,7 +296,7 @@ def test_random_case(seed):
     # (5) a tiny memory budget (smallest chunks) changes nothing
     r = search(g, plan, budget_bytes=1)
     assert (r.count, r.complete) == (total, True), ctx
-    r, small = collect(g, plan, budget_bytes=1)
+    r, small = collect(search, g, plan, budget_bytes=1)
     assert len(small) == len(set(small)) and set(small) == truth, ctx
     r = search(g, dplan, budget_bytes=1)
     assert r.count == dres.count, ctx
@@ -334,7 +343,7 @@ HUB_QUERIES = {
 
 
 @pytest.mark.parametrize("name", sorted(HUB_QUERIES))
-def test_hub_ranges_split(name):
+def test_hub_ranges_split(name, search):
     """Hub degree > 2 x the smallest chunk cap (1024), so budget_bytes=1 splits its ranges."""
     glabels, gedges = hub_graph(5, 2600)
     qlabels, qedges = HUB_QUERIES[name]
@@ -344,12 +353,12 @@ def test_hub_ranges_split(name):
     g, q = to_graph(glabels, gedges), to_graph(qlabels, qedges)
     plan = plan_query(g, q)
     for budget in (1, 64 << 10, 256 << 20):
-        r, listed = collect(g, plan, budget_bytes=budget)
+        r, listed = collect(search, g, plan, budget_bytes=budget)
         assert (r.count, r.complete) == (len(truth), True), f"{name} budget={budget}"
         assert len(listed) == len(set(listed)) and set(listed) == truth, f"{name} budget={budget}"
         assert search(g, plan, budget_bytes=budget).count == len(truth), f"{name} budget={budget}"
     k = len(truth) // 3 + 1
-    r, listed = collect(g, plan, budget_bytes=1, limit=k)
+    r, listed = collect(search, g, plan, budget_bytes=1, limit=k)
     assert r.count == len(listed) == k and not r.complete and set(listed) <= truth, name
     _, aut = symmetry_constraints(q)
     assert search(g, plan_query(g, q, distinct=True), budget_bytes=1).count * aut == len(truth), name

@@ -1,4 +1,5 @@
-"""The CPU engine: numpy static matcher and the continuous engine over the numpy MVG."""
+"""The numpy CPU engine: static matcher and the continuous engine over the numpy MVG (the fallback
+where numba cannot be imported; the compiled engine in compiled.py shares its storage)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from csmd.model.plan import plan_query
 
 
 class CpuMatcher(StaticMatcher):
-    name = "cpu"
+    name = "numpy"
 
     def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES):
         self.budget_bytes = budget_bytes
@@ -33,7 +34,7 @@ class CpuEngine(ContinuousEngine):
     a compaction moves entries, so it excludes both: `_writing` covers the updater stage
     (apply and the latest-state reads), `_reading` the executor's searches."""
 
-    name = "cpu"
+    name = "numpy"
 
     def __init__(self, g0: Graph):
         self.mvg = MultiVersionGraph(g0)
@@ -45,7 +46,10 @@ class CpuEngine(ContinuousEngine):
         with self._writing:
             if len(batch.new_labels):
                 self.mvg.add_vertices(batch.new_labels)
-            return self.mvg.apply(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
+            return self._apply_edges(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
+
+    def _apply_edges(self, *ops):
+        return self.mvg.apply(*ops)
 
     def release(self, tokens) -> None:
         with self._writing, self._reading:

@@ -48,14 +48,19 @@ class _Buf:
 
     def extend(self, values) -> int:
         values = np.asarray(values, dtype=self.a.dtype)
-        start, need = self.n, self.n + len(values)
+        start = self.n
+        self.reserve(len(values))[start:start + len(values)] = values
+        self.n += len(values)
+        return start
+
+    def reserve(self, k: int) -> np.ndarray:
+        """The array, with room for k more values after `n` (the caller writes them, then moves n)."""
+        need = self.n + k
         if need > len(self.a):
             grown = np.zeros(max(need, 2 * len(self.a), 16), self.a.dtype)
             grown[: self.n] = self.a[: self.n]
             self.a = grown
-        self.a[start:need] = values
-        self.n = need
-        return start
+        return self.a
 
     def view(self):
         return self.a[: self.n]
@@ -294,10 +299,10 @@ class MultiVersionGraph:
     # ---- garbage collection ------------------------------------------------------------------------
     def free(self, versions) -> None:
         """Release versions no pending read can reach (the GC decided that)."""
-        for vid in versions:
-            if self.v_live.a[vid]:
-                self.v_live.a[vid] = False
-                self.freed_entries += int(self.v_ee.a[vid] - self.v_es.a[vid])
+        vid = np.unique(np.asarray(versions, np.int64))
+        vid = vid[self.v_live.a[vid]]
+        self.v_live.a[vid] = False
+        self.freed_entries += int((self.v_ee.a[vid] - self.v_es.a[vid]).sum())
         if self.freed_entries > max(self.e_nbr.n // 2, 1 << 16):
             self._compact()
 
@@ -309,7 +314,7 @@ class MultiVersionGraph:
         """Drop freed versions' entries; version ids stay, group ids and entry offsets move."""
         live = np.flatnonzero(self.v_live.view())
         es, ee = self.v_es.a[live], self.v_ee.a[live]
-        take = np.concatenate([np.arange(s, e) for s, e in zip(es, ee)]) if len(live) else np.zeros(0, np.int64)
+        take = gather_ranges(es, ee - es)
         new_es = np.cumsum(np.r_[0, ee - es])[:-1]
         gkey = self.g_key.view()
         gvid = gkey >> SHIFT

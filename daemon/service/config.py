@@ -84,7 +84,7 @@ DEFAULTS: dict[str, dict] = {
     },
 }
 _PATHS = {("graph", "initial"), ("queries", "paths"), ("checkpoint", "dir")}
-_CHOICES = {("input", "format"): ("auto", "arrow", "json", "text"), ("kafka", "offset_reset"): ("earliest", "latest"), ("pipeline", "backend"): ("auto", "cpu", "gpu"),
+_CHOICES = {("input", "format"): ("auto", "arrow", "json", "text"), ("kafka", "offset_reset"): ("earliest", "latest"), ("pipeline", "backend"): ("auto", "cpu", "numpy", "gpu"),
             ("log", "format"): ("auto", "json", "console"),
             ("checkpoint", "on_mismatch"): ("fail", "rebuild"), ("log", "level"): ("debug", "info", "warning", "error")}
 _POSITIVE = {("topics", "partitions"), ("topics", "replication"), ("topics", "max_message_bytes"),

@@ -1,0 +1,154 @@
+"""The compiled CPU engine: the numba depth-first search (dfs.py) over the numpy engine's storage.
+
+Storage (the multi-version graph, apply, release, the latest-state reads) is the numpy
+engine's; only matching differs. Every registered query is searched in one kernel
+call per batch.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+
+import numpy as np
+
+from csmd.cpu.arena import edge_labels, graph_view
+from csmd.cpu.dfs import DONE, LIMIT, match_edges, static_step
+from csmd.cpu.plans import Memo, new_state, plan_set
+from csmd.cpu.engine import CpuEngine
+from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
+from csmd.cpu.mvg import INF, MultiVersionGraph
+from csmd.cpu.updater import apply_edges
+from csmd.engine import ContinuousQuery, Done, Matches, SearchResult, StaticMatcher, UpdateBatch
+from csmd.model.plan import Plan, make_plan, plan_query
+
+STEP_CANDIDATES = 1 << 20  # candidates a static search looks at between two time-limit checks (a few ms)
+STATIC_MEMO_BYTES = 64 << 20  # a static search memoises segment counts when that fits in this
+_arenas: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> its arena (`csmd match` runs many queries on one)
+
+
+def _view(g):
+    if g not in _arenas:
+        _arenas[g] = graph_view(MultiVersionGraph(g))
+    return _arenas[g]
+
+
+def search(g, plan: Plan, *, limit=None, time_limit=None, sink=None,
+           budget_bytes: int = DEFAULT_BUDGET_BYTES) -> SearchResult:
+    """Count (and, with `sink`, stream) the matches of `plan` in the static graph `g`, depth first.
+
+    sink(rows) receives int32 matches in query-vertex order, at most budget_bytes of them
+    at a time (the search waits while the sink works). limit / time_limit stop early with
+    complete=False; the deadline is checked every STEP_CANDIDATES candidates.
+    """
+    t0 = time.monotonic()
+    deadline = None if time_limit is None else t0 + time_limit
+    ps = plan_set([plan], [0])
+    cand = np.stack([plan.cand[u] for u in plan.order])
+    roots = np.flatnonzero(plan.cand[plan.order[0]]).astype(np.int32)
+    st = new_state()
+    chunk = max(1, min(1 << 16, budget_bytes // (4 * plan.depth))) if sink is not None else 0
+    out = np.zeros((chunk, plan.depth), np.int32)
+    view = _view(g)
+    cells = plan.depth * len(view.labels) if 16 * plan.depth * len(view.labels) <= STATIC_MEMO_BYTES else 0
+    memo = Memo(np.zeros(cells, np.int64).reshape(-1, len(view.labels)), np.zeros(cells, np.int64).reshape(
+        -1, len(view.labels)))
+    count, complete = 0, False
+    while limit is None or count < limit:
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        why, rows, found = static_step(view, ps, cand, memo, roots, st, out, sink is not None, STEP_CANDIDATES,
+                                       -1 if limit is None else limit - count)
+        count += found
+        if rows:  # the chunk leaves before the search goes on (FULL resumes there)
+            sink(out[:rows].copy())
+        if why in (DONE, LIMIT):
+            complete = why == DONE
+            break
+    return SearchResult(count, complete, time.monotonic() - t0)
+
+
+class CompiledMatcher(StaticMatcher):
+    name = "cpu"
+
+    def match(self, g, q, *, distinct=False, limit=None, time_limit=None, sink=None):
+        t0 = time.monotonic()
+        plan = plan_query(g, q, distinct=distinct)
+        remaining = None if time_limit is None else max(0.0, time_limit - (time.monotonic() - t0))
+        return search(g, plan, limit=limit, time_limit=remaining, sink=sink)
+
+
+class CompiledQuery:
+    """A registered query as the kernel takes it: one flattened plan per anchor edge."""
+
+    def __init__(self, query: ContinuousQuery):
+        self.name, self.q, self.count_only = query.name, query.q, query.count_only
+        self.plans = [make_plan(query.q, None, a.order) for a in query.anchors]
+
+
+class CompiledEngine(CpuEngine):
+    """The numpy engine's multi-version graph, updated (updater.py) and matched by compiled code.
+
+    The kernel runs without the GIL, so the updater may apply later batches meanwhile:
+    it reads a copy of the newest-version table (the one array apply changes in place)
+    taken between two applies, and holds `_reading` so no compaction moves the arena.
+    """
+
+    name = "cpu"
+
+    def __init__(self, g0):
+        super().__init__(g0)
+        self._registered = None  # the last query list submitted and its flattened plans
+        self._memo = Memo(np.zeros((0, 0), np.int64), np.zeros((0, 0), np.int64))
+        self._sid = 0  # the memo's last search id
+
+    def _apply_edges(self, *ops):
+        return apply_edges(self.mvg, *ops)
+
+    def live_edge_labels(self, a, b):
+        with self._writing:
+            return edge_labels(graph_view(self.mvg), np.asarray(a, np.int64), np.asarray(b, np.int64), INF - 1)
+
+    def prepare(self, query: ContinuousQuery) -> CompiledQuery:
+        return CompiledQuery(query)
+
+    def _plans(self, queries: list[CompiledQuery]):
+        last = self._registered
+        if last is None or len(last[0]) != len(queries) or any(a is not b for a, b in zip(last[0], queries)):
+            plans = [(i, p) for i, cq in enumerate(queries) for p in cq.plans]
+            ps = plan_set([p for _, p in plans], [i for i, _ in plans])
+            materialize = np.array([not cq.count_only for cq in queries], np.bool_)
+            width = max(cq.q.n for cq in queries)
+            self._registered = last = (list(queries), ps, materialize, width)
+        return last[1:]
+
+    def submit(self, batch: UpdateBatch, queries: list[CompiledQuery]) -> Done:
+        if not len(batch.edge_seq):
+            return Done({})
+        ps, materialize, width = self._plans(queries)
+        with self._writing:
+            self._reading.acquire()
+            view = graph_view(self.mvg, self.mvg.cur.view().copy())
+        depth = int(ps.depth.max())
+        if self._memo.stamp.shape[0] < depth or self._memo.stamp.shape[1] < len(view.labels):
+            shape = (max(depth, self._memo.stamp.shape[0]), len(view.labels))
+            self._memo = Memo(np.zeros(shape, np.int64), np.zeros(shape, np.int64))
+            self._sid = 0
+        try:
+            counts, rows, row_q, row_op, self._sid = match_edges(view, ps, batch.edge_seq, batch.edge_a, batch.edge_b,
+                                                                 batch.edge_label, materialize, width, self._memo,
+                                                                 self._sid)
+        finally:
+            self._reading.release()
+        out = {}
+        for i, cq in enumerate(queries):
+            if cq.count_only:
+                hit = np.flatnonzero(counts[i])
+                if len(hit):
+                    out[cq.name] = Matches(batch.edge_seq[hit], counts=counts[i, hit])
+            else:
+                mine = np.flatnonzero(row_q == i)
+                if len(mine):
+                    out[cq.name] = Matches(batch.edge_seq[row_op[mine]],
+                                           rows=np.ascontiguousarray(rows[mine, : cq.q.n]))
+        return Done(out)

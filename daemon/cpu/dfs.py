@@ -1,0 +1,333 @@
+"""Depth-first matching compiled with numba: the compiled CPU engine's search kernels.
+
+One search body serves static and incremental matching, reading the multi-version
+graph at one timestamp per search (arena.py). At each depth the label-grouped
+neighbour range of every backward neighbour's image is found once; the smallest one
+gives the candidates and the others are binary searched for each candidate (the
+ranges are sorted by neighbour), so a backward check costs one search, never a label
+test or a scan. Count-only searches multiply the counts of independent segments and
+memoise them (plans.py). The search is an explicit stack in a `State`, so a static
+search can stop (output buffer full, candidate budget spent for a time-limit check,
+--limit reached) and resume where it stopped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from csmd.cpu.arena import find_entry, group_range, hot
+from csmd.cpu.plans import BACKWARD, GREATER, LESS, SAME_LABEL, new_state
+
+# why a search stopped
+DONE, FULL, BUDGET, LIMIT = range(4)
+
+
+# ---- the search ----------------------------------------------------------------------------------
+@hot
+def _open(gv, ps, r, d, t, st):
+    """Enter depth d (plan row r): find every backward range, walk the smallest."""
+    lo, hi = ps.chk[r, BACKWARD], ps.chk[r, BACKWARD + 1]
+    best, size = 0, -1
+    for k in range(hi - lo):
+        s, e = group_range(gv.cur, gv.ct_min, gv.prev, gv.g_key, gv.g_start, gv.g_end, st.m[ps.chk_j[lo + k]],
+                           ps.qlab[r], t)
+        st.rs[d, k], st.re[d, k] = s, e
+        if size < 0 or e - s < size:
+            best, size = k, e - s
+        if size == 0:
+            break
+    st.piv[d] = best
+    st.pos[d] = st.rs[d, best]
+    st.end[d] = st.rs[d, best] + size
+
+
+@hot
+def _accept(e_nbr, e_el, e_ct, e_dt, chk, chk_j, chk_el, cand, m, rs, re, piv, r, d, t, i):
+    """Is entry i of depth d's candidate range (plan row r, walked from backward range piv) an
+    image for that depth? The arrays are GraphView's, PlanSet's and State's."""
+    if not (e_ct[i] < t and t <= e_dt[i]):
+        return False
+    c = e_nbr[i]
+    lo = chk[r, BACKWARD]
+    if e_el[i] != chk_el[lo + piv]:
+        return False
+    if cand.shape[0] and not cand[r, c]:
+        return False
+    for x in range(chk[r, SAME_LABEL], chk[r, SAME_LABEL + 1]):
+        if m[chk_j[x]] == c:
+            return False
+    for x in range(chk[r, LESS], chk[r, LESS + 1]):
+        if not m[chk_j[x]] < c:
+            return False
+    for x in range(chk[r, GREATER], chk[r, GREATER + 1]):
+        if not m[chk_j[x]] > c:
+            return False
+    for k in range(chk[r, BACKWARD + 1] - lo):
+        if k != piv:
+            j = find_entry(e_nbr, e_ct, e_dt, rs[d, k], re[d, k], c, t)
+            if j < 0 or e_el[j] != chk_el[lo + k]:
+                return False
+    return True
+
+
+@hot
+def _recall(bound, stamp, count, m, y, sid):
+    """(whether known, count) of the segment at depth y; bound is y's row of PlanSet.memo."""
+    if bound < 0 or stamp.shape[0] == 0:
+        return False, 0
+    v = m[bound]
+    if stamp[y, v] != sid:
+        return False, 0
+    return True, count[y, v]
+
+
+@hot
+def _chain(seg, bound, stamp, count, m, prod, acc, off, p, y, sid):
+    """Go on along depth p's current candidate: the segments y, seg[y], ... up to p's segment end
+    multiply. Returns the first segment that must be searched, or -1 when the chain is done
+    (its product then added to p's count). seg, bound: PlanSet.seg and .memo."""
+    e = seg[off + p]
+    while y < e:
+        known, v = _recall(bound[off + y], stamp, count, m, y, sid)
+        if not known:
+            return y
+        prod[p] *= v
+        if v == 0:
+            return -1
+        y = seg[off + y]
+    acc[p] += prod[p]
+    return -1
+
+
+@hot
+def _segment_count(gv, ps, off, y0, t, st, cand, memo, sid):
+    """The completions of the segment [y0, seg[y0]) given the images above y0: the sum over y0's
+    candidates of the product of the segments below it (an explicit stack: one frame per open
+    segment)."""
+    seg, bound, stamp, count = ps.seg, ps.memo, memo.stamp, memo.count
+    m, pos, end, acc, prod, stack = st.m, st.pos, st.end, st.acc, st.prod, st.stack
+    known, v = _recall(bound[off + y0], stamp, count, m, y0, sid)
+    if known:
+        return v
+    sp = 0
+    stack[0] = y0
+    acc[y0] = 0
+    _open(gv, ps, off + y0, y0, t, st)
+    st.at[2] += end[y0] - pos[y0]
+    while True:
+        d = stack[sp]
+        r = off + d
+        nxt = -1
+        while pos[d] < end[d] and nxt < 0:
+            i = pos[d]
+            pos[d] = i + 1
+            if _accept(gv.e_nbr, gv.e_el, gv.e_ct, gv.e_dt, ps.chk, ps.chk_j, ps.chk_el, cand, m, st.rs, st.re,
+                       st.piv[d], r, d, t, i):
+                m[d] = gv.e_nbr[i]
+                if d + 1 == seg[r]:  # a segment of one depth: one completion per candidate
+                    acc[d] += 1
+                else:
+                    prod[d] = 1
+                    nxt = _chain(seg, bound, stamp, count, m, prod, acc, off, d, d + 1, sid)
+        if nxt < 0:  # d's candidates are exhausted: its segment's count is known
+            v = acc[d]
+            if bound[r] >= 0 and stamp.shape[0]:
+                stamp[d, m[bound[r]]] = sid
+                count[d, m[bound[r]]] = v
+            if sp == 0:
+                return v
+            sp -= 1
+            p = stack[sp]
+            prod[p] *= v
+            nxt = _chain(seg, bound, stamp, count, m, prod, acc, off, p, seg[r], sid) if v else -1
+            if nxt < 0:
+                continue
+        # open the next segment of the current candidate
+        sp += 1
+        stack[sp] = nxt
+        acc[nxt] = 0
+        _open(gv, ps, off + nxt, nxt, t, st)
+        st.at[2] += end[nxt] - pos[nxt]
+
+
+@hot
+def _count(gv, ps, off, d, end, t, st, cand, memo, sid):
+    """The completions of depths [d, end) given the images above d (count-only; nothing from end
+    on refers into [d, end)): the product of its segments' counts."""
+    total = 1
+    while d < end and total:
+        total *= _segment_count(gv, ps, off, d, t, st, cand, memo, sid)
+        d = ps.seg[off + d]
+    return total
+
+
+@hot
+def _write(ps, off, k, m, out, n):
+    """Row n of out: the images in query-vertex order."""
+    for j in range(k):
+        out[n, ps.order[off + j]] = m[j]
+
+
+@hot
+def _run(gv, ps, p, t, cand, memo, sid, st, d0, out, n_out, materialize, budget, limit):
+    """Continue plan p's search below depth d0 - 1 (fixed images) until it is exhausted (DONE), out
+    is full (FULL), `budget` candidates were looked at (BUDGET, -1: none) or `limit` matches were
+    found (LIMIT, -1: none). Returns (why, rows in out, matches found, budget left)."""
+    off, k = ps.off[p], ps.depth[p]
+    d = st.at[0]
+    found = 0
+    why = DONE
+    while d >= d0:
+        i = st.pos[d]
+        if i >= st.end[d]:
+            d -= 1
+            continue
+        if budget == 0:
+            why = BUDGET
+            break
+        budget -= 1
+        r = off + d
+        if not _accept(gv.e_nbr, gv.e_el, gv.e_ct, gv.e_dt, ps.chk, ps.chk_j, ps.chk_el, cand, st.m, st.rs, st.re,
+                       st.piv[d], r, d, t, i):
+            st.pos[d] = i + 1
+            continue
+        if d + 1 < k:
+            st.pos[d] = i + 1
+            st.m[d] = gv.e_nbr[i]
+            if d + 1 == ps.tail[p] and not materialize:
+                looked = st.at[2]
+                found += _count(gv, ps, off, d + 1, k, t, st, cand, memo, sid)
+                budget = max(budget - (st.at[2] - looked), 0) if budget > 0 else budget
+                if limit >= 0 and found >= limit:
+                    found = limit
+                    why = LIMIT
+                    break
+                continue
+            d += 1
+            _open(gv, ps, off + d, d, t, st)
+            continue
+        if materialize:
+            if n_out == out.shape[0]:
+                why = FULL  # this candidate is looked at again on resumption
+                break
+            st.m[d] = gv.e_nbr[i]
+            _write(ps, off, k, st.m, out, n_out)
+            n_out += 1
+        st.pos[d] = i + 1
+        found += 1
+        if found == limit:
+            why = LIMIT
+            break
+    st.at[0] = d
+    return why, n_out, found, budget
+
+
+@hot
+def static_step(gv, ps, cand, memo, roots, st, out, materialize, budget, limit):
+    """Search plan 0 from roots[st.at[1]:] until done, out full, budget spent or limit reached.
+    Returns (why, rows in out, matches found); st holds where to resume. The memo's search id is
+    1: the graph does not change."""
+    k = ps.depth[0]
+    n_out, found = 0, 0
+    while True:
+        if st.at[0] < 1:  # no root in progress: take the next
+            if st.at[1] == len(roots):
+                return DONE, n_out, found
+            if k == 1 and materialize and n_out == out.shape[0]:
+                return FULL, n_out, found
+            st.m[0] = roots[st.at[1]]
+            st.at[1] += 1
+            if k == 1:
+                if materialize:
+                    _write(ps, 0, 1, st.m, out, n_out)
+                    n_out += 1
+                found += 1
+                if found == limit:
+                    return LIMIT, n_out, found
+                continue
+            if ps.tail[0] == 1 and not materialize:
+                looked = st.at[2]
+                found += _count(gv, ps, 0, 1, k, 0, st, cand, memo, 1)
+                if limit >= 0 and found >= limit:
+                    return LIMIT, n_out, limit
+                budget -= st.at[2] - looked
+                if budget <= 0:
+                    return BUDGET, n_out, found
+                continue
+            _open(gv, ps, 1, 1, 0, st)
+            st.at[0] = 1
+        why, n_out, f, budget = _run(gv, ps, 0, 0, cand, memo, 1, st, 1, out, n_out, materialize, budget,
+                                     -1 if limit < 0 else limit - found)
+        found += f
+        if why != DONE:
+            return why, n_out, found
+
+
+@njit(cache=True, nogil=True)
+def match_edges(gv, ps, e_seq, e_a, e_b, e_el, materialize, width, memo, sid):
+    """Incremental matching of a batch's edge ops for every plan (one per query and anchor edge).
+
+    Each op {a, b} at timestamp e_seq is mapped onto the plan's anchor (depths 0 and 1) in both
+    orientations, and the rest of the plan is searched at that timestamp. Returns the matches per
+    (query, op) and, for the queries with materialize[q], every match: rows (query-vertex order,
+    padded to width), their query and their op. memo and sid: segment counts (Memo), and the
+    last search id used with it; returns the new last id too.
+    """
+    nq = len(materialize)
+    counts = np.zeros((nq, len(e_seq)), np.int64)
+    out = np.zeros((64, width), np.int32)
+    out_q = np.zeros(64, np.int64)
+    out_op = np.zeros(64, np.int64)
+    none = np.zeros((0, 0), np.bool_)
+    n_out = 0
+    st = new_state()
+    for p in range(len(ps.off)):
+        off, k, q = ps.off[p], ps.depth[p], ps.query[p]
+        mat = materialize[q]
+        lx, ly = ps.qlab[off], ps.qlab[off + 1]
+        el = ps.chk_el[ps.chk[off + 1, BACKWARD]]  # depth 1's only backward edge is the anchor
+        for e in range(len(e_seq)):
+            if e_el[e] != el:
+                continue
+            t = e_seq[e]
+            sid += 1  # a new (plan, timestamp): the memo's counts so far do not hold
+            for o in range(2):
+                u0, u1 = (e_a[e], e_b[e]) if o == 0 else (e_b[e], e_a[e])
+                if gv.labels[u0] != lx or gv.labels[u1] != ly:
+                    continue
+                st.m[0], st.m[1] = u0, u1
+                first = n_out
+                if k == 2:
+                    if mat:
+                        if n_out == out.shape[0]:
+                            out, out_q, out_op = _grow(out, out_q, out_op)
+                        _write(ps, off, 2, st.m, out, n_out)
+                        n_out += 1
+                    counts[q, e] += 1
+                elif not mat:
+                    counts[q, e] += _count(gv, ps, off, 2, k, t, st, none, memo, sid)
+                else:
+                    _open(gv, ps, off + 2, 2, t, st)
+                    st.at[0] = 2
+                    while True:
+                        why, n_out, f, _ = _run(gv, ps, p, t, none, memo, sid, st, 2, out, n_out, mat, -1, -1)
+                        counts[q, e] += f
+                        if why != FULL:
+                            break
+                        out, out_q, out_op = _grow(out, out_q, out_op)
+                out_q[first:n_out] = q
+                out_op[first:n_out] = e
+    return counts, out[:n_out], out_q[:n_out], out_op[:n_out], sid
+
+
+@njit(cache=True, nogil=True)
+def _grow(out, out_q, out_op):
+    n = out.shape[0]
+    big = np.zeros((2 * n, out.shape[1]), np.int32)
+    big[:n] = out
+    big_q = np.zeros(2 * n, np.int64)
+    big_q[:n] = out_q
+    big_op = np.zeros(2 * n, np.int64)
+    big_op[:n] = out_op
+    return big, big_q, big_op
