@@ -36,6 +36,9 @@ bench: setup
 # on a machine with a CUDA device and CuPy
 bench-gpu: setup
 	$(BIN)/python bench/static_gpu.py --datasets $(DATASETS)
+	$(BIN)/python bench/replay_gpu.py --datasets $(DATASETS)
+	$(BIN)/python bench/gu_gpu.py
+	cd bench && ../$(BIN)/python scale_gpu.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
