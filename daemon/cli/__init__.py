@@ -84,6 +84,37 @@ def cmd_match(args) -> int:
     return 0
 
 
+def cmd_estimate(args) -> int:
+    from csmd.model.formats import query_files, read_graph, read_query
+    from csmd.cli.estimate import run_estimate, sampler_backend
+
+    backend = sampler_backend(args.backend)
+    g = read_graph(args.data)
+    queries = [(p.stem, read_query(p)) for p in query_files(args.query)]  # refuse bad queries before any work
+    if not args.json:
+        print(f"{'query':<32} {'estimate':>14} {'95% interval':>31} {'samples':>10} {'valid':>10} {'method':>6} "
+              f"{'seconds':>8}")
+    for name, q in queries:
+        res = run_estimate(g, q, name, method=args.method, samples=args.samples, rel_error=args.rel_error,
+                           time_limit=args.time_limit, seed=args.seed, backend=backend)
+        if args.json:
+            print(json.dumps(res), flush=True)
+        else:
+            print(f"{name:<32} {_estimate_text(res):>14} {_interval_text(res):>31} {res['samples']:>10} "
+                  f"{res['valid_samples']:>10} {res['method']:>6} {res['seconds']:>8.3f}", flush=True)
+    return 0
+
+
+def _estimate_text(res: dict) -> str:
+    if res["estimate"] is None:
+        return "no info"  # no valid sample: not a count of zero
+    return f"{res['estimate']:.6g}" + (" (exact)" if res["exact"] else "")
+
+
+def _interval_text(res: dict) -> str:
+    return "-" if res["estimate"] is None else f"[{res['ci_low']:.6g}, {res['ci_high']:.6g}]"
+
+
 def cmd_replay(args) -> int:
     from csmd.model.formats import query_files, read_graph, read_query
     from csmd.cli.replay import replay
@@ -202,6 +233,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", type=Path, help="write every delta to this Arrow IPC file")
     r.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
     r.set_defaults(func=cmd_replay)
+
+    e = sub.add_parser("estimate", help="approximate match counts with 95%% confidence intervals (sampling)")
+    e.add_argument("--data", required=True, type=Path, help="data graph (text format, .arrow or .parquet)")
+    e.add_argument("--query", required=True, nargs="+", type=Path, help="query files or directories of them")
+    e.add_argument("--method", choices=("wj", "alley", "auto"), default="auto",
+                   help="WanderJoin or Alley walks (default auto: Alley)")
+    stop = e.add_mutually_exclusive_group()
+    stop.add_argument("--samples", type=_batch_size, help="draw N samples per query (rounded up to whole blocks)")
+    stop.add_argument("--rel-error", type=_positive_float,
+                      help="stop once the interval's half-width / estimate is at most X (default 0.05)")
+    e.add_argument("--time-limit", type=_positive_float,
+                   help="stop sampling a query after S seconds (default 10 without --samples)")
+    e.add_argument("--seed", type=_positive_int, default=0, help="random seed: the same seed gives the same answer")
+    e.add_argument("--backend", choices=BACKENDS, default="auto", help="sampler (default auto: cpu in this build)")
+    e.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
+    e.set_defaults(func=cmd_estimate)
 
     d = sub.add_parser("run", help="the daemon: Kafka in, match deltas out (stops cleanly on SIGTERM)")
     d.add_argument("--config", type=Path, help="TOML config (see configs/); CSMD_SECTION__KEY overrides a setting")
