@@ -171,7 +171,11 @@ def cmd_admin(args) -> int:
                 "limit": args.limit, "time_limit": args.time_limit}
         res = call(url, "POST", "/match", body, timeout=(args.time_limit or 3600) + 30)
     elif args.action == "estimate":
-        res = call(url, "POST", "/estimate", {"query": _read_text(args.query)})
+        from csmd.cli.estimate import DEFAULT_TIME_LIMIT
+
+        body = {"name": args.query.stem, "query": _read_text(args.query), "method": args.method,
+                "samples": args.samples, "rel_error": args.rel_error, "time_limit": args.time_limit, "seed": args.seed}
+        res = call(url, "POST", "/estimate", body, timeout=(args.time_limit or DEFAULT_TIME_LIMIT) + 30)
     elif args.action == "metrics":
         print(call(url, "GET", "/metrics"), end="")
         return 0
@@ -207,6 +211,19 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+def _estimate_options(p: argparse.ArgumentParser) -> None:
+    """The sampling options that `csmd estimate` and `csmd admin estimate` share."""
+    p.add_argument("--method", choices=("wj", "alley", "auto"), default="auto",
+                   help="WanderJoin or Alley walks (default auto: Alley)")
+    stop = p.add_mutually_exclusive_group()
+    stop.add_argument("--samples", type=_batch_size, help="draw N samples per query (rounded up to whole blocks)")
+    stop.add_argument("--rel-error", type=_positive_float,
+                      help="stop once the interval's half-width / estimate is at most X (default 0.05)")
+    p.add_argument("--time-limit", type=_positive_float,
+                   help="stop sampling a query after S seconds (default 10 without --samples)")
+    p.add_argument("--seed", type=_positive_int, default=0, help="random seed: the same seed gives the same answer")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="csmd", description="Streaming continuous subgraph matching.")
     p.add_argument("--version", action="version", version=f"csmd {version('csmd')}")
@@ -237,15 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("estimate", help="approximate match counts with 95%% confidence intervals (sampling)")
     e.add_argument("--data", required=True, type=Path, help="data graph (text format, .arrow or .parquet)")
     e.add_argument("--query", required=True, nargs="+", type=Path, help="query files or directories of them")
-    e.add_argument("--method", choices=("wj", "alley", "auto"), default="auto",
-                   help="WanderJoin or Alley walks (default auto: Alley)")
-    stop = e.add_mutually_exclusive_group()
-    stop.add_argument("--samples", type=_batch_size, help="draw N samples per query (rounded up to whole blocks)")
-    stop.add_argument("--rel-error", type=_positive_float,
-                      help="stop once the interval's half-width / estimate is at most X (default 0.05)")
-    e.add_argument("--time-limit", type=_positive_float,
-                   help="stop sampling a query after S seconds (default 10 without --samples)")
-    e.add_argument("--seed", type=_positive_int, default=0, help="random seed: the same seed gives the same answer")
+    _estimate_options(e)
     e.add_argument("--backend", choices=BACKENDS, default="auto", help="sampler (default auto: cpu in this build)")
     e.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
     e.set_defaults(func=cmd_estimate)
@@ -270,8 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--distinct", action="store_true")
     mt.add_argument("--limit", type=_positive_int)
     mt.add_argument("--time-limit", type=_positive_float)
-    est = acts.add_parser("estimate", help="approximate count against the live graph")
+    est = acts.add_parser("estimate", help="approximate count against the live graph (see csmd estimate)")
     est.add_argument("--query", required=True, type=Path)
+    _estimate_options(est)
     acts.add_parser("stats", help="throughput, latency, queues, per-query totals")
     acts.add_parser("metrics", help="the Prometheus metrics text")
     acts.add_parser("health", help="whether the daemon is running")

@@ -40,6 +40,8 @@ def run_estimate(g: Graph, q: Graph, name: str, *, method: str = "auto", samples
     """
     from csmd.cpu.sampler import CpuSampler
 
+    if method not in METHODS:
+        raise CsmdError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
     t0 = time.monotonic()
     method = "alley" if method == "auto" else method
     samples, rel_error, time_limit = stop_rule(samples, rel_error, time_limit)
