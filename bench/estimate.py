@@ -17,7 +17,8 @@ Prints two plain-text tables on stdout (progress goes to stderr):
    count within 10 s are left out, and so are those with no match); github Q_21
    against the exact count that issue #11 quotes. A query with no valid sample
    (no information) counts as q-error infinity. The last column is the share of
-   queries whose 95% interval covers the exact count.
+   queries whose 95% interval covers the exact count. alley+t2 is Alley with
+   trawling: the last 2 query vertices counted exactly for each sampled prefix.
 """
 
 from __future__ import annotations
@@ -106,18 +107,19 @@ def main() -> int:
 
     print()
     print(f"q-error with {args.budget:g} s of sampling per query")
-    print(f"{'dataset':<8} {'class':<16} {'method':>6} {'queries':>7} {'median':>8} {'p90':>8} {'max':>10} "
+    print(f"{'dataset':<8} {'class':<16} {'method':>8} {'queries':>7} {'median':>8} {'p90':>8} {'max':>10} "
           f"{'no info':>7} {'covered':>8}")
     for dsname, cls, exact in accuracy_sets(ds, graphs, k):
-        for method in ("wj", "alley"):
+        for method, trawl in (("wj", 0), ("alley", 0), ("alley", 2)):
             errs, covered = [], 0
             for q, count in exact:
                 g = graphs[dsname]
-                sampler = CpuSampler(g, CandidateGraph(g, plan_query(g, q)), method, args.seed)
+                sampler = CpuSampler(g, CandidateGraph(g, plan_query(g, q)), method, args.seed, trawl)
                 res = run_rounds(sampler.draw, time_limit=args.budget)
                 errs.append(q_error(res.estimate, count))
                 covered += res.estimate is not None and res.ci_low <= count <= res.ci_high
-            print(f"{dsname:<8} {cls:<16} {method:>6} {len(errs):>7} {statistics.median(errs):>8.3f} "
+            label = method + (f"+t{trawl}" if trawl else "")
+            print(f"{dsname:<8} {cls:<16} {label:>8} {len(errs):>7} {statistics.median(errs):>8.3f} "
                   f"{percentile(errs, 0.9):>8.3f} {max(errs):>10.3f} {sum(map(math.isinf, errs)):>7} "
                   f"{covered / len(errs):>8.0%}", flush=True)
     return 0

@@ -96,7 +96,7 @@ def cmd_estimate(args) -> int:
               f"{'seconds':>8}")
     for name, q in queries:
         res = run_estimate(g, q, name, method=args.method, samples=args.samples, rel_error=args.rel_error,
-                           time_limit=args.time_limit, seed=args.seed, backend=backend)
+                           time_limit=args.time_limit, seed=args.seed, trawl=args.trawl, backend=backend)
         if args.json:
             print(json.dumps(res), flush=True)
         else:
@@ -174,7 +174,8 @@ def cmd_admin(args) -> int:
         from csmd.cli.estimate import DEFAULT_TIME_LIMIT
 
         body = {"name": args.query.stem, "query": _read_text(args.query), "method": args.method,
-                "samples": args.samples, "rel_error": args.rel_error, "time_limit": args.time_limit, "seed": args.seed}
+                "samples": args.samples, "rel_error": args.rel_error, "time_limit": args.time_limit, "seed": args.seed,
+                "trawl": args.trawl}
         res = call(url, "POST", "/estimate", body, timeout=(args.time_limit or DEFAULT_TIME_LIMIT) + 30)
     elif args.action == "metrics":
         print(call(url, "GET", "/metrics"), end="")
@@ -222,6 +223,9 @@ def _estimate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=_positive_float,
                    help="stop sampling a query after S seconds (default 10 without --samples)")
     p.add_argument("--seed", type=_positive_int, default=0, help="random seed: the same seed gives the same answer")
+    p.add_argument("--trawl", type=_positive_int, default=0,
+                   help="count the matches of the last K query vertices exactly for each sampled prefix "
+                        "(trawling; default 0: sample every vertex)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,8 +31,12 @@ def stop_rule(samples, rel_error, time_limit) -> tuple:
 
 
 def run_estimate(g: Graph, q: Graph, name: str, *, method: str = "auto", samples=None, rel_error=None,
-                 time_limit=None, seed: int = 0, backend: str = "cpu") -> dict:
+                 time_limit=None, seed: int = 0, trawl: int = 0, backend: str = "cpu") -> dict:
     """Plan q in g and estimate its number of embeddings; the JSON-ready result.
+
+    trawl > 0 walks only to the last `trawl` query vertices of the order and counts the
+    prefix's completions exactly (trawling): fewer, heavier samples with less variance each.
+    A round of them is not cut short by time_limit (a cut-off count would bias the estimate).
 
     method auto takes Alley: on a tree query both walks draw from the same sets, and on
     a cyclic one Alley's intersected sets fail far less often. `seconds` covers the
@@ -49,7 +53,7 @@ def run_estimate(g: Graph, q: Graph, name: str, *, method: str = "auto", samples
     if cg.empty:
         est = Estimate(0.0, 0.0, 0.0, CONFIDENCE, 0, 0, 0, 0.0, exact=True)
     else:
-        est = run_rounds(CpuSampler(g, cg, method, seed).draw, samples=samples, rel_error=rel_error,
+        est = run_rounds(CpuSampler(g, cg, method, seed, trawl).draw, samples=samples, rel_error=rel_error,
                          time_limit=time_limit, block=block_size(samples))
     return {"query": name, **est.as_dict(), "seconds": round(time.monotonic() - t0, 6), "method": method,
-            "backend": backend, "seed": seed}
+            "trawl": trawl, "backend": backend, "seed": seed}

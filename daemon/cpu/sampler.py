@@ -12,6 +12,9 @@ uniformly from a choice set and multiplies its weight by the set's size:
 
 The choice sets depend only on the sample's prefix, so each embedding is drawn with
 probability 1 / (its weight) and the mean weight is unbiased (Horvitz-Thompson).
+With trawling the walk stops short of the last vertices and its weight is
+multiplied by the exact number of completions of its prefix (the static matcher's
+count), which is unbiased for the same reason.
 
 Randomness: numpy's Philox, keyed by the seed, with the round number in the upper
 counter words; depth i of lane l uses the (i * lanes + l)-th uniform of its round,
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from csmd.cpu.matcher import search
 from csmd.model.estimate import CandidateGraph
 from csmd.model.graph import Graph, gather_ranges
 
@@ -33,12 +37,15 @@ CHUNK = 1 << 22  # Alley gathers at most this many list entries at once (memory 
 class CpuSampler:
     """Draws rounds of WanderJoin or Alley samples of one query in one graph."""
 
-    def __init__(self, g: Graph, cg: CandidateGraph, method: str, seed: int):
+    def __init__(self, g: Graph, cg: CandidateGraph, method: str, seed: int, trawl: int = 0):
+        """trawl: the number of query vertices, at the end of the order, whose matches are counted
+        exactly for each sampled prefix instead of being sampled (trawling)."""
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}")
         self.g, self.cg, self.plan = g, cg, cg.plan
         self.step = self._wanderjoin if method == "wj" else self._alley
         self.seed = seed
+        self.walk = max(1, self.plan.depth - trawl)
 
     def draw(self, rnd: int, lanes: int) -> np.ndarray:
         """The weights of `lanes` samples of round `rnd` (float64, 0 for a failed walk)."""
@@ -50,12 +57,21 @@ class CpuSampler:
         w = np.full(lanes, float(len(first)))
         M[:, 0] = first[_pick(rng.random(lanes), len(first))]
         alive = np.arange(lanes)
-        for i in range(1, self.plan.depth):
+        for i in range(1, self.walk):
             r = rng.random(lanes)
             if len(alive):
                 alive = self.step(i, M, w, alive, r[alive])
         w[np.setdiff1d(np.arange(lanes), alive, assume_unique=True)] = 0.0
+        if self.walk < self.plan.depth and len(alive):
+            w[alive] *= self._completions(M[alive, :self.walk], alive)
         return w
+
+    def _completions(self, prefixes: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+        """Trawling: the exact number of completions of each prefix, from the static matcher.
+        Each prefix is tagged with its lane as its timestamp: a static graph ignores timestamps
+        when it is read, and the matcher's per-timestamp tally then counts each lane's matches."""
+        res = search(self.g, self.plan, seeds=prefixes, ts=lanes.astype(np.int64))
+        return res.per_ts[lanes - res.ts_base]
 
     def _shortest(self, i: int, M: np.ndarray, alive: np.ndarray):
         """Per living lane: the backward list with the fewest local candidates, its start and size."""

@@ -8,7 +8,7 @@
   DELETE /queries/NAME      remove (through the control topic)
   POST   /match             {"query": text, "distinct", "limit", "time_limit"}: one-shot static
                             query against the live graph at a consistent timestamp
-  POST   /estimate          {"query": text, "method", "samples", "rel_error", "time_limit", "seed"}:
+  POST   /estimate          {"query": text, "method", "samples", "rel_error", "time_limit", "seed", "trawl"}:
                             approximate count against the live graph at a consistent timestamp
 """
 
@@ -167,7 +167,8 @@ def _estimate(daemon, body: dict) -> dict:
     g, seq = daemon.live_graph()
     res = run_estimate(g, q, name, method=body.get("method", "auto"), samples=_number(body, "samples", int),
                        rel_error=_number(body, "rel_error", float), time_limit=_number(body, "time_limit", float),
-                       seed=_number(body, "seed", int, zero_ok=True) or 0)
+                       seed=_number(body, "seed", int, zero_ok=True) or 0,
+                       trawl=_number(body, "trawl", int, zero_ok=True) or 0)
     return {**res, "seq": seq, "vertices": g.n, "edges": g.num_edges}
 
 
