@@ -12,6 +12,9 @@ from csmd.engines import BACKENDS, resolve_backend
 from csmd.errors import CsmdError, InputError, missing
 
 
+ADD_ESTIMATE_SECONDS = 2.0  # `admin add --estimate`: an indication, not a measurement to wait for
+
+
 def _number(kind, text: str):
     try:
         return kind(text)
@@ -162,6 +165,12 @@ def cmd_admin(args) -> int:
     if args.action == "add":
         body = {"name": args.name or args.query.stem, "query": _read_text(args.query), "count_only": args.count_only}
         res = call(url, "POST", "/queries", body)
+        if args.estimate:
+            # after the change took effect, so the estimate is of the graph the query starts from
+            est = call(url, "POST", "/estimate", {"name": body["name"], "query": body["query"],
+                                                  "time_limit": ADD_ESTIMATE_SECONDS},
+                       timeout=ADD_ESTIMATE_SECONDS + 30)
+            res["estimate"] = {k: est[k] for k in ("estimate", "ci_low", "ci_high", "confidence", "seq")}
     elif args.action == "remove":
         res = call(url, "DELETE", f"/queries/{args.name}")
     elif args.action == "list":
@@ -275,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--query", required=True, type=Path, help="query graph file")
     add.add_argument("--name", help="query name (default: the file's stem)")
     add.add_argument("--count-only", action="store_true", help="publish counts per update, not matches")
+    add.add_argument("--estimate", action="store_true",
+                     help=f"also estimate the query's matches in the live graph (at most {ADD_ESTIMATE_SECONDS:g} s "
+                          "of sampling)")
     rm = acts.add_parser("remove", help="remove a registered query")
     rm.add_argument("--name", required=True)
     acts.add_parser("list", help="the registered queries")
