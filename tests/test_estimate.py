@@ -178,12 +178,13 @@ def test_cli_table_says_no_information(tmp_path, capsys):
     ("--backend", "gpu", "the GPU sampler is not part of this build yet"),
     ("--query", "BAD.graph", "BAD.graph:2: "),
     ("--data", "MISSING.graph", "MISSING.graph: No such file or directory"),
+    ("--seed", str(2**128), "seed must be in 0 .. 2**128 - 1"),
 ])
 def test_cli_errors_exit_2(tmp_path, capsys, flag, value, message):
     (tmp_path / "BAD.graph").write_text("v 0 0\nv 1 x\n")
     opts = {"--data": write_graph(tmp_path / "g.graph", cycle_graph(6)),
-            "--query": write_graph(tmp_path / "q.graph", cycle_graph(3)), "--backend": "auto"}
-    opts[flag] = value if flag == "--backend" else str(tmp_path / value)
+            "--query": write_graph(tmp_path / "q.graph", cycle_graph(3)), "--backend": "auto", "--seed": "0"}
+    opts[flag] = str(tmp_path / value) if flag in ("--data", "--query") else value
     assert main(["estimate", *[x for kv in opts.items() for x in kv]]) == 2
     assert message in capsys.readouterr().err
 

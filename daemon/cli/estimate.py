@@ -12,6 +12,7 @@ from csmd.model.plan import plan_query
 METHODS = ("wj", "alley", "auto")
 DEFAULT_REL_ERROR = 0.05
 DEFAULT_TIME_LIMIT = 10.0
+MAX_SEED = 2**128
 
 
 def sampler_backend(name: str) -> str:
@@ -46,6 +47,8 @@ def run_estimate(g: Graph, q: Graph, name: str, *, method: str = "auto", samples
 
     if method not in METHODS:
         raise CsmdError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+    if not 0 <= seed < MAX_SEED:
+        raise CsmdError(f"seed must be in 0 .. 2**128 - 1 (the Philox key), not {seed}")
     t0 = time.monotonic()
     method = "alley" if method == "auto" else method
     samples, rel_error, time_limit = stop_rule(samples, rel_error, time_limit)

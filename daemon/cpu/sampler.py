@@ -103,6 +103,7 @@ class CpuSampler:
         return ok
 
     def _wanderjoin(self, i, M, w, alive, r):
+        """Depth i of the WanderJoin walks of the lanes `alive`; returns the lanes still alive."""
         piv, start, size = self._shortest(i, M, alive)
         w[alive] *= size
         has = size > 0
@@ -113,6 +114,7 @@ class CpuSampler:
         return alive[ok]
 
     def _alley(self, i, M, w, alive, r):
+        """Depth i of the Alley walks of the lanes `alive`; returns the lanes still alive."""
         piv, start, size = self._shortest(i, M, alive)
         count = np.zeros(len(alive), np.int64)
         chosen = np.empty(len(alive), np.int32)
