@@ -242,9 +242,10 @@ def test_control_changes_take_effect_at_a_well_defined_update_and_survive_restar
     assert d.stop() == 0
 
 
-def test_admin_match_stats_and_backpressure(tmp_path, kafka_bootstrap):
+def test_admin_match_stats_and_backpressure(tmp_path, kafka_bootstrap, capsys):
     """A one-shot query against the live graph equals `csmd match` on the same graph as a file;
     a tiny pending limit pauses the consumer, is never passed, and loses nothing."""
+    from csmd.cli import main as csmd
     from csmd.service.admin import call
     from csmd.model.graph import Graph
     from csmd.cli.match import run_query
@@ -273,8 +274,15 @@ def test_admin_match_stats_and_backpressure(tmp_path, kafka_bootstrap):
     want = run_query(final, q, "Q_3")["matches"]
     got = call(d.url, "POST", "/match", {"query": (HUMAN / "queries" / "Q_3.graph").read_text()})
     assert got["matches"] == want and got["complete"] and got["seq"] == len(lines)
-    with pytest.raises(Exception, match="not part of this build"):
-        call(d.url, "POST", "/estimate", {"query": "v 0 0"})
+    # the estimate reads the same live graph: its 95% interval covers the exact count (seeded, so always)
+    est = call(d.url, "POST", "/estimate", {"query": (HUMAN / "queries" / "Q_3.graph").read_text(), "seed": 1,
+                                            "samples": 50_000})
+    assert est["seq"] == len(lines) and est["ci_low"] <= want <= est["ci_high"], (est, want)
+    # `admin add --estimate` registers the query and prints its estimated matches in the live graph
+    assert csmd(["admin", "--url", d.url, "--json", "add", "--query", str(HUMAN / "queries" / "Q_3.graph"),
+                 "--estimate"]) == 0
+    added = json.loads(capsys.readouterr().out)
+    assert added["estimate"]["ci_low"] <= want <= added["estimate"]["ci_high"], added
     assert d.stop() == 0
 
 

@@ -12,6 +12,9 @@ from csmd.engines import BACKENDS, resolve_backend
 from csmd.errors import CsmdError, InputError, missing
 
 
+ADD_ESTIMATE_SECONDS = 2.0  # `admin add --estimate`: an indication, not a measurement to wait for
+
+
 def _number(kind, text: str):
     try:
         return kind(text)
@@ -84,6 +87,37 @@ def cmd_match(args) -> int:
     return 0
 
 
+def cmd_estimate(args) -> int:
+    from csmd.model.formats import query_files, read_graph, read_query
+    from csmd.cli.estimate import run_estimate, sampler_backend
+
+    backend = sampler_backend(args.backend)
+    g = read_graph(args.data)
+    queries = [(p.stem, read_query(p)) for p in query_files(args.query)]  # refuse bad queries before any work
+    if not args.json:
+        print(f"{'query':<32} {'estimate':>14} {'95% interval':>31} {'samples':>10} {'valid':>10} {'method':>6} "
+              f"{'seconds':>8}")
+    for name, q in queries:
+        res = run_estimate(g, q, name, method=args.method, samples=args.samples, rel_error=args.rel_error,
+                           time_limit=args.time_limit, seed=args.seed, trawl=args.trawl, backend=backend)
+        if args.json:
+            print(json.dumps(res), flush=True)
+        else:
+            print(f"{name:<32} {_estimate_text(res):>14} {_interval_text(res):>31} {res['samples']:>10} "
+                  f"{res['valid_samples']:>10} {res['method']:>6} {res['seconds']:>8.3f}", flush=True)
+    return 0
+
+
+def _estimate_text(res: dict) -> str:
+    if res["estimate"] is None:
+        return "no info"  # no valid sample: not a count of zero
+    return f"{res['estimate']:.6g}" + (" (exact)" if res["exact"] else "")
+
+
+def _interval_text(res: dict) -> str:
+    return "-" if res["estimate"] is None else f"[{res['ci_low']:.6g}, {res['ci_high']:.6g}]"
+
+
 def cmd_replay(args) -> int:
     from csmd.model.formats import query_files, read_graph, read_query
     from csmd.cli.replay import replay
@@ -131,6 +165,12 @@ def cmd_admin(args) -> int:
     if args.action == "add":
         body = {"name": args.name or args.query.stem, "query": _read_text(args.query), "count_only": args.count_only}
         res = call(url, "POST", "/queries", body)
+        if args.estimate:
+            # after the change took effect, so the estimate is of the graph the query starts from
+            est = call(url, "POST", "/estimate", {"name": body["name"], "query": body["query"],
+                                                  "time_limit": ADD_ESTIMATE_SECONDS},
+                       timeout=ADD_ESTIMATE_SECONDS + 30)
+            res["estimate"] = {k: est[k] for k in ("estimate", "ci_low", "ci_high", "confidence", "seq")}
     elif args.action == "remove":
         res = call(url, "DELETE", f"/queries/{args.name}")
     elif args.action == "list":
@@ -140,7 +180,12 @@ def cmd_admin(args) -> int:
                 "limit": args.limit, "time_limit": args.time_limit}
         res = call(url, "POST", "/match", body, timeout=(args.time_limit or 3600) + 30)
     elif args.action == "estimate":
-        res = call(url, "POST", "/estimate", {"query": _read_text(args.query)})
+        from csmd.cli.estimate import DEFAULT_TIME_LIMIT
+
+        body = {"name": args.query.stem, "query": _read_text(args.query), "method": args.method,
+                "samples": args.samples, "rel_error": args.rel_error, "time_limit": args.time_limit, "seed": args.seed,
+                "trawl": args.trawl}
+        res = call(url, "POST", "/estimate", body, timeout=(args.time_limit or DEFAULT_TIME_LIMIT) + 30)
     elif args.action == "metrics":
         print(call(url, "GET", "/metrics"), end="")
         return 0
@@ -176,6 +221,22 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+def _estimate_options(p: argparse.ArgumentParser) -> None:
+    """The sampling options that `csmd estimate` and `csmd admin estimate` share."""
+    p.add_argument("--method", choices=("wj", "alley", "auto"), default="auto",
+                   help="WanderJoin or Alley walks (default auto: Alley)")
+    stop = p.add_mutually_exclusive_group()
+    stop.add_argument("--samples", type=_batch_size, help="draw N samples per query (rounded up to whole blocks)")
+    stop.add_argument("--rel-error", type=_positive_float,
+                      help="stop once the interval's half-width / estimate is at most X (default 0.05)")
+    p.add_argument("--time-limit", type=_positive_float,
+                   help="stop sampling a query after S seconds (default 10 without --samples)")
+    p.add_argument("--seed", type=_positive_int, default=0, help="random seed: the same seed gives the same answer")
+    p.add_argument("--trawl", type=_positive_int, default=0,
+                   help="count the matches of the last K query vertices exactly for each sampled prefix "
+                        "(trawling; default 0: sample every vertex)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="csmd", description="Streaming continuous subgraph matching.")
     p.add_argument("--version", action="version", version=f"csmd {version('csmd')}")
@@ -203,6 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
     r.set_defaults(func=cmd_replay)
 
+    e = sub.add_parser("estimate", help="approximate match counts with 95%% confidence intervals (sampling)")
+    e.add_argument("--data", required=True, type=Path, help="data graph (text format, .arrow or .parquet)")
+    e.add_argument("--query", required=True, nargs="+", type=Path, help="query files or directories of them")
+    _estimate_options(e)
+    e.add_argument("--backend", choices=BACKENDS, default="auto", help="sampler (default auto: cpu in this build)")
+    e.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
+    e.set_defaults(func=cmd_estimate)
+
     d = sub.add_parser("run", help="the daemon: Kafka in, match deltas out (stops cleanly on SIGTERM)")
     d.add_argument("--config", type=Path, help="TOML config (see configs/); CSMD_SECTION__KEY overrides a setting")
     d.set_defaults(func=cmd_run)
@@ -215,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--query", required=True, type=Path, help="query graph file")
     add.add_argument("--name", help="query name (default: the file's stem)")
     add.add_argument("--count-only", action="store_true", help="publish counts per update, not matches")
+    add.add_argument("--estimate", action="store_true",
+                     help=f"also estimate the query's matches in the live graph (at most {ADD_ESTIMATE_SECONDS:g} s "
+                          "of sampling)")
     rm = acts.add_parser("remove", help="remove a registered query")
     rm.add_argument("--name", required=True)
     acts.add_parser("list", help="the registered queries")
@@ -223,8 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--distinct", action="store_true")
     mt.add_argument("--limit", type=_positive_int)
     mt.add_argument("--time-limit", type=_positive_float)
-    est = acts.add_parser("estimate", help="approximate count against the live graph")
+    est = acts.add_parser("estimate", help="approximate count against the live graph (see csmd estimate)")
     est.add_argument("--query", required=True, type=Path)
+    _estimate_options(est)
     acts.add_parser("stats", help="throughput, latency, queues, per-query totals")
     acts.add_parser("metrics", help="the Prometheus metrics text")
     acts.add_parser("health", help="whether the daemon is running")

@@ -8,7 +8,8 @@
   DELETE /queries/NAME      remove (through the control topic)
   POST   /match             {"query": text, "distinct", "limit", "time_limit"}: one-shot static
                             query against the live graph at a consistent timestamp
-  POST   /estimate          approximate counting (not in this build: 501)
+  POST   /estimate          {"query": text, "method", "samples", "rel_error", "time_limit", "seed", "trawl"}:
+                            approximate count against the live graph at a consistent timestamp
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/match":
             self._guard(lambda: self._send(200, _match(d, self._body())))
         elif self.path == "/estimate":
-            self._send(501, {"error": "approximate counting is not part of this build yet"})
+            self._guard(lambda: self._send(200, _estimate(d, self._body())))
         else:
             self._send(404, {"error": f"no such endpoint {self.path}"})
 
@@ -134,20 +135,53 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": f"no such endpoint {self.path}"})
 
 
-def _match(daemon, body: dict) -> dict:
+def _query(body: dict):
+    """The request's (name, query graph); a bad query is a 400 naming its line."""
     from csmd.model.formats import parse_query_text
-    from csmd.cli.match import run_query
 
     text = body.get("query")
     if not isinstance(text, str):
         raise CsmdError("\"query\" must be the query graph as text")
     name = body.get("name") or "query"
-    q = parse_query_text(text, name)
+    return name, parse_query_text(text, name)
+
+
+def _match(daemon, body: dict) -> dict:
+    from csmd.cli.match import run_query
+
+    name, q = _query(body)
     g, seq = daemon.live_graph()
     res = run_query(g, q, name, backend=daemon.pipe.engine.name, distinct=bool(body.get("distinct", False)),
                     limit=body.get("limit"),
                     time_limit=body.get("time_limit"))
     return {**res, "seq": seq, "vertices": g.n, "edges": g.num_edges}
+
+
+def _estimate(daemon, body: dict) -> dict:
+    """The sampler runs on the CPU whatever the daemon's engine (the GPU sampler is not in this build)."""
+    from csmd.cli.estimate import run_estimate
+
+    name, q = _query(body)
+    if body.get("samples") is not None and body.get("rel_error") is not None:
+        raise CsmdError("give \"samples\" or \"rel_error\", not both")
+    g, seq = daemon.live_graph()
+    res = run_estimate(g, q, name, method=body.get("method", "auto"), samples=_number(body, "samples", int),
+                       rel_error=_number(body, "rel_error", float), time_limit=_number(body, "time_limit", float),
+                       seed=_number(body, "seed", int, zero_ok=True) or 0,
+                       trawl=_number(body, "trawl", int, zero_ok=True) or 0)
+    return {**res, "seq": seq, "vertices": g.n, "edges": g.num_edges}
+
+
+def _number(body: dict, key: str, kind, zero_ok: bool = False):
+    """body[key] as a positive `kind` (or 0 with zero_ok), None when absent."""
+    val = body.get(key)
+    if val is None:
+        return None
+    if isinstance(val, bool) or not isinstance(val, (int, float)) or (kind is int and not float(val).is_integer()) \
+            or val < 0 or (val == 0 and not zero_ok):
+        what = "integer" if kind is int else "number"
+        raise CsmdError(f"\"{key}\" must be a {'non-negative' if zero_ok else 'positive'} {what}, not {val!r}")
+    return kind(val)
 
 
 # ---- the client (`csmd admin`) ------------------------------------------------------------------------

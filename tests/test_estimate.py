@@ -1,0 +1,221 @@
+"""Approximate counting against independent truth: brute-force counts and HPRD's expected counts.
+
+Every run is seeded, so each statistical check below either always passes or always
+fails; the tolerances are wide enough (4 standard errors, 90% coverage of nominal 95%
+intervals) that a correct estimator passes them for all but a vanishing share of seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from brute import embeddings
+from conftest import dataset, read_expected
+from csmd.cli import main
+from csmd.cli.estimate import run_estimate
+from csmd.cpu.sampler import CpuSampler
+from csmd.model.estimate import CandidateGraph
+from csmd.model.formats import read_graph, read_query
+from csmd.model.graph import Graph
+from csmd.model.plan import plan_query
+from csmd.service.admin import _estimate
+
+RUNS = 40  # seeded runs per case for the unbiasedness check
+TOLERANCE_SE = 4.0
+
+
+def random_case(seed: int):
+    """A small labelled random graph, a connected query cut out of it (so it has matches, and
+    cycles where the graph has them), and the adjacency the brute-force matcher reads."""
+    rnd = random.Random(seed)
+    n = rnd.randint(18, 30)
+    labels = [rnd.randrange(2) for _ in range(n)]
+    elabeled = seed % 2 == 1
+    edges = {}
+    for a in range(n):
+        for b in range(a + 1, n):
+            if rnd.random() < 0.22:
+                edges[(a, b)] = rnd.randrange(2) if elabeled else 0
+    g = Graph.from_edges(labels, [a for a, _ in edges], [b for _, b in edges], list(edges.values()))
+    adj = [dict() for _ in range(n)]
+    for (a, b), el in edges.items():
+        adj[a][b] = adj[b][a] = el
+    # grow a connected vertex set from a random vertex, keep each edge inside it with probability 3/4
+    # (a spanning tree's edges always), so queries have both tree and non-tree edges
+    k = rnd.randint(4, 6)
+    picked = [rnd.choice([v for v in range(n) if adj[v]])]
+    tree = []
+    while len(picked) < k:
+        frontier = [(v, w) for v in picked for w in adj[v] if w not in picked]
+        if not frontier:
+            break
+        v, w = rnd.choice(frontier)
+        tree.append((v, w))
+        picked.append(w)
+    pos = {v: i for i, v in enumerate(picked)}
+    qe = {(pos[v], pos[w]): adj[v][w] for v, w in tree}
+    for v in picked:
+        for w in adj[v]:
+            if w in pos and pos[v] < pos[w] and (pos[v], pos[w]) not in qe and (pos[w], pos[v]) not in qe \
+                    and rnd.random() < 0.75:
+                qe[(pos[v], pos[w])] = adj[v][w]
+    q = Graph.from_edges([labels[v] for v in picked], [a for a, _ in qe], [b for _, b in qe], list(qe.values()))
+    return g, q, adj, labels
+
+
+@pytest.mark.parametrize("method, trawl", [("wj", 0), ("alley", 0), ("wj", 2)])
+@pytest.mark.parametrize("case", range(10))
+def test_mean_of_seeded_runs_is_within_its_standard_errors_of_the_exact_count(method, trawl, case):
+    g, q, adj, labels = random_case(case)
+    exact = sum(1 for _ in embeddings(adj, labels, q))
+    assert exact > 0
+    runs = np.array([run_estimate(g, q, "q", method=method, samples=1024, seed=s, trawl=trawl)["estimate"]
+                     for s in range(RUNS)])
+    se = runs.std(ddof=1) / np.sqrt(RUNS)
+    assert abs(runs.mean() - exact) <= TOLERANCE_SE * se + 1e-9 * exact, (runs.mean(), se, exact)
+
+
+@pytest.fixture(scope="module")
+def hprd():
+    root = dataset("hprd")
+    g = read_graph(root / "data.graph")
+    expected = read_expected(root / "expected_counts.txt")
+    return g, {name: (read_query(root / "queries" / f"{name}.graph"), count) for name, count in expected.items()}
+
+
+@pytest.mark.parametrize("method", ["wj", "alley"])
+def test_intervals_cover_hprd_expected_counts(hprd, method):
+    """All 200 HPRD queries, 8,192 samples each (32 blocks); each query its own seed, so the
+    200 coverage events are independent."""
+    g, queries = hprd
+    covered = 0
+    for seed, (name, (q, exact)) in enumerate(sorted(queries.items())):
+        res = run_estimate(g, q, name, method=method, samples=8192, seed=seed)
+        covered += res["ci_low"] <= exact <= res["ci_high"]
+    assert covered >= 0.9 * len(queries), covered
+
+
+def test_same_seed_same_estimate(hprd):
+    g, queries = hprd
+    q, _ = queries["query_dense_16_11"]  # one whose walks have different weights
+    runs = [run_estimate(g, q, "q", method="wj", samples=4096, seed=s) for s in (7, 7, 8)]
+    for r in runs:
+        r.pop("seconds")
+    assert runs[0] == runs[1]
+    assert runs[0]["estimate"] != runs[2]["estimate"]
+    # a round's samples depend on (seed, round) alone, not on what was drawn before
+    sampler = CpuSampler(g, CandidateGraph(g, plan_query(g, q)), "alley", 3)
+    later = sampler.draw(5, 2048)
+    sampler.draw(0, 4096)
+    assert np.array_equal(sampler.draw(5, 2048), later)
+
+
+def cycle_graph(n: int) -> Graph:
+    return Graph.from_edges([0] * n, list(range(n)), [(i + 1) % n for i in range(n)])
+
+
+@pytest.mark.parametrize("method", ["wj", "alley"])
+def test_no_valid_sample_is_no_information(method):
+    """A triangle in a hexagon: every vertex passes the filters, every walk fails."""
+    res = run_estimate(cycle_graph(6), cycle_graph(3), "triangle", method=method, samples=2048)
+    assert res["valid_samples"] == 0 and res["samples"] >= 2048
+    assert res["estimate"] is None and res["ci_low"] is None and res["ci_high"] is None
+    assert res["exact"] is False
+
+
+def test_filter_proof_of_no_match_is_exact_zero():
+    q = Graph.from_edges([0, 1], [0], [1])  # label 1 does not occur in the data
+    res = run_estimate(cycle_graph(6), q, "q", samples=100)
+    assert res["estimate"] == 0 and res["ci_low"] == res["ci_high"] == 0 and res["exact"] is True
+    assert res["samples"] == 0
+
+
+def test_rel_error_stop_reaches_its_target(hprd):
+    g, queries = hprd
+    q, exact = queries["query_dense_16_160"]
+    res = run_estimate(g, q, "q", rel_error=0.01, time_limit=30)
+    assert (res["ci_high"] - res["estimate"]) / res["estimate"] <= 0.01
+    assert res["ci_low"] <= exact <= res["ci_high"]
+
+
+# ---- the command line ------------------------------------------------------------------------------
+def write_graph(path, g: Graph):
+    s, d, e = g.edge_list()
+    lines = [f"v {v} {lab}" for v, lab in enumerate(g.labels.tolist())]
+    lines += [f"e {a} {b} {el}" for a, b, el in zip(s.tolist(), d.tolist(), e.tolist())]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_cli_json_lines(tmp_path, capsys):
+    g, q, adj, labels = random_case(3)
+    exact = sum(1 for _ in embeddings(adj, labels, q))
+    data, query = write_graph(tmp_path / "g.graph", g), write_graph(tmp_path / "q.graph", q)
+    assert main(["estimate", "--json", "--data", data, "--query", query, query, "--samples", "20000",
+                 "--seed", "4", "--method", "wj"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 2 and rows[0] == {**rows[1], "seconds": rows[0]["seconds"]}
+    r = rows[0]
+    assert {"query", "estimate", "ci_low", "ci_high", "confidence", "samples", "valid_samples", "seconds",
+            "method", "backend"} <= set(r)
+    assert r["query"] == "q" and r["method"] == "wj" and r["backend"] == "cpu" and r["confidence"] == 0.95
+    assert r["samples"] >= 20000 and 0 < r["valid_samples"] <= r["samples"]
+    assert r["ci_low"] <= exact <= r["ci_high"]
+
+
+def test_cli_table_says_no_information(tmp_path, capsys):
+    data, query = write_graph(tmp_path / "g.graph", cycle_graph(6)), write_graph(tmp_path / "q.graph", cycle_graph(3))
+    assert main(["estimate", "--data", data, "--query", query, "--samples", "512"]) == 0
+    row = capsys.readouterr().out.splitlines()[1].split()
+    assert row[:4] == ["q", "no", "info", "-"]
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--backend", "gpu", "the GPU sampler is not part of this build yet"),
+    ("--query", "BAD.graph", "BAD.graph:2: "),
+    ("--data", "MISSING.graph", "MISSING.graph: No such file or directory"),
+    ("--seed", str(2**128), "seed must be in 0 .. 2**128 - 1"),
+])
+def test_cli_errors_exit_2(tmp_path, capsys, flag, value, message):
+    (tmp_path / "BAD.graph").write_text("v 0 0\nv 1 x\n")
+    opts = {"--data": write_graph(tmp_path / "g.graph", cycle_graph(6)),
+            "--query": write_graph(tmp_path / "q.graph", cycle_graph(3)), "--backend": "auto", "--seed": "0"}
+    opts[flag] = str(tmp_path / value) if flag in ("--data", "--query") else value
+    assert main(["estimate", *[x for kv in opts.items() for x in kv]]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["--samples", "10", "--rel-error", "0.1"], ["--seed", "-1"],
+                                  ["--method", "exact"], ["--rel-error", "0"]])
+def test_cli_bad_options_exit_2(tmp_path, args):
+    with pytest.raises(SystemExit) as exc:
+        main(["estimate", "--data", "g", "--query", "q", *args])
+    assert exc.value.code == 2
+
+
+# ---- the admin endpoint --------------------------------------------------------------------------------
+class LiveGraph:
+    """What the admin endpoint reads of a daemon: the live graph and its timestamp."""
+
+    def __init__(self, g: Graph, seq: int):
+        self.g, self.seq = g, seq
+
+    def live_graph(self):
+        return self.g, self.seq
+
+
+def test_admin_estimate_reads_the_live_graph_at_its_timestamp(tmp_path):
+    g, q, adj, labels = random_case(5)
+    exact = sum(1 for _ in embeddings(adj, labels, q))
+    text = open(write_graph(tmp_path / "q.graph", q)).read()
+    res = _estimate(LiveGraph(g, 1234), {"query": text, "name": "q", "samples": 20000, "seed": 2})
+    assert res["seq"] == 1234 and res["edges"] == g.num_edges
+    assert res["ci_low"] <= exact <= res["ci_high"]
+    with pytest.raises(Exception, match="samples"):
+        _estimate(LiveGraph(g, 0), {"query": text, "samples": -5})
+    with pytest.raises(Exception, match="method"):
+        _estimate(LiveGraph(g, 0), {"query": text, "method": "exact"})
