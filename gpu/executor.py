@@ -119,7 +119,8 @@ class Executor:
         if grp is None:  # cached groups hold their queries, so an id is not reused while cached
             if len(self._groups) >= 8:
                 self._groups.clear()
-            grp = self._groups[key] = _Group(queries)
+            with self.stream:  # the tables' upload is ordered before the searches that read them
+                grp = self._groups[key] = _Group(queries)
         return grp
 
     def run(self, mvg, batch: UpdateBatch, queries: list[PreparedQuery], labels: np.ndarray) -> dict[str, Matches]:
