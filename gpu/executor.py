@@ -29,6 +29,7 @@ from .matcher import WARPS_PER_BLOCK, Tuning, _grid, _warp_words, query_tables
 from .module import kernel
 
 _SEQ_BITS = 40  # (query, seq) in one int64 key: sequence numbers stay below 2^40
+MAX_SEEDS = 1 << 20  # seeds searched in one launch sequence: bounds the root pool at 256 MB
 
 
 class PreparedQuery:
@@ -143,10 +144,11 @@ class Executor:
         big = grp.size[tab] > 2  # a two-vertex anchor's seed is its match
         counts = np.ones(len(seq), np.int64)
         found = []  # (rows, seed) from the search
-        if big.any():
-            which = np.flatnonzero(big)
-            counts[which], found = self._search(mvg, grp, a[which], b[which], seq[which], tab[which], emit)
-            found = [(rows, which[seed]) for rows, seed in found]
+        big_seeds = np.flatnonzero(big)
+        for at in range(0, len(big_seeds), MAX_SEEDS):  # the root pool costs 256 bytes a seed
+            which = big_seeds[at: at + MAX_SEEDS]
+            counts[which], rows = self._search(mvg, grp, a[which], b[which], seq[which], tab[which], emit)
+            found += [(r, which[seed]) for r, seed in rows]
         query = grp.tab_query[tab]
         if not emit:
             return _count_matches(grp.queries, query, seq, counts)
