@@ -31,6 +31,7 @@ test-full: setup
 bench: setup
 	$(BIN)/python bench/static_cpu.py --datasets $(DATASETS)
 	$(BIN)/python bench/replay.py --datasets $(DATASETS)
+	$(BIN)/python bench/replay_yeast.py --datasets $(DATASETS)
 	$(BIN)/python bench/estimate.py --datasets $(DATASETS)
 	$(BIN)/python bench/kafka_e2e.py
 

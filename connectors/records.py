@@ -78,10 +78,10 @@ def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False) -> lis
         raise BadRecord(f"content-type says {declared} but the input format is {want}")
     if seen != want and not (want == "text" and seen == "json"):
         raise BadRecord(f"expected a {want} record, the bytes look like {seen}")
-    ups = {"arrow": _arrow, "json": _json, "text": _text}[want](rec, str_ids)
+    ups = _DECODERS[want](rec, str_ids)
     if not ups:
         raise BadRecord("record holds no updates")
-    if len(ups) == 1:  # the record's position says it all
+    if len(ups) == 1 and ups[0].source != rec.source:  # the record's position says it all
         ups[0] = replace(ups[0], source=rec.source)
     return ups
 
@@ -137,15 +137,17 @@ def _text(rec: Record, str_ids: bool) -> list[Update]:
         text = rec.value.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRecord(f"not UTF-8 text: {exc}") from None
-    out = []
     lines = text.splitlines()
+    # one Update per line, made with its final source: the record's own when it is one line
+    one = len(lines) == 1
+    out = []
     for lineno, line in enumerate(lines, 1):
         try:
-            upd = parse_update(line, rec.source, lineno)
+            upd = parse_update(line, rec.source, lineno, rec.source if one else f"{rec.source}#{lineno}", rec.origin)
         except InputError as exc:
-            raise BadRecord(exc.reason if len(lines) == 1 else f"line {lineno}: {exc.reason}") from None
+            raise BadRecord(exc.reason if one else f"line {lineno}: {exc.reason}") from None
         if upd is not None:
-            out.append(Update(upd.op, upd.u, upd.v, upd.label, f"{rec.source}#{lineno}", rec.origin))
+            out.append(upd)
     return out
 
 
@@ -176,3 +178,6 @@ def _arrow(rec: Record, str_ids: bool) -> list[Update]:
     none = [None] * table.num_rows
     return [_update(rec, i, f"row {i}", op, u, v, label, str_ids)
             for i, (op, u, v, label) in enumerate(zip(cols["op"], cols["u"], cols.get("v", none), cols.get("label", none)))]
+
+
+_DECODERS = {"arrow": _arrow, "json": _json, "text": _text}

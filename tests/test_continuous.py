@@ -189,12 +189,17 @@ def test_compiled_deltas_are_byte_identical_to_numpy(tmp_path, seed):
     for count_only in (False, True):
         files = {}
         for backend in ("cpu", "numpy"):
-            out = tmp_path / f"{backend}{count_only}.arrow"
-            _, pipe = replay(g0, tmp_path / "stream.txt", queries, batch_size=batch_size, count_only=count_only,
-                             output=out, show_progress=False, backend=backend)
+            files[backend], pipe = delta_file(tmp_path, g0, queries, batch_size, count_only, backend)
             assert pipe.engine.name == backend
-            files[backend] = out.read_bytes()
         assert files["cpu"] == files["numpy"], (seed, count_only)
+
+
+def delta_file(tmp_path, g0, queries, batch_size, count_only, backend, name=""):
+    """The bytes of replay's delta file for the case in tmp_path, and the pipeline."""
+    out = tmp_path / f"{backend}{count_only}{name}.arrow"
+    _, pipe = replay(g0, tmp_path / "stream.txt", queries, batch_size=batch_size, count_only=count_only, output=out,
+                     show_progress=False, backend=backend)
+    return out.read_bytes(), pipe
 
 
 def test_count_only_equals_materialized(tmp_path):

@@ -95,6 +95,9 @@ def test_the_three_formats_decode_to_the_same_updates():
     assert [(u.op, u.u, u.v, u.label) for u in decode_updates(_rec(sink.getvalue().to_pybytes()))] == [("e", 1, 2, 3)]
     one = decode_updates(_rec(b"e 1 2"))[0]
     assert one.source == "in/0/7"
+    # a text record's updates are named by line; a record with one update by the record alone
+    assert [u.source for u in decode_updates(_rec(text))] == [f"in/0/7#{i}" for i in range(1, 5)]
+    assert [u.source for u in decode_updates(_rec(b"# note\ne 1 2\n"))] == ["in/0/7"]
 
 
 @pytest.mark.parametrize("value, fmt, headers, reason", [

@@ -7,6 +7,7 @@ call per batch.
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 
@@ -19,10 +20,13 @@ from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import INF, MultiVersionGraph
 from csmd.cpu.updater import apply_edges
+from csmd.cpu.workers import chunks, run_chunks, thread_count
 from csmd.engine import ContinuousQuery, Done, Matches, SearchResult, StaticMatcher, UpdateBatch
 from csmd.model.plan import Plan, make_plan, plan_query
 
 STEP_CANDIDATES = 1 << 20  # candidates a static search looks at between two time-limit checks (a few ms)
+SPLIT_SECONDS = 0.0005  # a batch is split over threads when the last one searched longer (else handing
+                        # chunks to the pool costs more than it saves: the floor of a light query)
 STATIC_MEMO_BYTES = 64 << 20  # a static search memoises segment counts when that fits in this
 _arenas: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> its arena (`csmd match` runs many queries on one)
 
@@ -34,26 +38,40 @@ def _view(g):
 
 
 def search(g, plan: Plan, *, limit=None, time_limit=None, sink=None,
-           budget_bytes: int = DEFAULT_BUDGET_BYTES) -> SearchResult:
+           budget_bytes: int = DEFAULT_BUDGET_BYTES, threads: int = 1) -> SearchResult:
     """Count (and, with `sink`, stream) the matches of `plan` in the static graph `g`, depth first.
 
     sink(rows) receives int32 matches in query-vertex order, at most budget_bytes of them
     at a time (the search waits while the sink works). limit / time_limit stop early with
-    complete=False; the deadline is checked every STEP_CANDIDATES candidates.
+    complete=False; the deadline is checked every STEP_CANDIDATES candidates. A count with
+    neither sink nor limit splits the root candidates over `threads` threads (the sum is the
+    same whatever the split); the others keep one thread, so matches leave in one order and
+    a limit stops at the same matches.
     """
     t0 = time.monotonic()
     deadline = None if time_limit is None else t0 + time_limit
     ps = plan_set([plan], [0])
     cand = np.stack([plan.cand[u] for u in plan.order])
     roots = np.flatnonzero(plan.cand[plan.order[0]]).astype(np.int32)
-    st = new_state()
-    chunk = max(1, min(1 << 16, budget_bytes // (4 * plan.depth))) if sink is not None else 0
-    out = np.zeros((chunk, plan.depth), np.int32)
     view = _view(g)
-    cells = plan.depth * len(view.labels) if 16 * plan.depth * len(view.labels) <= STATIC_MEMO_BYTES else 0
+    split = sink is None and limit is None
+
+    def part(lo, hi):
+        return _search_roots(view, ps, cand, roots[lo:hi], plan.depth, deadline, limit, sink, budget_bytes)
+
+    parts = run_chunks(part, chunks(len(roots), threads if split else 1), threads)
+    return SearchResult(sum(c for c, _ in parts), all(ok for _, ok in parts), time.monotonic() - t0)
+
+
+def _search_roots(view, ps, cand, roots, depth, deadline, limit, sink, budget_bytes) -> tuple[int, bool]:
+    """search() from these roots: (matches, complete)."""
+    st = new_state()
+    chunk = max(1, min(1 << 16, budget_bytes // (4 * depth))) if sink is not None else 0
+    out = np.zeros((chunk, depth), np.int32)
+    cells = depth * len(view.labels) if 16 * depth * len(view.labels) <= STATIC_MEMO_BYTES else 0
     memo = Memo(np.zeros(cells, np.int64).reshape(-1, len(view.labels)), np.zeros(cells, np.int64).reshape(
         -1, len(view.labels)))
-    count, complete = 0, False
+    count = 0
     while limit is None or count < limit:
         if deadline is not None and time.monotonic() > deadline:
             break
@@ -63,19 +81,21 @@ def search(g, plan: Plan, *, limit=None, time_limit=None, sink=None,
         if rows:  # the chunk leaves before the search goes on (FULL resumes there)
             sink(out[:rows].copy())
         if why in (DONE, LIMIT):
-            complete = why == DONE
-            break
-    return SearchResult(count, complete, time.monotonic() - t0)
+            return count, why == DONE
+    return count, False
 
 
 class CompiledMatcher(StaticMatcher):
     name = "cpu"
 
+    def __init__(self, threads: int | None = None):
+        self.threads = thread_count() if threads is None else threads
+
     def match(self, g, q, *, distinct=False, limit=None, time_limit=None, sink=None):
         t0 = time.monotonic()
         plan = plan_query(g, q, distinct=distinct)
         remaining = None if time_limit is None else max(0.0, time_limit - (time.monotonic() - t0))
-        return search(g, plan, limit=limit, time_limit=remaining, sink=sink)
+        return search(g, plan, limit=limit, time_limit=remaining, sink=sink, threads=self.threads)
 
 
 class CompiledQuery:
@@ -96,11 +116,12 @@ class CompiledEngine(CpuEngine):
 
     name = "cpu"
 
-    def __init__(self, g0):
+    def __init__(self, g0, threads: int | None = None):
         super().__init__(g0)
+        self.threads = thread_count() if threads is None else threads
         self._registered = None  # the last query list submitted and its flattened plans
-        self._memo = Memo(np.zeros((0, 0), np.int64), np.zeros((0, 0), np.int64))
-        self._sid = 0  # the memo's last search id
+        self._memos = threading.local()  # per thread: its Memo and the memo's last search id
+        self._last = 0.0  # seconds the last batch's search took
 
     def _apply_edges(self, *ops):
         return apply_edges(self.mvg, *ops)
@@ -122,6 +143,18 @@ class CompiledEngine(CpuEngine):
             self._registered = last = (list(queries), ps, materialize, width)
         return last[1:]
 
+    def _match(self, view, ps, depth, batch, lo, hi, materialize, width):
+        """match_edges for the batch's ops lo..hi-1, with this thread's memo; ops numbered in the batch."""
+        mine = self._memos
+        memo = getattr(mine, "memo", None)
+        if memo is None or memo.stamp.shape[0] < depth or memo.stamp.shape[1] < len(view.labels):
+            shape = (max(depth, 0 if memo is None else memo.stamp.shape[0]), len(view.labels))
+            mine.memo, mine.sid = Memo(np.zeros(shape, np.int64), np.zeros(shape, np.int64)), 0
+        counts, rows, row_q, row_op, mine.sid = match_edges(
+            view, ps, batch.edge_seq[lo:hi], batch.edge_a[lo:hi], batch.edge_b[lo:hi], batch.edge_label[lo:hi],
+            materialize, width, mine.memo, mine.sid)
+        return counts, rows, row_q, row_op + lo
+
     def submit(self, batch: UpdateBatch, queries: list[CompiledQuery]) -> Done:
         if not len(batch.edge_seq):
             return Done({})
@@ -130,16 +163,19 @@ class CompiledEngine(CpuEngine):
             self._reading.acquire()
             view = graph_view(self.mvg, self.mvg.cur.view().copy())
         depth = int(ps.depth.max())
-        if self._memo.stamp.shape[0] < depth or self._memo.stamp.shape[1] < len(view.labels):
-            shape = (max(depth, self._memo.stamp.shape[0]), len(view.labels))
-            self._memo = Memo(np.zeros(shape, np.int64), np.zeros(shape, np.int64))
-            self._sid = 0
+
+        def part(lo, hi):
+            return self._match(view, ps, depth, batch, lo, hi, materialize, width)
+
+        t0 = time.perf_counter()
+        threads = self.threads if self._last > SPLIT_SECONDS else 1
         try:
-            counts, rows, row_q, row_op, self._sid = match_edges(view, ps, batch.edge_seq, batch.edge_a, batch.edge_b,
-                                                                 batch.edge_label, materialize, width, self._memo,
-                                                                 self._sid)
+            parts = run_chunks(part, chunks(len(batch.edge_seq), threads), threads)
         finally:
             self._reading.release()
+        self._last = time.perf_counter() - t0
+        counts = np.concatenate([p[0] for p in parts], axis=1)
+        rows, row_q, row_op = (np.concatenate([p[i] for p in parts]) for i in (1, 2, 3))
         out = {}
         for i, cq in enumerate(queries):
             if cq.count_only:

@@ -57,7 +57,7 @@ class _Buf:
         """The array, with room for k more values after `n` (the caller writes them, then moves n)."""
         need = self.n + k
         if need > len(self.a):
-            grown = np.zeros(max(need, 2 * len(self.a), 16), self.a.dtype)
+            grown = np.empty(max(need, 2 * len(self.a), 16), self.a.dtype)  # only a[:n] is read
             grown[: self.n] = self.a[: self.n]
             self.a = grown
         return self.a

@@ -136,17 +136,32 @@ def _write(ar, own, nbr, ts, lab, sgn, starts, first, size, e0, g0, v0):
     return g - g0
 
 
+@njit(cache=True, nogil=True)
+def _by_vertex(seq, a, b, label, sign):
+    """Each op once per endpoint (own -> nbr), grouped by own in time order, and where each
+    vertex's run starts (with the end appended)."""
+    k = len(seq)
+    own = np.empty(2 * k, np.int64)
+    for i in range(k):  # interleaved, the ops stay in time order; a stable sort groups them
+        own[2 * i], own[2 * i + 1] = a[i], b[i]
+    order = np.argsort(own, kind="mergesort")
+    own = own[order]
+    half = order >> 1
+    nbr = np.where(order & 1, a[half], b[half]).astype(np.int32)
+    ts, lab, sgn = seq[half], label[half].astype(np.int32), sign[half]
+    starts = [0]
+    for i in range(1, 2 * k):
+        if own[i] != own[i - 1]:
+            starts.append(i)
+    starts.append(2 * k)
+    return own, nbr, ts, lab, sgn, np.array(starts, np.int64)
+
+
 def apply_edges(mvg: MultiVersionGraph, seq, a, b, label, sign):
     """MultiVersionGraph.apply, compiled: same result, same (version, replaced_at) list."""
-    own = np.concatenate([a, b]).astype(np.int64)
-    nbr = np.concatenate([b, a]).astype(np.int32)
-    ts = np.concatenate([seq, seq]).astype(np.int64)
-    lab = np.concatenate([label, label]).astype(np.int32)
-    sgn = np.concatenate([sign, sign]).astype(np.int64)
-    order = np.lexsort((ts, own))
-    own, nbr, ts, lab, sgn = own[order], nbr[order], ts[order], lab[order], sgn[order]
-    starts = np.flatnonzero(np.r_[True, own[1:] != own[:-1]]) if len(own) else np.zeros(0, np.int64)
-    starts = np.append(starts, len(own)).astype(np.int64)
+    if not len(seq):
+        return []
+    own, nbr, ts, lab, sgn, starts = _by_vertex(*(np.asarray(x, np.int64) for x in (seq, a, b, label, sign)))
     first, size, ok = _sizes(graph_view(mvg), own, nbr, ts, sgn, starts)
     if not ok:  # the sequencer only passes deletions of live edges
         raise RuntimeError("multi-version graph: deleting an edge that is not live")

@@ -293,26 +293,28 @@ class Update:
     origin: tuple = ("", 0, 0)
 
 
-def parse_update(line: str, path, lineno) -> Update | None:
-    """Parse one stream line; None for blanks and comments."""
+def parse_update(line: str, path, lineno, source: str | None = None, origin: tuple | None = None) -> Update | None:
+    """Parse one stream line; None for blanks and comments. source / origin replace the
+    defaults (path:lineno, (path, 0, lineno)) where the line is part of a larger record."""
     parts = line.split()
-    if not parts or parts[0].startswith("#"):
+    if not parts or parts[0][0] == "#":
         return None
     op = parts[0]
-    if op not in _UPDATE_FIELDS:
+    shape = _UPDATE_FIELDS.get(op)
+    if shape is None:
         raise InputError(path, lineno, f"unknown op {op!r} (expected e, -e, v or -v)")
-    lo, hi = _UPDATE_FIELDS[op]
     nf = len(parts) - 1
-    if not lo <= nf <= hi:
+    if not shape[0] <= nf <= shape[1]:
         raise InputError(path, lineno, f"wrong field count: {op!r} takes {_UPDATE_USAGE[op]}, got {nf} fields")
-    src, origin = f"{path}:{lineno}", (str(path), 0, lineno)
+    if source is None:
+        source, origin = f"{path}:{lineno}", (str(path), 0, lineno)
     u = _vertex_id(parts[1], path, lineno)
     if op == INSERT_VERTEX:
-        return Update(op, u, -1, _label(parts[2], path, lineno, "vertex label"), src, origin)
+        return Update(op, u, -1, _label(parts[2], path, lineno, "vertex label"), source, origin)
     if op == DELETE_VERTEX:
-        return Update(op, u, -1, 0, src, origin)
+        return Update(op, u, -1, 0, source, origin)
     v = _vertex_id(parts[2], path, lineno)
-    return Update(op, u, v, _label(parts[3], path, lineno, "edge label") if nf == 3 else 0, src, origin)
+    return Update(op, u, v, _label(parts[3], path, lineno, "edge label") if nf == 3 else 0, source, origin)
 
 
 def read_updates(path):

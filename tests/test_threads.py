@@ -1,0 +1,60 @@
+"""The compiled engine gives the same results on 1 thread and on several: delta files byte for
+byte (and the numpy engine's), static counts (and the brute-force truth)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from csmd.cpu import compiled
+from csmd.cpu.workers import chunks, thread_count
+from csmd.errors import CsmdError
+from csmd.model.formats import read_graph, read_query
+from csmd.model.plan import plan_query
+from test_continuous import delta_file, make_case
+from test_random_static import make_case as static_case
+from test_random_static import to_graph
+
+
+@pytest.mark.parametrize("seed", range(400, 408))
+def test_delta_files_do_not_depend_on_the_thread_count(tmp_path, seed, monkeypatch):
+    qpaths, _ = make_case(tmp_path, seed, steps=300)
+    g0 = read_graph(tmp_path / "g0.graph")
+    queries = [(p.stem, read_query(p)) for p in qpaths]
+    batch_size = random.Random(seed).choice([16, 64, 200])
+    monkeypatch.setattr(compiled, "SPLIT_SECONDS", -1.0)  # split every batch, however light
+    for count_only in (False, True):
+        files = {}
+        for backend, threads in (("numpy", 1), ("cpu", 1), ("cpu", 3)):
+            monkeypatch.setenv("CSMD_THREADS", str(threads))
+            files[backend, threads], pipe = delta_file(tmp_path, g0, queries, batch_size, count_only, backend,
+                                                       str(threads))
+            assert getattr(pipe.engine, "threads", 1) == threads
+        assert files["cpu", 1] == files["cpu", 3] == files["numpy", 1], (seed, count_only)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_static_counts_do_not_depend_on_the_thread_count(seed):
+    _, glabels, gedges, qlabels, qedges, truth = static_case(seed)
+    g, q = to_graph(glabels, gedges), to_graph(qlabels, qedges)
+    for distinct in (False, True):
+        plan = plan_query(g, q, distinct=distinct)
+        counts = {t: compiled.search(g, plan, threads=t) for t in (1, 2, 5)}
+        assert all(r.complete for r in counts.values())
+        assert len({r.count for r in counts.values()}) == 1, (seed, distinct)
+        if not distinct:
+            assert counts[1].count == len(truth)
+
+
+def test_chunks_cover_the_range_in_order_and_the_setting_is_checked(monkeypatch):
+    assert chunks(10, 1) == [(0, 10)]
+    parts = chunks(100, 3)
+    assert len(parts) == 12 and parts[0][0] == 0 and parts[-1][1] == 100
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+    assert chunks(2, 4) == [(0, 1), (1, 2)] and chunks(0, 4) == [(0, 0)]
+    monkeypatch.setenv("CSMD_THREADS", "3")
+    assert thread_count() == 3
+    monkeypatch.setenv("CSMD_THREADS", "0")
+    with pytest.raises(CsmdError, match="CSMD_THREADS"):
+        thread_count()
