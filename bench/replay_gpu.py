@@ -36,6 +36,8 @@ from csmd.model.formats import read_graph, read_query
 from csmd.model.graph import Graph
 from csmd.pipeline.stages import Pipeline
 
+from replay import DEVICE_CPU, read_rapidflow
+
 
 def decoded(stream: Path) -> list:
     source = FileSource(stream)
@@ -79,16 +81,6 @@ def timed(g0, updates: list, queries, batch_size, runs, backend="gpu", rate=0.0)
     return out[len(out) // 2]
 
 
-def rapidflow_times(path: Path) -> dict[str, float]:
-    """Query -> RapidFlow seconds on the CPU of a device machine (the file's first time column)."""
-    times = {}
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, device_cpu, _vm = line.split()
-            times[name] = float(device_cpu)
-    return times
-
-
 def expected_counts(path: Path) -> dict[str, int]:
     return {k.strip(): int(v) for k, v in (line.split(":") for line in path.read_text().splitlines() if line.strip())}
 
@@ -98,7 +90,7 @@ def part_human(args, root: Path) -> None:
     stream = root / "insertion.graph"
     upd = decoded(stream)
     updates = len(upd)
-    rf = rapidflow_times(root / "rapidflow_query_times.txt")
+    rf = read_rapidflow(root / "rapidflow_query_times.txt", DEVICE_CPU)
     expected = expected_counts(root / "expected_insert_counts.txt")
     names = [f"Q_{i}" for i in range(1, args.queries + 1)]
     queries = [(n, read_query(root / "queries" / f"{n}.graph")) for n in names]
