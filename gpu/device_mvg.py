@@ -36,14 +36,25 @@ _SMS: list[int] = []
 _KERNELS: dict = {}
 
 
+def _kernel(name: str):
+    return _KERNELS.get(name) or _KERNELS.setdefault(name, kernel("mvg", name))
+
+
 def _launch(name: str, n: int, args) -> None:
     """A grid-stride kernel over n items. The SM count and the functions are looked up once:
     launch.flat_grid asks CuPy for every device attribute on each call, and a batch's fixed
     cost is mostly such host overhead."""
     if not _SMS:
         _SMS.append(cp.cuda.Device().attributes["MultiProcessorCount"])
-    f = _KERNELS.get(name) or _KERNELS.setdefault(name, kernel("mvg", name))
-    f((max(1, min(-(-n // THREADS), _SMS[0] * 8)),), (THREADS,), args)
+    _kernel(name)((max(1, min(-(-n // THREADS), _SMS[0] * 8)),), (THREADS,), args)
+
+
+def _small_layout() -> tuple[int, int, int]:
+    """(rows, threads, arena words) of the fused small-batch kernels, from gpu/mvg.cu."""
+    out = cp.zeros(3, cp.int64)
+    _kernel("gu_small_layout")((1,), (1,), (out,))
+    rows, threads, arena = (int(x) for x in out.get())
+    return rows, threads, arena
 
 
 def _view_dtype() -> np.dtype:
@@ -96,6 +107,7 @@ class DeviceMVG:
     """Vertex labels and the versioned adjacency on the device (internal vertex ids)."""
 
     _dtype: np.dtype | None = None
+    _small: tuple[int, int, int] | None = None
 
     def __init__(self, labels: cp.ndarray, indptr: cp.ndarray, nbrs: cp.ndarray, els: cp.ndarray | None):
         """From a device CSR whose slices are sorted by (neighbour label, neighbour).
@@ -104,7 +116,7 @@ class DeviceMVG:
         size class; the entry pool starts with half its size spare for the first batches.
         """
         if DeviceMVG._dtype is None:
-            DeviceMVG._dtype = _view_dtype()
+            DeviceMVG._dtype, DeviceMVG._small = _view_dtype(), _small_layout()
         cp.cuda.Device().synchronize()  # the inputs may still be in flight on another stream
         self.stream = cp.cuda.Stream(non_blocking=True)
         n, m = len(labels), len(nbrs)
@@ -126,6 +138,12 @@ class DeviceMVG:
             self.e_nbr = self.e_lab = self.e_el = cp.empty(1, cp.int32)
             self.e_ct = self.e_dt = cp.empty(1, cp.int64)
             self._view = None
+            # the fused small-batch path's scratch (gpu/mvg.cu GuSmall), its counters and its
+            # copy space (grown by doubling); only the updater's stream uses them, one batch after another
+            self._arena = cp.empty(self._small[2], cp.int64)
+            self._stats = cp.empty(S_COUNT, cp.int64)
+            self._live, self._incl = cp.empty(1024, cp.int32), cp.empty(1024, cp.int64)
+            self.small_rows = self._small[0]  # the largest batch (in rows: 2 per op) of that path; 0: never
             # held while arrays are swapped (growth, new vertices) and while a reader on another
             # stream takes the view and enqueues its launch: a growth then waits for that launch
             self.swap = threading.RLock()
@@ -224,8 +242,10 @@ class DeviceMVG:
         host = np.stack([np.asarray(x, np.int64) for x in (seq, a, b, label, sign)])
         R, n_ins = 2 * k, 2 * int(np.count_nonzero(host[4] > 0))
         with self.stream:
-            g = self.view()
             batch = cp.asarray(host)  # the one upload
+            if R <= self.small_rows:
+                return self._apply_small(batch, k, R, n_ins)
+            g = self.view()
             keys, stats = cp.empty(R, cp.int64), cp.empty(S_COUNT, cp.int64)
             _launch("gu_keys", k, (i64(k), batch, keys, stats))
             keys.sort()
@@ -253,14 +273,8 @@ class DeviceMVG:
             _launch("gu_alloc", R, (g, i64(R), req, self.free_keys, pos, fresh_n, fresh_end, sizes,
                                     i64(self.n_versions), i64(self.bump), s_old, s_slot, q_vid, q_start, q_old))
             _launch("gu_stats", 1, (i64(R), ends, stats))
-            st = [int(x) for x in stats.get()]  # the one read-back
+            st = self._allocated(stats)
             n_new, total = st[S_NEW], st[S_COPY]
-            if n_new > st[S_FRESH]:  # free-list keys were taken: holes until the next sort
-                self.n_free -= n_new - st[S_FRESH]
-                self.sorted = False
-            self._reserve(versions=self.n_versions + st[S_FRESH], entries=self.bump + st[S_FRESH_ENTRIES])
-            self.n_versions += st[S_FRESH]
-            self.bump += st[S_FRESH_ENTRIES]
             if not n_new:
                 return Replaced(None, -1, 0, 0)
             g = self.view()
@@ -283,6 +297,46 @@ class DeviceMVG:
             _launch("gu_publish", n_new, (g, i64(n_new), req, keys, row0, ts0, q_vid, q_old))
             vids = q_old[:n_new].copy()
         return Replaced(vids, st[S_REPLACED_AT], st[S_REPLACED] + st[S_EMPTY], st[S_REPLACED])
+
+    def _apply_small(self, batch: cp.ndarray, k: int, R: int, n_ins: int) -> Replaced:
+        """apply for a batch of at most GU_SMALL_ROWS rows: the same steps in two one-block
+        launches (gpu/mvg.cu gu_small_plan, gu_small_write), the counters read back between them."""
+        rows, threads, _ = self._small
+        sort_free = 0
+        if not self.sorted:  # as above; gu_small_plan sorts a short free list itself
+            if self.n_keys <= rows:
+                sort_free = self.n_keys
+            else:
+                self.free_keys[: self.n_keys].sort()
+            self.n_keys, self.sorted = self.n_free, True
+        _kernel("gu_small_plan")((1,), (threads,), (
+            self.view(), i64(R), i64(k), batch, self._arena, self._stats, self.free_keys, i64(self.n_free),
+            i64(sort_free), i64(self.n_versions), i64(self.bump)))
+        st = self._allocated(self._stats)
+        n_new, total = st[S_NEW], st[S_COPY]
+        if not n_new:
+            return Replaced(None, -1, 0, 0)
+        if total + 1 > len(self._live):
+            size = max(total + 1, 2 * len(self._live))
+            self._live, self._incl = cp.empty(size, cp.int32), cp.empty(size, cp.int64)
+        vids = cp.empty(n_new, cp.int32)
+        _kernel("gu_small_write")((1,), (threads,), (
+            self.view(), i64(R), i64(k), batch, self._arena, self._stats, i64(n_ins), self._live, self._incl, vids))
+        return Replaced(vids, st[S_REPLACED_AT], st[S_REPLACED] + st[S_EMPTY], st[S_REPLACED])
+
+    def _allocated(self, stats: cp.ndarray) -> list[int]:
+        """Read back a batch's counters (the one sync of an apply) and account for its allocation:
+        versions and entries taken from the bump pointers (growing the pool if needed), free-list
+        keys taken."""
+        st = [int(x) for x in stats.get()]
+        n_new = st[S_NEW]
+        if n_new > st[S_FRESH]:  # free-list keys were taken: holes until the next sort
+            self.n_free -= n_new - st[S_FRESH]
+            self.sorted = False
+        self._reserve(versions=self.n_versions + st[S_FRESH], entries=self.bump + st[S_FRESH_ENTRIES])
+        self.n_versions += st[S_FRESH]
+        self.bump += st[S_FRESH_ENTRIES]
+        return st
 
     def release(self, tokens) -> None:
         """Return the versions of these tokens to the pool's free lists (a kernel and a sort)."""

@@ -12,11 +12,20 @@
 // a segment. Copies are load-balanced over a prefix sum of the copied arrays' sizes: the
 // 32 lanes of a warp take 32 consecutive entries, so one warp copies several small arrays
 // at once and a hub's array is spread over many warps.
+#include "block_ops.cuh"
 #include "mvg_access.cuh"
 
 #define GRID_STRIDE(i, n) for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
 #define LOW32 0xffffffffLL
+
+// A step of the graph updater: the device function NAME_step, which the fused small-batch
+// kernels run in their one block, and the kernel NAME, which runs it over a whole grid
+// (large batches: one launch per step, a CuPy sort or prefix sum between them).
+#define GU_STEP(name, params, args)                              \
+    __device__ __forceinline__ void name##_step params;           \
+    extern "C" __global__ void name params { name##_step args; }  \
+    __device__ __forceinline__ void name##_step params
 
 // counters of an applied batch, read back by the host once per batch
 enum { S_NEW, S_REPLACED, S_EMPTY, S_REPLACED_AT, S_FRESH, S_FRESH_ENTRIES, S_COPY, S_COUNT };
@@ -140,7 +149,8 @@ __device__ __forceinline__ Op row_op(const i64* batch, i64 k, i64 key) {
 }
 
 // Also zeroes the batch's counters (one launch less).
-extern "C" __global__ void gu_keys(i64 k, const i64* batch, i64* keys, i64* stats) {
+GU_STEP(gu_keys, (i64 k, const i64* batch, i64* keys, i64* stats),
+        (k, batch, keys, stats)) {
     if (blockIdx.x == 0 && threadIdx.x == 0)
         for (int i = 0; i < S_COUNT; ++i) stats[i] = 0;
     GRID_STRIDE(i, k) {
@@ -150,7 +160,8 @@ extern "C" __global__ void gu_keys(i64 k, const i64* batch, i64* keys, i64* stat
 }
 
 // head[r]: row r starts a vertex's segment; ins[r]: row r is an insertion.
-extern "C" __global__ void gu_rows(i64 R, i64 k, const i64* batch, const i64* keys, int* head, int* ins) {
+GU_STEP(gu_rows, (i64 R, i64 k, const i64* batch, const i64* keys, int* head, int* ins),
+        (R, k, batch, keys, head, ins)) {
     GRID_STRIDE(r, R) {
         head[r] = r == 0 || (keys[r - 1] >> 32) != (keys[r] >> 32);
         ins[r] = batch[4 * k + (keys[r] & LOW32)] > 0;
@@ -160,7 +171,8 @@ extern "C" __global__ void gu_rows(i64 R, i64 k, const i64* batch, const i64* ke
 // seg: inclusive prefix sum of head (segment of row r = seg[r] - 1). row0[s]: first row
 // of segment s; row0[n_seg] = R closes the last one. ts0[s] = MVG_INF until gu_split
 // finds the segment's first insertion.
-extern "C" __global__ void gu_segments(i64 R, const int* head, const int* seg, int* row0, i64* ts0) {
+GU_STEP(gu_segments, (i64 R, const int* head, const int* seg, int* row0, i64* ts0),
+        (R, head, seg, row0, ts0)) {
     GRID_STRIDE(r, R) {
         if (head[r]) {
             row0[seg[r] - 1] = (int)r;
@@ -179,8 +191,9 @@ __device__ __forceinline__ int ins_before(const int* insc, const int* ins, int r
 // live entry of the current version (the last entry of the pair: entries of a pair are in
 // ct order and only the newest can be alive). The first insertion splits the vertex:
 // ts0[s] and first[s] get its timestamp and row.
-extern "C" __global__ void gu_split(MVGView g, i64 R, i64 k, const i64* batch, const i64* keys, const int* seg,
-                                    const int* insc, const int* ins, const int* row0, i64* ts0, int* first) {
+GU_STEP(gu_split, (MVGView g, i64 R, i64 k, const i64* batch, const i64* keys, const int* seg, const int* insc,
+        const int* ins, const int* row0, i64* ts0, int* first),
+        (g, R, k, batch, keys, seg, insc, ins, row0, ts0, first)) {
     GRID_STRIDE(r, R) {
         const int s = seg[r] - 1;
         if (ins_before(insc, ins, row0[s], r)) continue;
@@ -201,9 +214,9 @@ extern "C" __global__ void gu_split(MVGView g, i64 R, i64 k, const i64* batch, c
 // Per segment that has an insertion: the new version's size (live entries of the current
 // version + insertions), its late deletions, and the allocation request
 // class << 32 | segment (MVG_INF for the other segments, so that they sort last).
-extern "C" __global__ void gu_plan(MVGView g, i64 R, const i64* keys, const int* seg, const int* insc,
-                                   const int* ins, const int* row0, const i64* ts0, const int* first, i64* req,
-                                   int* s_old, int* s_size, int* s_ndel, i64* stats) {
+GU_STEP(gu_plan, (MVGView g, i64 R, const i64* keys, const int* seg, const int* insc, const int* ins, const int* row0,
+        const i64* ts0, const int* first, i64* req, int* s_old, int* s_size, int* s_ndel, i64* stats),
+        (g, R, keys, seg, insc, ins, row0, ts0, first, req, s_old, s_size, s_ndel, stats)) {
     const int n_seg = seg[R - 1];
     GRID_STRIDE(s, R) {
         if (s >= n_seg || ts0[s] == MVG_INF) {
@@ -231,8 +244,9 @@ extern "C" __global__ void gu_plan(MVGView g, i64 R, const i64* keys, const int*
 // from the bump pointer (pos = -1, fresh = 1, fresh_size = its capacity). sizes holds 3
 // rows of R, prefix-summed next in one call: fresh, fresh_size, and old_size (the size of
 // the version that request j copies).
-extern "C" __global__ void gu_alloc_rank(MVGView g, i64 R, const i64* req, const i64* free_keys, i64 n_free,
-                                         const int* s_old, i64* pos, i64* sizes) {
+GU_STEP(gu_alloc_rank, (MVGView g, i64 R, const i64* req, const i64* free_keys, i64 n_free, const int* s_old,
+        i64* pos, i64* sizes),
+        (g, R, req, free_keys, n_free, s_old, pos, sizes)) {
     i64 *fresh = sizes, *fresh_size = sizes + R, *old_size = sizes + 2 * R;
     GRID_STRIDE(j, R) {
         pos[j] = -1;
@@ -257,9 +271,11 @@ extern "C" __global__ void gu_alloc_rank(MVGView g, i64 R, const i64* req, const
 // Ids and blocks of the new versions: from the free list (marked taken with MVG_INF, sorted
 // out before the next allocation) or fresh: ids after n_versions, blocks after bump
 // (fresh_n, fresh_end: inclusive prefix sums of fresh, fresh_size).
-extern "C" __global__ void gu_alloc(MVGView g, i64 R, const i64* req, i64* free_keys, const i64* pos,
-                                    const i64* fresh_n, const i64* fresh_end, const i64* sizes, i64 n_versions,
-                                    i64 bump, const int* s_old, int* s_slot, int* q_vid, i64* q_start, int* q_old) {
+GU_STEP(gu_alloc, (MVGView g, i64 R, const i64* req, i64* free_keys, const i64* pos, const i64* fresh_n,
+        const i64* fresh_end, const i64* sizes, i64 n_versions, i64 bump, const int* s_old, int* s_slot, int* q_vid,
+        i64* q_start, int* q_old),
+        (g, R, req, free_keys, pos, fresh_n, fresh_end, sizes, n_versions, bump, s_old, s_slot, q_vid, q_start,
+        q_old)) {
     const i64* fresh_size = sizes + R;
     GRID_STRIDE(j, R) {
         if (req[j] == MVG_INF) continue;
@@ -283,7 +299,8 @@ extern "C" __global__ void gu_alloc(MVGView g, i64 R, const i64* req, i64* free_
 
 // The batch's counters that the host needs before the copy (one read-back per batch).
 // ends: the prefix sums of gu_alloc_rank's sizes.
-extern "C" __global__ void gu_stats(i64 R, const i64* ends, i64* stats) {
+GU_STEP(gu_stats, (i64 R, const i64* ends, i64* stats),
+        (R, ends, stats)) {
     GRID_STRIDE(i, 1) {
         stats[S_FRESH] = ends[R - 1];
         stats[S_FRESH_ENTRIES] = ends[2 * R - 1];
@@ -292,8 +309,9 @@ extern "C" __global__ void gu_stats(i64 R, const i64* ends, i64* stats) {
 }
 
 // The version table rows of the new versions (not yet reachable: cur still names the old).
-extern "C" __global__ void gu_versions(MVGView g, i64 n_new, const i64* req, const int* q_vid, const i64* q_start,
-                                       const i64* ts0, const int* s_old, const int* s_size, const int* s_ndel) {
+GU_STEP(gu_versions, (MVGView g, i64 n_new, const i64* req, const int* q_vid, const i64* q_start, const i64* ts0,
+        const int* s_old, const int* s_size, const int* s_ndel),
+        (g, n_new, req, q_vid, q_start, ts0, s_old, s_size, s_ndel)) {
     GRID_STRIDE(j, n_new) {
         const int s = (int)(req[j] & LOW32), vid = q_vid[j];
         g.v_ct_min[vid] = ts0[s];
@@ -308,8 +326,8 @@ extern "C" __global__ void gu_versions(MVGView g, i64 n_new, const i64* req, con
 
 // Sort keys of the insertion rows: by (neighbour label, neighbour) first, then (stably) by
 // (insertion first, vertex): the rows of a vertex then come in entry order, ties in time order.
-extern "C" __global__ void gu_ins_keys(MVGView g, i64 R, i64 k, const i64* batch, const i64* keys, i64* pair,
-                                       i64* owner) {
+GU_STEP(gu_ins_keys, (MVGView g, i64 R, i64 k, const i64* batch, const i64* keys, i64* pair, i64* owner),
+        (g, R, k, batch, keys, pair, owner)) {
     GRID_STRIDE(r, R) {
         const Op o = row_op(batch, k, keys[r]);
         pair[r] = pair_key(g.labels[o.nbr], o.nbr);
@@ -326,8 +344,8 @@ __device__ __forceinline__ i64 copy_source(const MVGView& g, i64 n_new, const i6
     return g.v_start[q_old[*j]] + k - *o;
 }
 
-extern "C" __global__ void gu_copy_flags(MVGView g, i64 total, i64 n_new, const i64* old_end, const int* q_old,
-                                         int* live) {
+GU_STEP(gu_copy_flags, (MVGView g, i64 total, i64 n_new, const i64* old_end, const int* q_old, int* live),
+        (g, total, n_new, old_end, q_old, live)) {
     if (blockIdx.x == 0 && threadIdx.x == 0) live[total] = 0;
     GRID_STRIDE(k, total) {
         i64 j, o;
@@ -347,9 +365,10 @@ __device__ __forceinline__ void seg_inserts(const int* row0, const int* insc, co
 
 // Merge, old side: a live entry lands after the live entries before it and after the
 // insertions with a smaller pair (on an equal pair the old entry is older, so first).
-extern "C" __global__ void gu_copy(MVGView g, i64 total, i64 n_new, const i64* old_end, const int* q_old,
-                                   const i64* q_start, const i64* req, const int* live, const i64* incl,
-                                   const int* row0, const int* insc, const int* ins, const i64* i_pair) {
+GU_STEP(gu_copy, (MVGView g, i64 total, i64 n_new, const i64* old_end, const int* q_old, const i64* q_start,
+        const i64* req, const int* live, const i64* incl, const int* row0, const int* insc, const int* ins,
+        const i64* i_pair),
+        (g, total, n_new, old_end, q_old, q_start, req, live, incl, row0, insc, ins, i_pair)) {
     GRID_STRIDE(k, total) {
         if (!live[k]) continue;
         i64 j, o, lo, hi;
@@ -368,10 +387,10 @@ extern "C" __global__ void gu_copy(MVGView g, i64 total, i64 n_new, const i64* o
 
 // Merge, insertion side: the q-th sorted insertion row lands after the earlier insertions
 // of its vertex and after the live old entries whose pair is <= its pair.
-extern "C" __global__ void gu_insert(MVGView g, i64 n_ins, i64 k, const i64* batch, const i64* keys, const i64* perm,
-                                     const i64* i_pair, const int* seg, const int* row0, const int* insc,
-                                     const int* ins, const int* s_slot, const i64* old_end, const int* q_old,
-                                     const i64* q_start, const int* live, const i64* incl) {
+GU_STEP(gu_insert, (MVGView g, i64 n_ins, i64 k, const i64* batch, const i64* keys, const i64* perm,
+        const i64* i_pair, const int* seg, const int* row0, const int* insc, const int* ins, const int* s_slot,
+        const i64* old_end, const int* q_old, const i64* q_start, const int* live, const i64* incl),
+        (g, n_ins, k, batch, keys, perm, i_pair, seg, row0, insc, ins, s_slot, old_end, q_old, q_start, live, incl)) {
     GRID_STRIDE(q, n_ins) {
         const i64 r = perm[q];
         const Op o = row_op(batch, k, keys[r]);
@@ -394,9 +413,9 @@ extern "C" __global__ void gu_insert(MVGView g, i64 n_ins, i64 k, const i64* bat
 
 // A deletion from the first insertion on closes, in the new version, the entry of its pair
 // that is alive at its timestamp: the last one created before it.
-extern "C" __global__ void gu_close(MVGView g, i64 R, i64 k, const i64* batch, const i64* keys, const int* seg,
-                                    const i64* ts0, const int* first, const int* s_slot, const i64* q_start,
-                                    const int* s_size) {
+GU_STEP(gu_close, (MVGView g, i64 R, i64 k, const i64* batch, const i64* keys, const int* seg, const i64* ts0,
+        const int* first, const int* s_slot, const i64* q_start, const int* s_size),
+        (g, R, k, batch, keys, seg, ts0, first, s_slot, q_start, s_size)) {
     GRID_STRIDE(r, R) {
         const int s = seg[r] - 1;
         if (ts0[s] == MVG_INF || r < first[s]) continue;
@@ -409,14 +428,105 @@ extern "C" __global__ void gu_close(MVGView g, i64 R, i64 k, const i64* batch, c
 }
 
 // Publication, last: the replaced version stops at ts0, the new one becomes current.
-extern "C" __global__ void gu_publish(MVGView g, i64 n_new, const i64* req, const i64* keys, const int* row0,
-                                      const i64* ts0, const int* q_vid, const int* q_old) {
+GU_STEP(gu_publish, (MVGView g, i64 n_new, const i64* req, const i64* keys, const int* row0, const i64* ts0,
+        const int* q_vid, const int* q_old),
+        (g, n_new, req, keys, row0, ts0, q_vid, q_old)) {
     GRID_STRIDE(j, n_new) {
         const int s = (int)(req[j] & LOW32);
         if (q_old[j] >= 0) g.v_dt_max[q_old[j]] = ts0[s];
         __threadfence();
         *(volatile int*)(g.cur + (keys[row0[s]] >> 32)) = q_vid[j];
     }
+}
+
+// ---- fused small batches -----------------------------------------------------------------------
+// A batch of at most GU_SMALL_ROWS rows (GU_SMALL_ROWS / 2 ops) is applied by two one-block
+// kernels that run the steps above in order, with block-wide sorts and prefix sums between
+// them: two launches instead of about twenty, which is most of a small batch's cost on the
+// host. gu_small_plan does everything up to the allocation, the host reads the counters back
+// (to grow the pool), gu_small_write copies, merges and publishes. Their scratch arrays are
+// carved from one arena of GU_SMALL_ARENA words that the host allocates once.
+#define GU_SMALL_ROWS 4096
+#define GU_SMALL_THREADS 1024
+#define GU_SMALL_ARENA (15 * GU_SMALL_ROWS + 6 * (GU_SMALL_ROWS + 1))
+
+struct GuSmall {
+    i64 *keys, *ts0, *req, *pos, *q_start, *pair, *owner, *perm, *i_pair, *sizes, *ends;
+    int *head, *ins, *seg, *insc, *row0, *first, *s_old, *s_size, *s_ndel, *s_slot, *q_vid, *q_old;
+
+    __device__ explicit GuSmall(i64* arena) {
+        const int N = GU_SMALL_ROWS;
+        keys = arena, ts0 = keys + N, req = ts0 + N, pos = req + N, q_start = pos + N, pair = q_start + N;
+        owner = pair + N, perm = owner + N, i_pair = perm + N, sizes = i_pair + N, ends = sizes + 3 * N;
+        head = (int*)(ends + 3 * N), ins = head + N + 1, seg = ins + N + 1, insc = seg + N + 1;
+        row0 = insc + N + 1, first = row0 + N + 1, s_old = first + N + 1, s_size = s_old + N + 1;
+        s_ndel = s_size + N + 1, s_slot = s_ndel + N + 1, q_vid = s_slot + N + 1, q_old = q_vid + N + 1;
+    }
+};
+
+// out: GU_SMALL_ROWS, GU_SMALL_THREADS, GU_SMALL_ARENA (read by the host once).
+extern "C" __global__ void gu_small_layout(i64* out) {
+    out[0] = GU_SMALL_ROWS;
+    out[1] = GU_SMALL_THREADS;
+    out[2] = GU_SMALL_ARENA;
+}
+
+// sort_free > 0: the free list's first sort_free keys are sorted first (at most GU_SMALL_ROWS).
+extern "C" __global__ void __launch_bounds__(GU_SMALL_THREADS)
+gu_small_plan(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, i64* stats, i64* free_keys, i64 n_free,
+              i64 sort_free, i64 n_versions, i64 bump) {
+    __shared__ i64 sh[GU_SMALL_ROWS];
+    const GuSmall s(arena);
+    gu_keys_step(k, batch, s.keys, stats);
+    __syncthreads();
+    block_sort(s.keys, R, sh);
+    gu_rows_step(R, k, batch, s.keys, s.head, s.ins);
+    __syncthreads();
+    block_scan(s.head, s.seg, R);
+    block_scan(s.ins, s.insc, R);
+    gu_segments_step(R, s.head, s.seg, s.row0, s.ts0);
+    __syncthreads();
+    gu_split_step(g, R, k, batch, s.keys, s.seg, s.insc, s.ins, s.row0, s.ts0, s.first);
+    __syncthreads();
+    gu_plan_step(g, R, s.keys, s.seg, s.insc, s.ins, s.row0, s.ts0, s.first, s.req, s.s_old, s.s_size, s.s_ndel,
+                 stats);
+    __syncthreads();
+    block_sort(s.req, R, sh);
+    if (sort_free) block_sort(free_keys, sort_free, sh);
+    gu_alloc_rank_step(g, R, s.req, free_keys, n_free, s.s_old, s.pos, s.sizes);
+    __syncthreads();
+    for (int row = 0; row < 3; ++row) block_scan(s.sizes + row * R, s.ends + row * R, R);
+    gu_alloc_step(g, R, s.req, free_keys, s.pos, s.ends, s.ends + R, s.sizes, n_versions, bump, s.s_old, s.s_slot,
+                  s.q_vid, s.q_start, s.q_old);
+    __syncthreads();
+    gu_stats_step(R, s.ends, stats);
+}
+
+// live, incl: room for stats[S_COPY] + 1 items; vids: room for stats[S_NEW] (the replaced
+// versions, for the GC).
+extern "C" __global__ void __launch_bounds__(GU_SMALL_THREADS)
+gu_small_write(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, const i64* stats, i64 n_ins, int* live,
+               i64* incl, int* vids) {
+    __shared__ i64 sh[GU_SMALL_ROWS];
+    const GuSmall s(arena);
+    const i64 n_new = stats[S_NEW], total = stats[S_COPY], *old_end = s.ends + 2 * R;
+    gu_versions_step(g, n_new, s.req, s.q_vid, s.q_start, s.ts0, s.s_old, s.s_size, s.s_ndel);
+    gu_ins_keys_step(g, R, k, batch, s.keys, s.pair, s.owner);
+    gu_copy_flags_step(g, total, n_new, old_end, s.q_old, live);
+    __syncthreads();
+    block_argsort2(s.perm, R, s.owner, s.pair, sh);
+    block_scan(live, incl, total + 1);
+    for (i64 q = threadIdx.x; q < n_ins; q += blockDim.x) s.i_pair[q] = s.pair[s.perm[q]];
+    __syncthreads();
+    // the old side and the insertion side of the merge write disjoint entries
+    gu_copy_step(g, total, n_new, old_end, s.q_old, s.q_start, s.req, live, incl, s.row0, s.insc, s.ins, s.i_pair);
+    gu_insert_step(g, n_ins, k, batch, s.keys, s.perm, s.i_pair, s.seg, s.row0, s.insc, s.ins, s.s_slot, old_end,
+                   s.q_old, s.q_start, live, incl);
+    __syncthreads();
+    gu_close_step(g, R, k, batch, s.keys, s.seg, s.ts0, s.first, s.s_slot, s.q_start, s.s_size);
+    __syncthreads();
+    gu_publish_step(g, n_new, s.req, s.keys, s.row0, s.ts0, s.q_vid, s.q_old);
+    for (i64 j = threadIdx.x; j < n_new; j += blockDim.x) vids[j] = s.q_old[j];
 }
 
 // ---- garbage collection -----------------------------------------------------------------------

@@ -29,10 +29,15 @@ OPS = {1: 150, 7: 300, 64: 640, 1024: 3072}  # updates per stream, by batch size
 LAG = 3  # batches the GC pointer trails the newest batch; reads go back that far
 
 
-def device_mvg(g: Graph):
+def device_mvg(g: Graph, fused: bool = True):
+    """fused=False: every batch through the multi-kernel path, which otherwise only takes batches
+    of more than 2,048 ops."""
     from csmd.gpu.device_mvg import DeviceMVG
 
-    return DeviceMVG.from_graph(g)
+    dm = DeviceMVG.from_graph(g)
+    if not fused:
+        dm.small_rows = 0
+    return dm
 
 
 # ---- a random valid stream ---------------------------------------------------------------------
@@ -185,7 +190,8 @@ def test_random_stream_matches_cpu_mvg(seed):
     size = BATCH_SIZES[seed % len(BATCH_SIZES)]
     st = Stream(rnd, rnd.randint(30, 300), rnd.randint(1, 4), rnd.randint(1, 3))
     g = st.graph()
-    mvg, dm = MultiVersionGraph(g), device_mvg(g)
+    # the fused small-batch kernels and the multi-kernel path, each on half of the seeds
+    mvg, dm = MultiVersionGraph(g), device_mvg(g, fused=seed % 8 < 4)
     gc = GarbageCollector()
     rng = np.random.default_rng(seed)
     firsts, released = [], 0
