@@ -80,6 +80,39 @@ def _grown(a: cp.ndarray, size: int, fill=None) -> cp.ndarray:
     return out
 
 
+class _Staging:
+    """An int64 buffer in pinned host memory and one on the device, grown together. Copies
+    between them are single cudaMemcpyAsync calls: from pinned memory an upload does not wait
+    for the stream to drain, as one from pageable memory does, and either way costs a fraction
+    of cp.asarray or .get(). One user at a time, who synchronizes the stream (a read-back)
+    before filling the host buffer again."""
+
+    def __init__(self):
+        self.host, self.dev = np.zeros(0, np.int64), cp.zeros(0, cp.int64)
+
+    def host_view(self, n: int) -> np.ndarray:
+        if n > len(self.host):
+            size = max(n, 2 * len(self.host), 1024)
+            self._pinned = cp.cuda.alloc_pinned_memory(8 * size)
+            self.host = np.frombuffer(self._pinned, np.int64, size)
+            self.dev = cp.empty(size, cp.int64)
+        return self.host[:n]
+
+    def upload(self, n: int, stream: cp.cuda.Stream) -> cp.ndarray:
+        """host[:n] to the device buffer (returned whole: its first n items are the data)."""
+        cp.cuda.runtime.memcpyAsync(self.dev.data.ptr, self.host.ctypes.data, 8 * n,
+                                    cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        return self.dev
+
+    def download(self, src: cp.ndarray, n: int, stream: cp.cuda.Stream) -> np.ndarray:
+        """src's first n int64 items (after what `stream` has queued), in host[:n]."""
+        self.host_view(n)
+        cp.cuda.runtime.memcpyAsync(self.host.ctypes.data, src.data.ptr, 8 * n,
+                                    cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        stream.synchronize()
+        return self.host[:n]
+
+
 class Replaced:
     """The versions one batch replaced: an opaque token for the host GC.
 
@@ -143,6 +176,7 @@ class DeviceMVG:
             self._arena = cp.empty(self._small[2], cp.int64)
             self._stats = cp.empty(S_COUNT, cp.int64)
             self._live, self._incl = cp.empty(1024, cp.int32), cp.empty(1024, cp.int64)
+            self._batch, self._counters, self._lookups = _Staging(), _Staging(), _Staging()
             self.small_rows = self._small[0]  # the largest batch (in rows: 2 per op) of that path; 0: never
             # held while arrays are swapped (growth, new vertices) and while a reader on another
             # stream takes the view and enqueues its launch: a growth then waits for that launch
@@ -239,10 +273,11 @@ class DeviceMVG:
         k = len(seq)
         if not k:
             return Replaced(None, -1, 0, 0)
-        host = np.stack([np.asarray(x, np.int64) for x in (seq, a, b, label, sign)])
+        host = self._batch.host_view(5 * k).reshape(5, k)
+        host[0], host[1], host[2], host[3], host[4] = seq, a, b, label, sign
         R, n_ins = 2 * k, 2 * int(np.count_nonzero(host[4] > 0))
         with self.stream:
-            batch = cp.asarray(host)  # the one upload
+            batch = self._batch.upload(5 * k, self.stream)  # the one upload
             if R <= self.small_rows:
                 return self._apply_small(batch, k, R, n_ins)
             g = self.view()
@@ -328,7 +363,7 @@ class DeviceMVG:
         """Read back a batch's counters (the one sync of an apply) and account for its allocation:
         versions and entries taken from the bump pointers (growing the pool if needed), free-list
         keys taken."""
-        st = [int(x) for x in stats.get()]
+        st = self._counters.download(stats, S_COUNT, self.stream).tolist()
         n_new = st[S_NEW]
         if n_new > st[S_FRESH]:  # free-list keys were taken: holes until the next sort
             self.n_free -= n_new - st[S_FRESH]
@@ -375,26 +410,33 @@ class DeviceMVG:
 
     def edges_at(self, a, b, T, el=None, check_el=False):
         """edge_at for each (a, b, T[, el]): host arrays (entry position, edge label), -1
-        where there is no such edge."""
-        out = self._edges_at(a, b, T, el, check_el, self.stream)
+        where there is no such edge. One upload, one read-back, both through pinned buffers."""
+        m = len(a)
+        if not m:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32)
+        q = self._lookups.host_view(4 * m).reshape(4, m)
+        q[0], q[1], q[2], q[3] = a, b, T, 0 if el is None else el
         with self.stream:
-            out = out.get()  # one read-back
-        return out[: len(a)], out[len(a):].astype(np.int32)
+            out = self._edges_at(self._lookups.upload(4 * m, self.stream), m, check_el, self.stream)
+            host = self._lookups.download(out, 2 * m, self.stream)
+        return host[:m].copy(), host[m:].astype(np.int32)
 
     def edges_at_async(self, a, b, T, el=None, check_el=False, stream=None):
         """edges_at launched on `stream` (default: the updater's), without waiting: device arrays
         (positions, labels as int64)."""
-        out = self._edges_at(a, b, T, el, check_el, stream or self.stream)
-        return out[: len(a)], out[len(a):]
-
-    def _edges_at(self, a, b, T, el, check_el, stream) -> cp.ndarray:
-        """Positions then labels in one device buffer, from one upload."""
         m = len(a)
         q = np.empty((4, m), np.int64)
         q[0], q[1], q[2], q[3] = a, b, T, 0 if el is None else el
+        stream = stream or self.stream
+        with stream:
+            out = self._edges_at(cp.asarray(q), m, check_el, stream)
+        return out[:m], out[m:]
+
+    def _edges_at(self, q: cp.ndarray, m: int, check_el, stream) -> cp.ndarray:
+        """Positions then labels in one device buffer; q: the rows a, b, T, el on the device."""
         with stream, self.swap:  # a reader on another stream takes the view under swap
             out = cp.empty(2 * m, cp.int64)
-            _launch("mvg_edges_at", m, (self.view(), i64(m), cp.asarray(q), np.int32(check_el), out))
+            _launch("mvg_edges_at", m, (self.view(), i64(m), q, np.int32(check_el), out))
         return out
 
     def live_edge_labels(self, a, b) -> np.ndarray:

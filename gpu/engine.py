@@ -106,6 +106,9 @@ class GpuMatcher(StaticMatcher):
         return match_many(g, queries, distinct=distinct, time_limit=time_limit)
 
 
+RELEASE_VERSIONS = 256  # versions the GC freed, returned to the device pool together
+
+
 class GpuEngine(ContinuousEngine):
     """The continuous engine on the device: the MVG (gpu/device_mvg.py) with its updater on
     one stream, the executor (gpu/executor.py) on another.
@@ -129,6 +132,7 @@ class GpuEngine(ContinuousEngine):
         self._labels = g0.labels.get() if on_device else np.array(g0.labels, np.int32)
         self._n = g0.n
         self._applied: dict[int, cp.cuda.Event] = {}  # first_seq of an applied batch -> its event
+        self._freed: list = []  # released tokens not yet returned to the pool
         self._events = threading.Lock()
 
     def apply(self, batch: UpdateBatch):
@@ -159,8 +163,17 @@ class GpuEngine(ContinuousEngine):
         self._n = end
 
     def release(self, tokens) -> None:
+        """Return the tokens' versions to the pool once RELEASE_VERSIONS of them are waiting: a
+        return costs a launch and a sort of the free list, as much for a small batch's few
+        versions as for thousands."""
         with self._writing:
-            self.mvg.release(tokens)
+            self._freed += tokens
+            if sum(t.count for t in self._freed) >= RELEASE_VERSIONS:
+                self._return_freed()
+
+    def _return_freed(self) -> None:
+        self.mvg.release(self._freed)
+        self._freed = []
 
     def live_edge_labels(self, a, b):
         with self._writing:
@@ -186,4 +199,6 @@ class GpuEngine(ContinuousEngine):
         return Done(self.executor.run(self.mvg, batch, queries, self._labels))
 
     def stats(self) -> EngineStats:
-        return EngineStats(self.mvg.live_versions, self.mvg.memory_bytes)
+        with self._writing:
+            self._return_freed()
+            return EngineStats(self.mvg.live_versions, self.mvg.memory_bytes)

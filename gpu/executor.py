@@ -79,23 +79,27 @@ class _Group:
         self.labels, self.elabels = np.unique(cat([lx, ly])), np.unique(ael)
         key = self._key(_index(self.labels, lx), _index(self.labels, ly), _index(self.elabels, ael))
         self.order = np.argsort(key, kind="stable")
-        self.keys = key[self.order]
+        # anchors of key k: order[first[k]:first[k + 1]]; the key of a misfit (n_keys) has none
+        n_keys = len(self.labels) ** 2 * len(self.elabels)
+        self.first = np.searchsorted(key[self.order], np.arange(n_keys + 2))
 
     def _key(self, ix, iy, ie):
         nl, ne = len(self.labels), len(self.elabels)
-        return np.where((ix >= 0) & (iy >= 0) & (ie >= 0), (ix * nl + iy) * ne + ie, -1)
+        return np.where((ix >= 0) & (iy >= 0) & (ie >= 0), (ix * nl + iy) * ne + ie, nl * nl * ne)
 
     def seeds(self, batch: UpdateBatch, labels: np.ndarray):
         """(a, b, seq, table) of every seed of the batch: each update against each anchor its
         (label, label, edge label) fits, in both orientations."""
         ea, eb = np.asarray(batch.edge_a, np.int64), np.asarray(batch.edge_b, np.int64)
-        seq = np.asarray(batch.edge_seq, np.int64)
         ia, ib = _index(self.labels, labels[ea]), _index(self.labels, labels[eb])
+        if not ((ia >= 0) & (ib >= 0)).any():  # no endpoint pair any anchor can take
+            return [np.zeros(0, np.int64)] * 4
+        seq = np.asarray(batch.edge_seq, np.int64)
         ie = _index(self.elabels, np.asarray(batch.edge_label, np.int64))
         parts = []
         for src, dst, key in ((ea, eb, self._key(ia, ib, ie)), (eb, ea, self._key(ib, ia, ie))):
-            lo = np.searchsorted(self.keys, key, "left")
-            cnt = np.where(key >= 0, np.searchsorted(self.keys, key, "right") - lo, 0)
+            lo = self.first[key]
+            cnt = self.first[key + 1] - lo
             u = np.repeat(np.arange(len(key)), cnt)
             within = np.arange(len(u)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
             parts.append((src[u], dst[u], seq[u], self.order[lo[u] + within]))
