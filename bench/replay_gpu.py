@@ -11,8 +11,9 @@ Parts (--parts, comma-separated):
           CPU engine for the rest when --check-cpu is given.
   latency response time (a record's arrival at the batcher to its deltas ready, p50 and
           p99) of Q_1..Q_40 registered together, the updates paced at --rate per second
-          and at the maximum rate (all available at once), per batch size; and the
-          throughput at the maximum rate.
+          and at the maximum rate (all available at once), per batch size; the
+          throughput at the maximum rate; and the GPU busy share (nvidia-smi's utilization:
+          the share of time a kernel ran, sampled every 50 ms).
   floor   the fixed cost: a query whose labels match nothing (no candidates, no search)
           and a one-edge query (every seed a match, no search), per update and per batch,
           for several batch sizes.
@@ -24,7 +25,10 @@ Parts (--parts, comma-separated):
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +83,26 @@ def timed(g0, updates: list, queries, batch_size, runs, backend="gpu", rate=0.0)
         out.append((sec, totals, stats))
     out.sort(key=lambda r: r[0])
     return out[len(out) // 2]
+
+
+@contextmanager
+def gpu_busy():
+    """Yields a list that receives the device's mean utilization (%) over the block: the share of
+    time a kernel was running, sampled by nvidia-smi every 50 ms; empty without nvidia-smi."""
+    out: list[float] = []
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        yield out
+        return
+    proc = subprocess.Popen([smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "50", "-i", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        yield out
+    finally:
+        proc.terminate()
+        samples = [float(x) for x in proc.communicate()[0].split() if x.strip().replace(".", "").isdigit()]
+        if samples:
+            out.append(sum(samples) / len(samples))
 
 
 def expected_counts(path: Path) -> dict[str, int]:
@@ -151,13 +175,15 @@ def part_latency(args, root: Path) -> None:
     upd = decoded(root / "insertion.graph")
     queries = [(f"Q_{i}", read_query(root / "queries" / f"Q_{i}.graph")) for i in range(1, 41)]
     print(f"\nresponse time: {len(upd)} insertions, Q_1..Q_40 count-only, one run each")
-    print(f"{'rate':>10} {'batch':>6} {'seconds':>8} {'updates/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'rate':>10} {'batch':>6} {'seconds':>8} {'updates/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'GPU busy':>8}")
     for rate in (args.rate, 0.0):
         for b in (1, 8, 64, 512):
-            sec, _, stats = timed(g0, upd, queries, b, 1, args.backend, rate)
+            with gpu_busy() as busy:
+                sec, _, stats = timed(g0, upd, queries, b, 1, args.backend, rate)
             lat = stats.latency
+            share = f"{busy[0]:.0f}%" if busy else "-"
             print(f"{rate or 'max':>10} {b:>6} {sec:>8.3f} {len(upd) / sec:>10,.0f} {lat.quantile(0.5) * 1e3:>8.2f} "
-                  f"{lat.quantile(0.99) * 1e3:>8.2f}", flush=True)
+                  f"{lat.quantile(0.99) * 1e3:>8.2f} {share:>8}", flush=True)
 
 
 def main() -> None:

@@ -114,6 +114,8 @@ class Executor:
         self.tuning = tuning or Tuning()
         self._queue = self._ready = None
         self._groups: dict[tuple, _Group] = {}
+        self._shapes: dict[int, tuple[int, int]] = {}  # depth -> (shared bytes, blocks) of match_at
+        self._state = cp.empty(0, cp.uint64)  # the warps' stacks, reused from batch to batch
 
     def prepare(self, query: ContinuousQuery) -> PreparedQuery:
         return PreparedQuery(query)
@@ -164,13 +166,21 @@ class Executor:
         seeds = np.concatenate([two] + [s for _, s in found])
         return _row_matches(grp.queries, query[seeds], seq[seeds], np.concatenate(rows))
 
+    def _shape(self, fn, depth: int) -> tuple[int, int]:
+        """match_at's shared memory and grid for queries of that depth, worked out once: the grid
+        comes from the device's attributes, which CuPy reads all at once (a large share of a
+        small batch's cost if asked every time)."""
+        if depth not in self._shapes:
+            smem = WARPS_PER_BLOCK * 8 * _warp_words(depth)
+            fn.max_dynamic_shared_size_bytes = max(smem, max((s for s, _ in self._shapes.values()), default=0))
+            self._shapes[depth] = smem, _grid(fn, smem, self.tuning.max_blocks_per_sm)
+        return self._shapes[depth]
+
     def _search(self, mvg, grp: _Group, a, b, seq, tab, emit: bool):
         """Search the seeds: (matches per seed, [(rows, seed index) per drain])."""
         S = len(seq)
         fn = kernel("matcher", "match_at")
-        smem = WARPS_PER_BLOCK * 8 * _warp_words(grp.nmax)
-        fn.max_dynamic_shared_size_bytes = smem
-        blocks = _grid(fn, smem, self.tuning.max_blocks_per_sm)
+        smem, blocks = self._shape(fn, grp.nmax)
         tn = self.tuning
         found = []
         with self.stream:
@@ -184,7 +194,10 @@ class Executor:
             chunk_q = cp.arange(S, dtype=cp.int32)
             buf = cp.zeros(8 + S, cp.uint64)  # the control words, then the count of each seed
             ctl, counts = buf[:8], buf[8:]
-            state = cp.empty(blocks * WARPS_PER_BLOCK * _warp_words(grp.nmax), cp.uint64)
+            words = blocks * WARPS_PER_BLOCK * _warp_words(grp.nmax)
+            if len(self._state) < words:  # a batch's launches end before the next batch's (its read-backs)
+                self._state = cp.empty(words, cp.uint64)
+            state = self._state
             out_cap = max(32, tn.out_rows) if emit else 0
             out = cp.empty(max(1, out_cap * grp.width), cp.int32)
             resume = False
