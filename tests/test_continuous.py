@@ -194,6 +194,20 @@ def test_compiled_deltas_are_byte_identical_to_numpy(tmp_path, seed):
         assert files["cpu"] == files["numpy"], (seed, count_only)
 
 
+@pytest.mark.parametrize("seed", range(400, 406))
+def test_lines_left_to_the_line_parser_give_the_same_deltas(tmp_path, seed):
+    """Some lines spelled with a '+' sign, which the compiled reader leaves to the line parser:
+    batches then mix block rows with Updates, and the delta file is the plain stream's."""
+    qpaths, _ = make_case(tmp_path, seed, steps=80)
+    plain, _, _ = run_replay(tmp_path, qpaths, batch_size=7, name="plain.arrow")
+    rng = random.Random(seed)
+    stream = tmp_path / "stream.txt"
+    lines = [line.replace(" ", " +", 1) if rng.random() < 0.3 else line for line in stream.read_text().splitlines()]
+    stream.write_text("\n".join(lines) + "\n")
+    signed, _, _ = run_replay(tmp_path, qpaths, batch_size=7, name="signed.arrow")
+    assert signed.equals(plain) and signed.num_rows
+
+
 def delta_file(tmp_path, g0, queries, batch_size, count_only, backend, name=""):
     """The bytes of replay's delta file for the case in tmp_path, and the pipeline."""
     out = tmp_path / f"{backend}{count_only}{name}.arrow"

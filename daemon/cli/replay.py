@@ -9,19 +9,23 @@ from csmd.connectors.records import BadRecord, decode_updates
 from csmd.cli.progress import Progress
 from csmd.engines import continuous_engine
 from csmd.errors import InputError
+from csmd.model.formats import UpdateBlock
 from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.stages import Pipeline
 
 
 def file_updates(source: FileSource):
-    """The updates of a stream file in order; a bad line stops the replay with file:line: reason."""
-    while recs := source.poll():
-        for rec in recs:
-            try:
-                yield from decode_updates(rec, "text")
-            except BadRecord as exc:
-                raise InputError(rec.input, rec.offset, str(exc)) from None
+    """The updates of a stream file in order, runs of plain lines as UpdateBlocks; a bad line
+    stops the replay with file:line: reason."""
+    for item in source.read():
+        if isinstance(item, UpdateBlock):
+            yield item
+            continue
+        try:
+            yield from decode_updates(item, "text")
+        except BadRecord as exc:
+            raise InputError(item.input, item.offset, str(exc)) from None
 
 
 def replay(g0: Graph, stream_path, queries: list[tuple[str, Graph]], *, batch_size: int, count_only: bool,

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Mapping
 
 import numpy as np
 
 from csmd.engine import ContinuousEngine, UpdateBatch
-from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update
+from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, OPS, Update, UpdateBlock
 from csmd.model.graph import Graph, scalar
 
 # why an update changed nothing: the keys of Sequencer.ignored (the daemon's metric shows each from the start)
@@ -66,15 +67,36 @@ class Vertices:
         return mask
 
 
+class _BlockRecords(Mapping):
+    """record_of of a batch cut from an UpdateBlock: seq -> its Update, made when asked for."""
+
+    def __init__(self, block: UpdateBlock, first: int):
+        self.block, self.first = block, first
+
+    def __getitem__(self, seq: int) -> Update:
+        if not 0 <= seq - self.first < len(self.block):
+            raise KeyError(seq)
+        return self.block.update(seq - self.first)
+
+    def __len__(self) -> int:
+        return len(self.block)
+
+    def __iter__(self):
+        return iter(range(self.first, self.first + len(self.block)))
+
+
 class Sequencer:
     def __init__(self, vertices: Vertices, engine: ContinuousEngine, first_seq: int = 0):
         self.vertices, self.engine = vertices, engine
         self.next_seq = first_seq
         self.ignored: Counter = Counter()
 
-    def sequence(self, records: list[Update], arrived: list[float] | None = None) -> UpdateBatch:
+    def sequence(self, records: list[Update] | UpdateBlock, arrived: list[float] | None = None) -> UpdateBatch:
         """Number the records and turn them into valid ops against the latest state."""
         arrived = arrived if arrived is not None else [time.monotonic()] * len(records)
+        if isinstance(records, UpdateBlock):
+            batch = self._edges_block(records, arrived)
+            return batch if batch is not None else self._general(records.updates(), arrived)
         batch = self._edges_only(records, arrived)
         return batch if batch is not None else self._general(records, arrived)
 
@@ -82,20 +104,37 @@ class Sequencer:
         """The common batch, with numpy instead of a Python step per record: edge records between
         existing vertices, each vertex pair at most once. None for any other batch (_general
         takes it, with the same result)."""
-        vx = self.vertices
-        if any(r.op != INSERT_EDGE and r.op != DELETE_EDGE for r in records):
+        if not records or any(r.op != INSERT_EDGE and r.op != DELETE_EDGE for r in records):
             return None
-        index = vx.index
+        index = self.vertices.index
         a = np.array([index.get(r.u, -1) for r in records], np.int64)  # internal ids are >= 0
         b = np.array([index.get(r.v, -1) for r in records], np.int64)
-        if len(records) == 0 or (a < 0).any() or (b < 0).any():
+        insert = np.array([r.op == INSERT_EDGE for r in records])
+        label = np.array([r.label for r in records], np.int64)
+        return self._edges(insert, a, b, label, dict(zip(range(self.next_seq, self.next_seq + len(records)), records)),
+                           arrived)
+
+    def _edges_block(self, block: UpdateBlock, arrived: list[float]) -> UpdateBatch | None:
+        """_edges_only for a block, without a Python step per update."""
+        if not len(block) or (block.op > OPS.index(DELETE_EDGE)).any():
+            return None
+        index = self.vertices.index
+        a = np.array([index.get(x, -1) for x in block.u.tolist()], np.int64)
+        b = np.array([index.get(x, -1) for x in block.v.tolist()], np.int64)
+        return self._edges(block.op == OPS.index(INSERT_EDGE), a, b, block.label, _BlockRecords(block, self.next_seq),
+                           arrived)
+
+    def _edges(self, insert, a, b, label, record_of, arrived) -> UpdateBatch | None:
+        """The edge-only batch of these records (insert: per record, else a deletion; a, b: internal
+        ids, -1 unknown), or None where _general must take it."""
+        vx = self.vertices
+        if (a < 0).any() or (b < 0).any():
             return None
         pair = ~(a == b)
         key = np.minimum(a, b)[pair] * vx.n + np.maximum(a, b)[pair]
         if len(np.unique(key)) != len(key):  # a pair twice: each op depends on the one before
             return None
-        insert = np.array([r.op == INSERT_EDGE for r in records])
-        live = np.full(len(records), -1, np.int64)
+        live = np.full(len(a), -1, np.int64)
         live[pair] = self.engine.live_edge_labels(a[pair], b[pair])
         valid = pair & np.where(insert, live < 0, live >= 0)
         for reason, n in ((SELF_LOOP, insert & ~pair), (DUPLICATE_INSERT, insert & pair & ~valid),
@@ -103,14 +142,14 @@ class Sequencer:
             if n.any():
                 self.ignored[reason] += int(n.sum())
         first = self.next_seq
-        self.next_seq += len(records)
+        self.next_seq += len(a)
         seq = np.arange(first, self.next_seq, dtype=np.int64)
         # an insertion carries its record's label, a deletion the stored edge's: it is what vanishes
-        label = np.where(insert, np.array([r.label for r in records], np.int64), live)
+        label = np.where(insert, label, live)
         z = np.zeros(0, np.int64)
         return UpdateBatch(first, self.next_seq, seq[valid], a[valid], b[valid], label[valid],
                            np.where(insert, 1, -1)[valid].astype(np.int64), z, z, z, np.zeros(0, np.int32), vx.n,
-                           dict(zip(range(first, self.next_seq), records)), arrived, len(records))
+                           record_of, arrived, len(a))
 
     def _general(self, records: list[Update], arrived: list[float]) -> UpdateBatch:
         """Any batch, one record at a time (vertex records, new vertices, a pair named twice)."""
