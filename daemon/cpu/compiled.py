@@ -1,8 +1,8 @@
 """The compiled CPU engine: the numba depth-first search (dfs.py) over the numpy engine's storage.
 
-Storage (the multi-version graph, apply, release, the latest-state reads) is the numpy
-engine's; only matching differs. Every registered query is searched in one kernel
-call per batch.
+Storage is the numpy engine's multi-version graph, with its batch apply and its
+compaction compiled (updater.py), as are the latest-state reads. Every registered query
+is searched in one kernel call per batch.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from csmd.cpu.plans import Memo, new_state, plan_set
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import INF, MultiVersionGraph
-from csmd.cpu.updater import apply_edges
+from csmd.cpu.updater import CompiledGraph
 from csmd.cpu.workers import chunks, run_chunks, thread_count
 from csmd.engine import ContinuousQuery, Done, Matches, SearchResult, StaticMatcher, UpdateBatch
 from csmd.model.plan import Plan, make_plan, plan_query
@@ -115,6 +115,7 @@ class CompiledEngine(CpuEngine):
     """
 
     name = "cpu"
+    graph_type = CompiledGraph
 
     def __init__(self, g0, threads: int | None = None):
         super().__init__(g0)
@@ -122,9 +123,6 @@ class CompiledEngine(CpuEngine):
         self._registered = None  # the last query list submitted and its flattened plans
         self._memos = threading.local()  # per thread: its Memo and the memo's last search id
         self._last = 0.0  # seconds the last batch's search took
-
-    def _apply_edges(self, *ops):
-        return apply_edges(self.mvg, *ops)
 
     def live_edge_labels(self, a, b):
         with self._writing:
