@@ -29,11 +29,13 @@ def file_updates(source: FileSource):
 
 
 def replay(g0: Graph, stream_path, queries: list[tuple[str, Graph]], *, batch_size: int, count_only: bool,
-           output=None, threaded: bool = True, show_progress: bool | None = None, backend: str = "cpu",
+           output=None, threaded: bool | None = None, show_progress: bool | None = None, backend: str = "cpu",
            executor_lag: int = 0) -> tuple[list[dict], "Pipeline"]:
-    """Run the stream through the pipeline on `backend`; returns one result dict per query and the pipeline."""
-    pipe = Pipeline(g0, engine=continuous_engine(backend, g0), batch_size=batch_size, threaded=threaded,
-                    executor_lag=executor_lag)
+    """Run the stream through the pipeline on `backend`; returns one result dict per query and the pipeline.
+    threaded: the pipeline's stages in threads (None: as the engine prefers, staged_threads)."""
+    engine = continuous_engine(backend, g0)
+    pipe = Pipeline(g0, engine=engine, batch_size=batch_size,
+                    threaded=engine.staged_threads if threaded is None else threaded, executor_lag=executor_lag)
     for name, q in queries:
         pipe.add_query(name, q, count_only)
     totals = {name: [0, 0] for name, _ in queries}

@@ -35,6 +35,7 @@ class CpuEngine(ContinuousEngine):
     (apply and the latest-state reads), `_reading` the executor's searches."""
 
     name = "numpy"
+    staged_threads = False
     graph_type = MultiVersionGraph  # the storage: the compiled engine's compiles apply and compaction
 
     def __init__(self, g0: Graph):
