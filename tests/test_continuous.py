@@ -101,9 +101,9 @@ def random_query(rng: random.Random, model: Model, k: int) -> str:
     return "".join(f"v {i} {lab}\n" for i, lab in enumerate(labels)) + "".join(f"e {a} {b} {l}\n" for (a, b), l in edges.items())
 
 
-def make_case(tmp_path, seed: int, steps: int = 50):
+def make_case(tmp_path, seed: int, steps: int = 50, labels: int | None = None):
     rng = random.Random(seed)
-    model = Model(rng, n=rng.randrange(6, 14), labels=rng.randrange(1, 3), elabels=rng.choice([1, 1, 2]),
+    model = Model(rng, n=rng.randrange(6, 14), labels=labels or rng.randrange(1, 3), elabels=rng.choice([1, 1, 2]),
                   p=rng.uniform(0.2, 0.5))
     (tmp_path / "g0.graph").write_text(model.text())
     qpaths = []
@@ -206,6 +206,34 @@ def test_lines_left_to_the_line_parser_give_the_same_deltas(tmp_path, seed):
     stream.write_text("\n".join(lines) + "\n")
     signed, _, _ = run_replay(tmp_path, qpaths, batch_size=7, name="signed.arrow")
     assert signed.equals(plain) and signed.num_rows
+
+
+def test_ops_no_anchor_edge_can_take_skip_the_search_and_no_delta_is_lost(tmp_path, monkeypatch):
+    """With 5 vertex labels most edge ops match the end labels of no anchor edge of either query:
+    the compiled engine hands only the others to its kernel, and every delta still equals brute force."""
+    from csmd.cpu import compiled
+
+    submitted, handed = [0], [0]
+    submit, match_edges = compiled.CompiledEngine.submit, compiled.match_edges
+
+    def count_submitted(self, batch, queries):
+        submitted[0] += len(batch.edge_seq)
+        return submit(self, batch, queries)
+
+    def count_handed(view, ps, seq, *rest):
+        handed[0] += len(seq)
+        return match_edges(view, ps, seq, *rest)
+
+    monkeypatch.setattr(compiled.CompiledEngine, "submit", count_submitted)
+    monkeypatch.setattr(compiled, "match_edges", count_handed)
+    deltas = 0
+    for seed in range(500, 510):
+        qpaths, truth = make_case(tmp_path, seed, steps=80, labels=5)
+        table, results, _ = run_replay(tmp_path, qpaths, batch_size=random.Random(seed).choice([1, 3, 64]),
+                                       name=f"{seed}.arrow")
+        assert_brute_force(table, results, truth, seed)
+        deltas += table.num_rows
+    assert deltas and 0 < handed[0] < submitted[0] / 2
 
 
 def delta_file(tmp_path, g0, queries, batch_size, count_only, backend, name=""):

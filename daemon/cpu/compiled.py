@@ -132,57 +132,70 @@ class CompiledEngine(CpuEngine):
         return CompiledQuery(query)
 
     def _plans(self, queries: list[CompiledQuery]):
+        """(plan set, materialize, width, anchors): anchors are the sorted end-label pairs
+        (label << 32 | label) of every plan's anchor edge, in both orientations."""
         last = self._registered
         if last is None or len(last[0]) != len(queries) or any(a is not b for a, b in zip(last[0], queries)):
             plans = [(i, p) for i, cq in enumerate(queries) for p in cq.plans]
             ps = plan_set([p for _, p in plans], [i for i, _ in plans])
             materialize = np.array([not cq.count_only for cq in queries], np.bool_)
             width = max(cq.q.n for cq in queries)
-            self._registered = last = (list(queries), ps, materialize, width)
+            lx, ly = ps.qlab[ps.off].astype(np.int64), ps.qlab[ps.off + 1].astype(np.int64)
+            anchors = np.unique(np.concatenate([lx << 32 | ly, ly << 32 | lx]))
+            self._registered = last = (list(queries), ps, materialize, width, anchors)
         return last[1:]
 
-    def _match(self, view, ps, depth, batch, lo, hi, materialize, width):
-        """match_edges for the batch's ops lo..hi-1, with this thread's memo; ops numbered in the batch."""
+    def _seeded(self, batch: UpdateBatch, anchors: np.ndarray) -> np.ndarray:
+        """The batch's edge ops whose end labels match some anchor edge's: no other op seeds a
+        search, so only these go to the kernel (most, in a stream, when few queries are registered)."""
+        labels = self.mvg.labels.a  # the batch's vertices are in: it was applied before
+        key = labels[batch.edge_a].astype(np.int64) << 32 | labels[batch.edge_b]
+        pos = np.minimum(np.searchsorted(anchors, key), len(anchors) - 1)
+        return np.flatnonzero(anchors[pos] == key)
+
+    def _match(self, view, ps, depth, ops, lo, hi, materialize, width):
+        """match_edges for the ops (seq, a, b, label) lo..hi-1, with this thread's memo; ops numbered from 0."""
         mine = self._memos
         memo = getattr(mine, "memo", None)
         if memo is None or memo.stamp.shape[0] < depth or memo.stamp.shape[1] < len(view.labels):
             shape = (max(depth, 0 if memo is None else memo.stamp.shape[0]), len(view.labels))
             mine.memo, mine.sid = Memo(np.zeros(shape, np.int64), np.zeros(shape, np.int64)), 0
-        counts, rows, row_q, row_op, mine.sid = match_edges(
-            view, ps, batch.edge_seq[lo:hi], batch.edge_a[lo:hi], batch.edge_b[lo:hi], batch.edge_label[lo:hi],
-            materialize, width, mine.memo, mine.sid)
+        counts, rows, row_q, row_op, mine.sid = match_edges(view, ps, *(x[lo:hi] for x in ops), materialize, width,
+                                                            mine.memo, mine.sid)
         return counts, rows, row_q, row_op + lo
 
     def submit(self, batch: UpdateBatch, queries: list[CompiledQuery]) -> Done:
-        if not len(batch.edge_seq):
+        ps, materialize, width, anchors = self._plans(queries)
+        seeded = self._seeded(batch, anchors)
+        if not len(seeded):
             return Done({})
-        ps, materialize, width = self._plans(queries)
+        ops = tuple(x[seeded] for x in (batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label))
         with self._writing:
             self._reading.acquire()
             view = graph_view(self.mvg, self.mvg.cur.view().copy())
         depth = int(ps.depth.max())
 
         def part(lo, hi):
-            return self._match(view, ps, depth, batch, lo, hi, materialize, width)
+            return self._match(view, ps, depth, ops, lo, hi, materialize, width)
 
         t0 = time.perf_counter()
         threads = self.threads if self._last > SPLIT_SECONDS else 1
         try:
-            parts = run_chunks(part, chunks(len(batch.edge_seq), threads), threads)
+            parts = run_chunks(part, chunks(len(seeded), threads), threads)
         finally:
             self._reading.release()
         self._last = time.perf_counter() - t0
         counts = np.concatenate([p[0] for p in parts], axis=1)
         rows, row_q, row_op = (np.concatenate([p[i] for p in parts]) for i in (1, 2, 3))
+        seq = ops[0]
         out = {}
         for i, cq in enumerate(queries):
             if cq.count_only:
                 hit = np.flatnonzero(counts[i])
                 if len(hit):
-                    out[cq.name] = Matches(batch.edge_seq[hit], counts=counts[i, hit])
+                    out[cq.name] = Matches(seq[hit], counts=counts[i, hit])
             else:
                 mine = np.flatnonzero(row_q == i)
                 if len(mine):
-                    out[cq.name] = Matches(batch.edge_seq[row_op[mine]],
-                                           rows=np.ascontiguousarray(rows[mine, : cq.q.n]))
+                    out[cq.name] = Matches(seq[row_op[mine]], rows=np.ascontiguousarray(rows[mine, : cq.q.n]))
         return Done(out)
