@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping
+from itertools import repeat
 
 import numpy as np
 
@@ -106,50 +107,55 @@ class Sequencer:
         takes it, with the same result)."""
         if not records or any(r.op != INSERT_EDGE and r.op != DELETE_EDGE for r in records):
             return None
-        index = self.vertices.index
-        a = np.array([index.get(r.u, -1) for r in records], np.int64)  # internal ids are >= 0
-        b = np.array([index.get(r.v, -1) for r in records], np.int64)
+        ids = self._internal([r.u for r in records] + [r.v for r in records])
         insert = np.array([r.op == INSERT_EDGE for r in records])
         label = np.array([r.label for r in records], np.int64)
-        return self._edges(insert, a, b, label, dict(zip(range(self.next_seq, self.next_seq + len(records)), records)),
+        return self._edges(insert, ids, label, dict(zip(range(self.next_seq, self.next_seq + len(records)), records)),
                            arrived)
 
     def _edges_block(self, block: UpdateBlock, arrived: list[float]) -> UpdateBatch | None:
         """_edges_only for a block, without a Python step per update."""
         if not len(block) or (block.op > OPS.index(DELETE_EDGE)).any():
             return None
-        index = self.vertices.index
-        a = np.array([index.get(x, -1) for x in block.u.tolist()], np.int64)
-        b = np.array([index.get(x, -1) for x in block.v.tolist()], np.int64)
-        return self._edges(block.op == OPS.index(INSERT_EDGE), a, b, block.label, _BlockRecords(block, self.next_seq),
+        ids = self._internal(np.concatenate([block.u, block.v]).tolist())
+        return self._edges(block.op == OPS.index(INSERT_EDGE), ids, block.label, _BlockRecords(block, self.next_seq),
                            arrived)
 
-    def _edges(self, insert, a, b, label, record_of, arrived) -> UpdateBatch | None:
-        """The edge-only batch of these records (insert: per record, else a deletion; a, b: internal
-        ids, -1 unknown), or None where _general must take it."""
-        vx = self.vertices
-        if (a < 0).any() or (b < 0).any():
+    def _internal(self, ext: list) -> np.ndarray:
+        """The internal ids of external ones, -1 where unknown (the dict's look-ups run in C)."""
+        return np.fromiter(map(self.vertices.index.get, ext, repeat(-1)), np.int64, len(ext))
+
+    def _edges(self, insert, ids, label, record_of, arrived) -> UpdateBatch | None:
+        """The edge-only batch of k records (insert: per record, else a deletion; ids: the internal
+        ids of their u's, then of their v's, -1 unknown), or None where _general must take it."""
+        if (ids < 0).any():
             return None
-        pair = ~(a == b)
-        key = np.minimum(a, b)[pair] * vx.n + np.maximum(a, b)[pair]
-        if len(np.unique(key)) != len(key):  # a pair twice: each op depends on the one before
+        k = len(insert)
+        a, b = ids[:k], ids[k:]
+        pair = a != b
+        pairs = slice(None) if pair.all() else pair  # (a slice takes no copies: no self-loop is the rule)
+        key = np.sort((np.minimum(a, b) * self.vertices.n + np.maximum(a, b))[pairs])
+        if (key[1:] == key[:-1]).any():  # a pair twice: each op depends on the one before
             return None
-        live = np.full(len(a), -1, np.int64)
-        live[pair] = self.engine.live_edge_labels(a[pair], b[pair])
+        live = np.full(k, -1, np.int64)
+        live[pairs] = self.engine.live_edge_labels(a[pairs], b[pairs])
         valid = pair & np.where(insert, live < 0, live >= 0)
-        for reason, n in ((SELF_LOOP, insert & ~pair), (DUPLICATE_INSERT, insert & pair & ~valid),
-                          (MISSING_DELETE, ~insert & ~valid)):
-            if n.any():
-                self.ignored[reason] += int(n.sum())
+        if valid.all():
+            valid = slice(None)
+        else:
+            for reason, n in ((SELF_LOOP, insert & ~pair), (DUPLICATE_INSERT, insert & pair & ~valid),
+                              (MISSING_DELETE, ~insert & ~valid)):
+                if n.any():
+                    self.ignored[reason] += int(n.sum())
         first = self.next_seq
-        self.next_seq += len(a)
+        self.next_seq += k
         seq = np.arange(first, self.next_seq, dtype=np.int64)
         # an insertion carries its record's label, a deletion the stored edge's: it is what vanishes
         label = np.where(insert, label, live)
+        sign = np.where(insert, 1, -1).astype(np.int64)
         z = np.zeros(0, np.int64)
-        return UpdateBatch(first, self.next_seq, seq[valid], a[valid], b[valid], label[valid],
-                           np.where(insert, 1, -1)[valid].astype(np.int64), z, z, z, np.zeros(0, np.int32), vx.n,
-                           record_of, arrived, len(a))
+        return UpdateBatch(first, self.next_seq, seq[valid], a[valid], b[valid], label[valid], sign[valid], z, z, z,
+                           np.zeros(0, np.int32), self.vertices.n, record_of, arrived, k)
 
     def _general(self, records: list[Update], arrived: list[float]) -> UpdateBatch:
         """Any batch, one record at a time (vertex records, new vertices, a pair named twice)."""
