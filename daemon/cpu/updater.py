@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from csmd.cpu.arena import find_entry, group_range
+from csmd.cpu.arena import find_entry, group_range, lower_bound
 from csmd.cpu.mvg import INF, MultiVersionGraph
 
 
@@ -59,8 +59,8 @@ def _by_vertex(labels, a, b):
 def _apply(ar, used, seq, a, b, label, sign):
     """Apply a batch of edge ops (in time order, each valid where it stands) to the arena, whose
     first used[0] entries, used[1] groups and used[2] versions are in use (used is advanced).
-    Returns (done, ok, entries, versions, replaced versions, replaced_at): done is False, with
-    nothing changed, when the arrays lack room for that many more entries (and groups) and
+    Returns (done, ok, entries, groups, versions, replaced versions, replaced_at): done is False,
+    with nothing changed, when the arrays lack room for that many more entries, groups and
     versions; ok is False when a deletion finds no live entry."""
     order, own, nbr, key = _by_vertex(ar.labels, a, b)
     m = len(order)
@@ -71,7 +71,7 @@ def _apply(ar, used, seq, a, b, label, sign):
     starts.append(m)
     runs = len(starts) - 1
     first = np.full(runs, INF, np.int64)  # each run's first insertion
-    n_e, n_v = 0, 0
+    n_e, n_g, n_v = 0, 0, 0
     for r in range(runs):
         for x in range(starts[r], starts[r + 1]):
             i = order[x] >> 1
@@ -79,11 +79,15 @@ def _apply(ar, used, seq, a, b, label, sign):
                 first[r] = min(first[r], seq[i])
         if first[r] < INF:
             old = ar.cur[own[order[starts[r]]]]
-            n_e += starts[r + 1] - starts[r] + (ar.v_ee[old] - ar.v_es[old] if old >= 0 else 0)
+            n_e += starts[r + 1] - starts[r]
+            n_g += starts[r + 1] - starts[r]
+            if old >= 0:
+                n_e += ar.v_ee[old] - ar.v_es[old]
+                n_g += lower_bound(ar.g_key, 0, used[1], old + 1 << 31) - lower_bound(ar.g_key, 0, used[1], old << 31)
             n_v += 1
     none = np.zeros(0, np.int64)
-    if used[0] + n_e > len(ar.e_nbr) or used[1] + n_e > len(ar.g_key) or used[2] + n_v > len(ar.v_vertex):
-        return False, True, n_e, n_v, none, none
+    if used[0] + n_e > len(ar.e_nbr) or used[1] + n_g > len(ar.g_key) or used[2] + n_v > len(ar.v_vertex):
+        return False, True, n_e, n_g, n_v, none, none
     for r in range(runs):  # the deletions before the first insertion, in place
         for x in range(starts[r], starts[r + 1]):
             i = order[x] >> 1
@@ -93,7 +97,7 @@ def _apply(ar, used, seq, a, b, label, sign):
                                    ar.labels[w], INF - 1)
                 j = find_entry(ar.e_nbr, ar.e_ct, ar.e_dt, s, e, w, INF - 1)  # the live entry: dt == INF
                 if j < 0:
-                    return True, False, 0, 0, none, none
+                    return True, False, 0, 0, 0, none, none
                 ar.e_dt[j] = seq[i]
     replaced = np.empty(n_v, np.int64)
     replaced_at = np.empty(n_v, np.int64)
@@ -106,7 +110,7 @@ def _apply(ar, used, seq, a, b, label, sign):
         old = ar.cur[u]
         i, ie = (ar.v_es[old], ar.v_ee[old]) if old >= 0 else (0, 0)
         x, xe = starts[r], starts[r + 1]
-        es = e
+        es, glab = e, np.int64(-1)  # the version's first entry, the label of its last group
         while True:
             while i < ie and ar.e_dt[i] != INF:
                 i += 1
@@ -130,12 +134,13 @@ def _apply(ar, used, seq, a, b, label, sign):
                     dt = seq[order[x] >> 1]
                     x += 1
             lab = min(okey, xkey) >> 32
-            if e == es or lab != ar.g_key[g - 1] & ((1 << 31) - 1):
+            if lab != glab:
                 if e > es:
                     ar.g_end[g - 1] = e
                 ar.g_key[g] = (np.int64(v) << 31) | lab
                 ar.g_start[g] = e
                 g += 1
+                glab = lab
             ar.e_nbr[e], ar.e_el[e], ar.e_ct[e], ar.e_dt[e] = w, el, ct, dt
             ar.e_key[e] = (np.int64(g - 1) << 31) | w
             e += 1
@@ -149,7 +154,7 @@ def _apply(ar, used, seq, a, b, label, sign):
             replaced[n_old], replaced_at[n_old] = old, first[r]
             n_old += 1
     used[0], used[1], used[2] = e, g, v
-    return True, True, 0, 0, replaced[:n_old], replaced_at[:n_old]
+    return True, True, 0, 0, 0, replaced[:n_old], replaced_at[:n_old]
 
 
 @njit(cache=True, nogil=True)
@@ -211,11 +216,13 @@ class CompiledGraph(MultiVersionGraph):
         ops = [np.asarray(x, np.int64) for x in (seq, a, b, label, sign)]
         used = self._used()
         while True:
-            done, ok, n_e, n_v, old, at = _apply(self._arena(), used, *ops)
+            done, ok, n_e, n_g, n_v, old, at = _apply(self._arena(), used, *ops)
             if done:
                 break
-            for buf in self._entries:
+            for buf in self._entries[:5]:
                 buf.reserve(n_e)
+            for buf in self._entries[5:]:
+                buf.reserve(n_g)
             for buf in self._versions:
                 buf.reserve(n_v)
         if not ok:  # the sequencer only passes deletions of live edges
