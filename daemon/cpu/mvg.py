@@ -307,12 +307,16 @@ class MultiVersionGraph:
     # ---- garbage collection ------------------------------------------------------------------------
     def free(self, versions) -> None:
         """Release versions no pending read can reach (the GC decided that)."""
+        self.freed_entries += self._free(versions)
+        if self.freed_entries > max(self.e_nbr.n // 2, 1 << 16):
+            self._compact()
+
+    def _free(self, versions) -> int:
+        """Mark the versions freed (each once); returns how many entries they held."""
         vid = np.unique(np.asarray(versions, np.int64))
         vid = vid[self.v_live.a[vid]]
         self.v_live.a[vid] = False
-        self.freed_entries += int((self.v_ee.a[vid] - self.v_es.a[vid]).sum())
-        if self.freed_entries > max(self.e_nbr.n // 2, 1 << 16):
-            self._compact()
+        return int((self.v_ee.a[vid] - self.v_es.a[vid]).sum())
 
     @property
     def live_versions(self) -> int:

@@ -185,6 +185,17 @@ def _compact(ar, used):
     used[0], used[1] = e, g
 
 
+@njit(cache=True, nogil=True)
+def _free(v_live, v_es, v_ee, versions):
+    """Mark the versions freed (each once); returns how many entries they held."""
+    freed = 0
+    for v in versions:
+        if v_live[v]:
+            v_live[v] = False
+            freed += v_ee[v] - v_es[v]
+    return freed
+
+
 class CompiledGraph(MultiVersionGraph):
     """The multi-version graph with its batch apply and its compaction compiled (same results)."""
 
@@ -229,6 +240,9 @@ class CompiledGraph(MultiVersionGraph):
             raise RuntimeError("multi-version graph: deleting an edge that is not live")
         self._set_used(used)
         return list(zip(old.tolist(), at.tolist()))
+
+    def _free(self, versions) -> int:
+        return int(_free(self.v_live.a, self.v_es.a, self.v_ee.a, np.asarray(versions, np.int64)))
 
     def _compact(self) -> None:
         used = self._used()
