@@ -56,6 +56,22 @@ def _by_vertex(labels, a, b):
 
 
 @njit(cache=True, nogil=True)
+def _put(ar, e, g, v, glab, w, el, ct, dt, lab):
+    """Write entry e of version v (neighbour w, whose label is lab), opening group g when the
+    label differs from the open group's (glab; -1: none yet). Returns the groups used and the
+    open group's label."""
+    if lab != glab:
+        if glab >= 0:
+            ar.g_end[g - 1] = e
+        ar.g_key[g] = (np.int64(v) << 31) | lab
+        ar.g_start[g] = e
+        g += 1
+    ar.e_nbr[e], ar.e_el[e], ar.e_ct[e], ar.e_dt[e] = w, el, ct, dt
+    ar.e_key[e] = (np.int64(g - 1) << 31) | w
+    return g, lab
+
+
+@njit(cache=True, nogil=True)
 def _apply(ar, used, seq, a, b, label, sign):
     """Apply a batch of edge ops (in time order, each valid where it stands) to the arena, whose
     first used[0] entries, used[1] groups and used[2] versions are in use (used is advanced).
@@ -110,41 +126,36 @@ def _apply(ar, used, seq, a, b, label, sign):
         old = ar.cur[u]
         i, ie = (ar.v_es[old], ar.v_ee[old]) if old >= 0 else (0, 0)
         x, xe = starts[r], starts[r + 1]
-        es, glab = e, np.int64(-1)  # the version's first entry, the label of its last group
+        es, glab, okey = e, np.int64(-1), INF  # glab: the label of the version's last group
         while True:
-            while i < ie and ar.e_dt[i] != INF:
-                i += 1
-            okey = (np.int64(ar.labels[ar.e_nbr[i]]) << 32) | ar.e_nbr[i] if i < ie else INF
             while x < xe and seq[order[x] >> 1] < first[r]:
                 x += 1  # applied in place
-            if i == ie and x == xe:
-                break
             xkey = key[order[x]] if x < xe else INF
-            if okey <= xkey:  # an entry of the old version: copied, closed by the batch's deletion if any
-                w, el, ct, dt = ar.e_nbr[i], ar.e_el[i], ar.e_ct[i], INF
-                if okey == xkey:
-                    dt = seq[order[x] >> 1]
-                    x += 1
+            while i < ie:  # the old version's live entries before the next op's neighbour: copied
+                if ar.e_dt[i] != INF:
+                    i += 1
+                    continue
+                w = ar.e_nbr[i]
+                okey = (np.int64(ar.labels[w]) << 32) | w
+                if okey >= xkey:
+                    break
+                g, glab = _put(ar, e, g, v, glab, w, ar.e_el[i], ar.e_ct[i], INF, okey >> 32)
+                e += 1
                 i += 1
-            else:  # an insertion, closed by the next op on the same neighbour if that follows
-                op = order[x] >> 1
-                w, el, ct, dt = nbr[order[x]], label[op], seq[op], INF
+            if x == xe:
+                break
+            op = order[x] >> 1
+            if i < ie and okey == xkey:  # that neighbour's old entry, closed by the op
+                g, glab = _put(ar, e, g, v, glab, ar.e_nbr[i], ar.e_el[i], ar.e_ct[i], seq[op], xkey >> 32)
+                i += 1
                 x += 1
-                if x < xe and key[order[x]] == xkey:
-                    dt = seq[order[x] >> 1]
-                    x += 1
-            lab = min(okey, xkey) >> 32
-            if lab != glab:
-                if e > es:
-                    ar.g_end[g - 1] = e
-                ar.g_key[g] = (np.int64(v) << 31) | lab
-                ar.g_start[g] = e
-                g += 1
-                glab = lab
-            ar.e_nbr[e], ar.e_el[e], ar.e_ct[e], ar.e_dt[e] = w, el, ct, dt
-            ar.e_key[e] = (np.int64(g - 1) << 31) | w
+            else:  # an insertion, closed by the next op if that is on the same neighbour
+                closed = x + 1 < xe and key[order[x + 1]] == xkey
+                g, glab = _put(ar, e, g, v, glab, nbr[order[x]], label[op], seq[op],
+                               seq[order[x + 1] >> 1] if closed else INF, xkey >> 32)
+                x += 2 if closed else 1
             e += 1
-        if e > es:
+        if glab >= 0:
             ar.g_end[g - 1] = e
         ar.v_vertex[v], ar.v_ct_min[v], ar.v_prev[v], ar.v_es[v], ar.v_ee[v] = u, first[r], old, es, e
         ar.v_live[v] = True

@@ -115,7 +115,7 @@ class Sequencer:
 
     def _edges_block(self, block: UpdateBlock, arrived: list[float]) -> UpdateBatch | None:
         """_edges_only for a block, without a Python step per update."""
-        if not len(block) or (block.op > OPS.index(DELETE_EDGE)).any():
+        if not len(block) or block.op.max() > OPS.index(DELETE_EDGE):
             return None
         ids = self._internal(np.concatenate([block.u, block.v]).tolist())
         return self._edges(block.op == OPS.index(INSERT_EDGE), ids, block.label, _BlockRecords(block, self.next_seq),
@@ -128,7 +128,7 @@ class Sequencer:
     def _edges(self, insert, ids, label, record_of, arrived) -> UpdateBatch | None:
         """The edge-only batch of k records (insert: per record, else a deletion; ids: the internal
         ids of their u's, then of their v's, -1 unknown), or None where _general must take it."""
-        if (ids < 0).any():
+        if ids.min() < 0:
             return None
         k = len(insert)
         a, b = ids[:k], ids[k:]
@@ -139,7 +139,7 @@ class Sequencer:
             return None
         live = np.full(k, -1, np.int64)
         live[pairs] = self.engine.live_edge_labels(a[pairs], b[pairs])
-        valid = pair & np.where(insert, live < 0, live >= 0)
+        valid = pair & ((live < 0) == insert)  # an insertion of an absent edge, a deletion of a live one
         if valid.all():
             valid = slice(None)
         else:
@@ -152,7 +152,7 @@ class Sequencer:
         seq = np.arange(first, self.next_seq, dtype=np.int64)
         # an insertion carries its record's label, a deletion the stored edge's: it is what vanishes
         label = np.where(insert, label, live)
-        sign = np.where(insert, 1, -1).astype(np.int64)
+        sign = insert * np.int64(2) - 1
         z = np.zeros(0, np.int64)
         return UpdateBatch(first, self.next_seq, seq[valid], a[valid], b[valid], label[valid], sign[valid], z, z, z,
                            np.zeros(0, np.int32), self.vertices.n, record_of, arrived, k)
