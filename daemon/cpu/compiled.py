@@ -185,8 +185,11 @@ class CompiledEngine(CpuEngine):
         finally:
             self._reading.release()
         self._last = time.perf_counter() - t0
-        counts = np.concatenate([p[0] for p in parts], axis=1)
-        rows, row_q, row_op = (np.concatenate([p[i] for p in parts]) for i in (1, 2, 3))
+        if len(parts) == 1:
+            counts, rows, row_q, row_op = parts[0]
+        else:
+            counts = np.concatenate([p[0] for p in parts], axis=1)
+            rows, row_q, row_op = (np.concatenate([p[i] for p in parts]) for i in (1, 2, 3))
         seq = ops[0]
         out = {}
         for i, cq in enumerate(queries):
