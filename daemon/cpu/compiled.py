@@ -14,7 +14,7 @@ import weakref
 import numpy as np
 
 from csmd.cpu.arena import edge_labels, graph_view
-from csmd.cpu.dfs import DONE, LIMIT, match_edges, static_step
+from csmd.cpu.dfs import DONE, LIMIT, match_edges, seeded_ops, static_step
 from csmd.cpu.plans import Memo, new_state, plan_set
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
@@ -148,10 +148,8 @@ class CompiledEngine(CpuEngine):
     def _seeded(self, batch: UpdateBatch, anchors: np.ndarray) -> np.ndarray:
         """The batch's edge ops whose end labels match some anchor edge's: no other op seeds a
         search, so only these go to the kernel (most, in a stream, when few queries are registered)."""
-        labels = self.mvg.labels.a  # the batch's vertices are in: it was applied before
-        key = labels[batch.edge_a].astype(np.int64) << 32 | labels[batch.edge_b]
-        pos = np.minimum(np.searchsorted(anchors, key), len(anchors) - 1)
-        return np.flatnonzero(anchors[pos] == key)
+        # the batch's vertices are in the label table: the batch was applied before
+        return seeded_ops(self.mvg.labels.a, batch.edge_a, batch.edge_b, anchors)
 
     def _match(self, view, ps, depth, ops, lo, hi, materialize, width):
         """match_edges for the ops (seq, a, b, label) lo..hi-1, with this thread's memo; ops numbered from 0."""
