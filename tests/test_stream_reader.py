@@ -72,3 +72,12 @@ def test_reader_leaves_every_odd_line_to_the_line_parser(tmp_path):
     items = list(FileSource(path).read())
     assert not any(isinstance(it, UpdateBlock) for it in items)
     assert outcomes(items) == line_by_line(path)
+
+
+def test_without_numba_every_line_is_a_record(tmp_path, monkeypatch):
+    path = tmp_path / "stream.txt"
+    random_file(path, random.Random(3), 200)
+    monkeypatch.setattr(files, "scan", None)  # what the import leaves where numba cannot be imported
+    items = list(FileSource(path).read())
+    assert not any(isinstance(it, UpdateBlock) for it in items)
+    assert outcomes(items) == line_by_line(path)
