@@ -1,8 +1,8 @@
 """The compiled CPU engine: the numba depth-first search (dfs.py) over the numpy engine's storage.
 
-Storage is the numpy engine's multi-version graph, with its batch apply and its
-compaction compiled (updater.py), as are the latest-state reads. Every registered query
-is searched in one kernel call per batch.
+Storage is the numpy engine's multi-version graph, with its batch apply, its compaction
+(updater.py) and the sequencer's edge look-ups compiled. Every registered query is
+searched in one kernel call per batch.
 """
 
 from __future__ import annotations

@@ -50,9 +50,9 @@ class _Buf:
     def __init__(self, dtype, init=()):
         init = np.asarray(init, dtype=dtype)
         self.n = len(init)
-        self.a = np.zeros(max(16, ROOM * self.n), dtype)
-        self.a[self.n:] = 0  # np.zeros leaves the pages to the first write
+        self.a = np.empty(max(16, ROOM * self.n), dtype)
         self.a[: self.n] = init
+        self.a[self.n:] = 0  # the page faults, now
 
     def extend(self, values) -> int:
         values = np.asarray(values, dtype=self.a.dtype)

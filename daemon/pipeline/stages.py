@@ -87,9 +87,12 @@ class GraphState:
         return Graph.from_edges(self.labels[live], new_id[self.src], new_id[self.dst], self.elabel, ext[live])
 
 
-def _joined(parts: list) -> list[Update] | UpdateBlock:
-    """A batch's Updates and block pieces, in order: one block if there are only blocks."""
-    if all(isinstance(p, UpdateBlock) for p in parts):
+def _joined(parts: list, blocks: int) -> list[Update] | UpdateBlock:
+    """A batch's Updates and block pieces (`blocks` of them), in order: one block if there are
+    only blocks, the list itself if there are none."""
+    if not blocks:
+        return parts
+    if blocks == len(parts):
         return UpdateBlock.concat(parts)
     return [u for p in parts for u in (p.updates() if isinstance(p, UpdateBlock) else (p,))]
 
@@ -169,12 +172,12 @@ class Pipeline:
         which close the batch before them and pass on alone. A batch is a list of Updates,
         or an UpdateBlock when it was cut from blocks alone.
         """
-        parts, count, arrived, opened = [], 0, [], 0.0
+        parts, blocks, count, arrived, opened = [], 0, 0, [], 0.0
         for rec in source:
             if isinstance(rec, Marker):
                 if count:
-                    yield _joined(parts), arrived
-                    parts, count, arrived = [], 0, []
+                    yield _joined(parts, blocks), arrived
+                    parts, blocks, count, arrived = [], 0, 0, []
                 yield rec, None
                 continue
             now = time.monotonic()
@@ -186,10 +189,10 @@ class Pipeline:
                     hi = min(len(rec), lo + self.batch_size - count)
                     parts.append(rec.rows(lo, hi))
                     arrived += [now] * (hi - lo)
-                    count, lo = count + hi - lo, hi
+                    blocks, count, lo = blocks + 1, count + hi - lo, hi
                     if count == self.batch_size:
-                        yield _joined(parts), arrived
-                        parts, count, arrived = [], 0, []
+                        yield _joined(parts, blocks), arrived
+                        parts, blocks, count, arrived = [], 0, 0, []
                 continue
             if rec is not None:
                 if not count:
@@ -198,10 +201,10 @@ class Pipeline:
                 arrived.append(now)
                 count += 1
             if count and (count >= self.batch_size or now - opened >= self.batch_wait and rec is None):
-                yield _joined(parts), arrived
-                parts, count, arrived = [], 0, []
+                yield _joined(parts, blocks), arrived
+                parts, blocks, count, arrived = [], 0, 0, []
         if count:
-            yield _joined(parts), arrived
+            yield _joined(parts, blocks), arrived
 
     def _update(self, records, arrived) -> UpdateBatch | Marker:
         with self._updating:
