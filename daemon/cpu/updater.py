@@ -5,8 +5,8 @@ touched vertex, the deletions before its first insertion of the batch set dt in 
 from that insertion on, the live entries of its newest version and the batch's later ops
 on it are merged, in (neighbour label, neighbour, ct) order, straight into a new version
 at the end of the arena: an insertion adds an entry, a deletion closes the open one. The
-numpy version pays tens of array calls per batch whatever its size, and a per-vertex copy
-and sort did as much again; here a batch is one pass over the touched versions.
+numpy version pays tens of array calls per batch whatever its size; here a batch is one
+kernel pass over the touched versions, with no temporary copy or sort per vertex.
 """
 
 from __future__ import annotations
