@@ -10,6 +10,7 @@ import pytest
 from csmd.cpu.engine import CpuEngine
 from csmd.model.formats import DELETE_EDGE, INSERT_EDGE, OPS, Update, UpdateBlock
 from csmd.model.graph import Graph
+from csmd.pipeline import sequencer
 from csmd.pipeline.sequencer import Sequencer, Vertices
 
 FIELDS = ("first_seq", "end_seq", "edge_seq", "edge_a", "edge_b", "edge_label", "edge_sign", "vertex_seq",
@@ -70,3 +71,36 @@ def test_edge_only_block_batches_are_sequenced_as_their_updates(seed):
         took_block += not isinstance(got.record_of, dict)  # the block's own path, not _general
         assert_same(got, want, fast, slow)
     assert took_block > 10
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batches_cut_from_one_block_are_sequenced_as_their_updates(seed, monkeypatch):
+    """A long block of edge records (some naming a pair again, an unknown vertex, a vertex twice,
+    a deleted or present edge), cut into batches as the pipeline cuts it: the rows checked ahead
+    with one batch serve the next ones, and every batch is what the general path makes of it."""
+    rng = np.random.default_rng(seed)
+    g0, fast, slow = two_sequencers(rng)
+    monkeypatch.setattr(sequencer, "FIRST_WINDOW", int(rng.integers(1, 40)))
+    fast._window = sequencer.FIRST_WINDOW
+    n = 600
+    ext = np.append(g0.ext_ids, 10**6)
+    u, v = (ext[rng.choice(g0.n + 1, n, p=[0.998 / g0.n] * g0.n + [0.002])] for _ in range(2))
+    op = rng.choice([OPS.index(INSERT_EDGE), OPS.index(DELETE_EDGE)], n).astype(np.int8)
+    block = UpdateBlock("s.txt", np.arange(n), op, u, v, rng.integers(0, 2, n))
+    checks, check = [0], fast._check
+
+    def counted(*args):
+        checks[0] += 1
+        return check(*args)
+
+    monkeypatch.setattr(fast, "_check", counted)
+    lo, from_block = 0, 0
+    while lo < n:
+        hi = min(n, lo + int(rng.integers(1, 9)))
+        piece = block.rows(lo, hi)
+        got, want = fast.sequence(piece, [0.0] * (hi - lo)), slow.sequence(piece.updates(), [0.0] * (hi - lo))
+        from_block += not isinstance(got.record_of, dict)  # not the general path
+        assert_same(got, want, fast, slow)
+        lo = hi
+    assert sum(slow.ignored.values()) > 20
+    assert 0 < checks[0] < from_block / 2  # most batches took their ops from rows checked before them

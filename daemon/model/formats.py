@@ -309,6 +309,7 @@ class UpdateBlock:
     u: np.ndarray  # int64 external ids
     v: np.ndarray  # int64; -1 for vertex ops
     label: np.ndarray  # int64
+    cut_from: tuple | None = None  # (block, row): what rows() cut these rows from, and where
 
     def __len__(self) -> int:
         return len(self.lineno)
@@ -322,8 +323,9 @@ class UpdateBlock:
         return [self.update(i) for i in range(len(self))]
 
     def rows(self, lo: int, hi: int) -> "UpdateBlock":
+        root, at = self.cut_from or (self, 0)
         return UpdateBlock(self.path, self.lineno[lo:hi], self.op[lo:hi], self.u[lo:hi], self.v[lo:hi],
-                           self.label[lo:hi])
+                           self.label[lo:hi], (root, at + lo))
 
     @staticmethod
     def concat(blocks: list["UpdateBlock"]) -> "UpdateBlock":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping
+from typing import NamedTuple
 from itertools import repeat
 
 import numpy as np
@@ -23,6 +24,7 @@ from csmd.engine import ContinuousEngine, UpdateBatch
 from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, OPS, Update, UpdateBlock
 from csmd.model.graph import Graph, scalar
 
+FIRST_WINDOW, MAX_WINDOW = 1 << 11, 1 << 16  # block rows checked ahead: at first, at most
 # why an update changed nothing: the keys of Sequencer.ignored (the daemon's metric shows each from the start)
 IGNORED_REASONS = (SELF_LOOP, DUPLICATE_INSERT, MISSING_DELETE, DUPLICATE_VERTEX, MISSING_VERTEX) = (
     "self_loop", "duplicate_insert", "missing_delete", "duplicate_vertex", "missing_vertex")
@@ -86,11 +88,27 @@ class _BlockRecords(Mapping):
         return iter(range(self.first, self.first + len(self.block)))
 
 
+class _Checked(NamedTuple):
+    """Edge records checked together (Sequencer._check): per record its ops's columns, whether
+    it is valid, and why not (an index into IGNORED_REASONS, -1 when valid)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    label: np.ndarray
+    sign: np.ndarray
+    valid: np.ndarray
+    reason: np.ndarray
+
+
 class Sequencer:
     def __init__(self, vertices: Vertices, engine: ContinuousEngine, first_seq: int = 0):
         self.vertices, self.engine = vertices, engine
         self.next_seq = first_seq
         self.ignored: Counter = Counter()
+        # a block's rows checked ahead: (block, first row, _Checked, the row the next batch must start
+        # at to use it), and the window of the next check
+        self._checked: tuple | None = None
+        self._window = FIRST_WINDOW
 
     def sequence(self, records: list[Update] | UpdateBlock, arrived: list[float] | None = None) -> UpdateBatch:
         """Number the records and turn them into valid ops against the latest state."""
@@ -105,56 +123,80 @@ class Sequencer:
         """The common batch, with numpy instead of a Python step per record: edge records between
         existing vertices, each vertex pair at most once. None for any other batch (_general
         takes it, with the same result)."""
-        if not records or any(r.op != INSERT_EDGE and r.op != DELETE_EDGE for r in records):
+        if not records:
             return None
+        op = np.array([OPS.index(r.op) for r in records], np.int8)
         ids = self._internal([r.u for r in records] + [r.v for r in records])
-        insert = np.array([r.op == INSERT_EDGE for r in records])
-        label = np.array([r.label for r in records], np.int64)
-        return self._edges(insert, ids, label, dict(zip(range(self.next_seq, self.next_seq + len(records)), records)),
-                           arrived)
+        checked = self._check(op, ids, np.array([r.label for r in records], np.int64), len(records))
+        if checked is None:
+            return None
+        return self._batch(checked, 0, len(records), dict(zip(range(self.next_seq, self.next_seq + len(records)),
+                                                                records)), arrived)
 
     def _edges_block(self, block: UpdateBlock, arrived: list[float]) -> UpdateBatch | None:
-        """_edges_only for a block, without a Python step per update."""
-        if not len(block) or block.op.max() > OPS.index(DELETE_EDGE):
-            return None
-        ids = self._internal(np.concatenate([block.u, block.v]).tolist())
-        return self._edges(block.op == OPS.index(INSERT_EDGE), ids, block.label, _BlockRecords(block, self.next_seq),
-                           arrived)
+        """_edges_only for a block. The rows after the batch are checked with it, up to a window
+        (ignoring none: a pair named again ends the check there), so the batches cut from the
+        same block next take their ops from that check, without array work of their own."""
+        root, at = block.cut_from or (block, 0)
+        k = len(block)
+        last = self._checked
+        if last is None or last[0] is not root or at != last[3] or at + k > last[1] + len(last[2].valid):
+            hi = min(len(root), at + max(k, self._window))
+            ids = self._internal(np.concatenate([root.u[at:hi], root.v[at:hi]]).tolist())
+            checked = self._check(root.op[at:hi], ids, root.label[at:hi], k)
+            if checked is None:
+                self._checked = None
+                return None
+            # the next window: twice what was free of repeats this time (a long run grows, a short one shrinks)
+            self._window = min(max(2 * len(checked.valid), k), MAX_WINDOW)
+            last = (root, at, checked, at)
+        self._checked = last[:3] + (at + k,)
+        return self._batch(last[2], at - last[1], k, _BlockRecords(block, self.next_seq), arrived)
 
     def _internal(self, ext: list) -> np.ndarray:
         """The internal ids of external ones, -1 where unknown (the dict's look-ups run in C)."""
         return np.fromiter(map(self.vertices.index.get, ext, repeat(-1)), np.int64, len(ext))
 
-    def _edges(self, insert, ids, label, record_of, arrived) -> UpdateBatch | None:
-        """The edge-only batch of k records (insert: per record, else a deletion; ids: the internal
-        ids of their u's, then of their v's, -1 unknown), or None where _general must take it."""
-        if ids.min() < 0:
-            return None
-        k = len(insert)
-        a, b = ids[:k], ids[k:]
+    def _check(self, op, ids, label, need: int) -> _Checked | None:
+        """The longest prefix of these records (op: an index into OPS; ids: the internal ids of
+        their u's, then of their v's, -1 unknown) that are edge records between known vertices
+        and name no vertex pair twice, checked against the latest state (with no pair twice, no
+        record's outcome depends on another's); None if it is shorter than `need`."""
+        m = len(op)
+        a, b = ids[:m], ids[m:]
         pair = a != b
-        pairs = slice(None) if pair.all() else pair  # (a slice takes no copies: no self-loop is the rule)
-        key = np.sort((np.minimum(a, b) * self.vertices.n + np.maximum(a, b))[pairs])
-        if (key[1:] == key[:-1]).any():  # a pair twice: each op depends on the one before
+        key = np.where(pair, np.minimum(a, b) * self.vertices.n + np.maximum(a, b), -1 - np.arange(m))
+        order = np.argsort(key, kind="stable")
+        again = order[1:][key[order[1:]] == key[order[:-1]]]  # records whose pair came before
+        bad = np.flatnonzero((op > OPS.index(DELETE_EDGE)) | (a < 0) | (b < 0))
+        stop = min(m, again.min(initial=m), bad[0] if len(bad) else m)
+        if stop < need:
             return None
-        live = np.full(k, -1, np.int64)
-        live[pairs] = self.engine.live_edge_labels(a[pairs], b[pairs])
+        a, b, pair, insert = a[:stop], b[:stop], pair[:stop], op[:stop] == OPS.index(INSERT_EDGE)
+        live = np.full(stop, -1, np.int64)
+        live[pair] = self.engine.live_edge_labels(a[pair], b[pair])
         valid = pair & ((live < 0) == insert)  # an insertion of an absent edge, a deletion of a live one
+        reason = np.full(stop, -1, np.int8)
+        for r, rows in enumerate((insert & ~pair, insert & pair & ~valid, ~insert & ~valid)):  # IGNORED_REASONS
+            reason[rows] = r
+        # an insertion carries its record's label, a deletion the stored edge's: it is what vanishes
+        return _Checked(a, b, np.where(insert, label[:stop], live), insert * np.int64(2) - 1, valid, reason)
+
+    def _batch(self, checked: _Checked, lo: int, k: int, record_of, arrived) -> UpdateBatch:
+        """The batch of the checked records lo .. lo + k - 1, numbered from next_seq."""
+        rows = slice(lo, lo + k)
+        valid = checked.valid[rows]
         if valid.all():
             valid = slice(None)
         else:
-            for reason, n in ((SELF_LOOP, insert & ~pair), (DUPLICATE_INSERT, insert & pair & ~valid),
-                              (MISSING_DELETE, ~insert & ~valid)):
-                if n.any():
-                    self.ignored[reason] += int(n.sum())
+            for r, n in enumerate(np.bincount(checked.reason[rows][~valid], minlength=3)):
+                if n:
+                    self.ignored[IGNORED_REASONS[r]] += int(n)
         first = self.next_seq
         self.next_seq += k
         seq = np.arange(first, self.next_seq, dtype=np.int64)
-        # an insertion carries its record's label, a deletion the stored edge's: it is what vanishes
-        label = np.where(insert, label, live)
-        sign = insert * np.int64(2) - 1
         z = np.zeros(0, np.int64)
-        return UpdateBatch(first, self.next_seq, seq[valid], a[valid], b[valid], label[valid], sign[valid], z, z, z,
+        return UpdateBatch(first, self.next_seq, seq[valid], *(x[rows][valid] for x in checked[:4]), z, z, z,
                            np.zeros(0, np.int32), self.vertices.n, record_of, arrived, k)
 
     def _general(self, records: list[Update], arrived: list[float]) -> UpdateBatch:
