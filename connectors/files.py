@@ -8,10 +8,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from csmd.model.formats import UpdateBlock
+
 from .records import Record
+
+try:
+    from .textscan import scan
+except ImportError:  # no numba: every line goes through poll's Records
+    scan = None
+
+READ_CHUNK = 1 << 20  # bytes that read() scans at a time
 
 
 class FileSource:
@@ -40,6 +50,35 @@ class FileSource:
             if body and not body.startswith(b"#"):
                 out.append(Record(name, 0, self._lineno, body, source=f"{name}:{self._lineno}"))
         return out
+
+    def read(self):
+        """The rest of the file, for a caller that takes it all at once (csmd replay): runs of
+        plain update lines as UpdateBlocks, read by compiled code (textscan.py), and every other
+        line as the Record that poll makes of it (decode_updates decides it). Without numba,
+        only Records."""
+        if scan is None:
+            while recs := self.poll():
+                yield from recs
+            return
+        name, buf, eof = str(self.path), b"", False
+        while buf or not eof:
+            if not eof:
+                more = self._file.read(READ_CHUNK)
+                eof, buf = not more, buf + more
+            cut = len(buf) if eof else buf.rfind(b"\n") + 1  # whole lines only
+            pos = 0
+            while pos < cut:
+                rows, pos, next_line, *cols = scan(np.frombuffer(buf, np.uint8, cut), pos, self._lineno + 1)
+                self._lineno = next_line - 1
+                if rows:
+                    yield UpdateBlock(name, *cols)
+                if pos < cut:  # a line that is not plain
+                    end = buf.find(b"\n", pos, cut)
+                    end = cut if end < 0 else end
+                    self._lineno += 1
+                    yield Record(name, 0, self._lineno, buf[pos:end].strip(), source=f"{name}:{self._lineno}")
+                    pos = end + 1
+            buf = buf[cut:]
 
     def close(self) -> None:
         self._file.close()

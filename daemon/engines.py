@@ -76,15 +76,17 @@ def static_matcher(backend: str) -> StaticMatcher:
     return CpuMatcher()
 
 
-def continuous_engine(backend: str, g0: Graph, setting: str = "--backend") -> ContinuousEngine:
-    """A continuous engine holding g0, for `backend` (cpu, gpu or auto: the GPU when there is one)."""
+def continuous_engine(backend: str, g0: Graph, setting: str = "--backend", threads: int | None = None
+                      ) -> ContinuousEngine:
+    """A continuous engine holding g0, for `backend` (cpu, gpu or auto: the GPU when there is one);
+    threads: the compiled engine's (None: CSMD_THREADS, else the cores)."""
     if resolve_backend(backend, setting) == "gpu":
         from csmd.gpu.engine import GpuEngine
 
         return GpuEngine(g0)
     compiled = _compiled() if backend != "numpy" else None
     if compiled is not None:
-        return compiled.CompiledEngine(g0)
+        return compiled.CompiledEngine(g0, threads)
     from csmd.cpu.engine import CpuEngine
 
     return CpuEngine(g0)

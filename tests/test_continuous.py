@@ -101,9 +101,9 @@ def random_query(rng: random.Random, model: Model, k: int) -> str:
     return "".join(f"v {i} {lab}\n" for i, lab in enumerate(labels)) + "".join(f"e {a} {b} {l}\n" for (a, b), l in edges.items())
 
 
-def make_case(tmp_path, seed: int, steps: int = 50):
+def make_case(tmp_path, seed: int, steps: int = 50, labels: int | None = None):
     rng = random.Random(seed)
-    model = Model(rng, n=rng.randrange(6, 14), labels=rng.randrange(1, 3), elabels=rng.choice([1, 1, 2]),
+    model = Model(rng, n=rng.randrange(6, 14), labels=labels or rng.randrange(1, 3), elabels=rng.choice([1, 1, 2]),
                   p=rng.uniform(0.2, 0.5))
     (tmp_path / "g0.graph").write_text(model.text())
     qpaths = []
@@ -194,6 +194,48 @@ def test_compiled_deltas_are_byte_identical_to_numpy(tmp_path, seed):
         assert files["cpu"] == files["numpy"], (seed, count_only)
 
 
+@pytest.mark.parametrize("seed", range(400, 406))
+def test_lines_left_to_the_line_parser_give_the_same_deltas(tmp_path, seed):
+    """Some lines spelled with a '+' sign, which the compiled reader leaves to the line parser:
+    batches then mix block rows with Updates, and the delta file is the plain stream's."""
+    qpaths, _ = make_case(tmp_path, seed, steps=80)
+    plain, _, _ = run_replay(tmp_path, qpaths, batch_size=7, name="plain.arrow")
+    rng = random.Random(seed)
+    stream = tmp_path / "stream.txt"
+    lines = [line.replace(" ", " +", 1) if rng.random() < 0.3 else line for line in stream.read_text().splitlines()]
+    stream.write_text("\n".join(lines) + "\n")
+    signed, _, _ = run_replay(tmp_path, qpaths, batch_size=7, name="signed.arrow")
+    assert signed.equals(plain) and signed.num_rows
+
+
+def test_ops_no_anchor_edge_can_take_skip_the_search_and_no_delta_is_lost(tmp_path, monkeypatch):
+    """With 5 vertex labels most edge ops match the end labels of no anchor edge of either query:
+    the compiled engine hands only the others to its kernel, and every delta still equals brute force."""
+    from csmd.cpu import compiled
+
+    submitted, handed = [0], [0]
+    submit, match_edges = compiled.CompiledEngine.submit, compiled.match_edges
+
+    def count_submitted(self, batch, queries):
+        submitted[0] += len(batch.edge_seq)
+        return submit(self, batch, queries)
+
+    def count_handed(view, ps, seq, *rest):
+        handed[0] += len(seq)
+        return match_edges(view, ps, seq, *rest)
+
+    monkeypatch.setattr(compiled.CompiledEngine, "submit", count_submitted)
+    monkeypatch.setattr(compiled, "match_edges", count_handed)
+    deltas = 0
+    for seed in range(500, 510):
+        qpaths, truth = make_case(tmp_path, seed, steps=80, labels=5)
+        table, results, _ = run_replay(tmp_path, qpaths, batch_size=random.Random(seed).choice([1, 3, 64]),
+                                       name=f"{seed}.arrow")
+        assert_brute_force(table, results, truth, seed)
+        deltas += table.num_rows
+    assert deltas and 0 < handed[0] < submitted[0] / 2
+
+
 def delta_file(tmp_path, g0, queries, batch_size, count_only, backend, name=""):
     """The bytes of replay's delta file for the case in tmp_path, and the pipeline."""
     out = tmp_path / f"{backend}{count_only}{name}.arrow"
@@ -206,7 +248,8 @@ def test_count_only_equals_materialized(tmp_path):
     qpaths, truth = make_case(tmp_path, 7, steps=80)
     g0 = read_graph(tmp_path / "g0.graph")
     queries = [(p.stem, read_query(p)) for p in qpaths]
-    counted, _ = replay(g0, tmp_path / "stream.txt", queries, batch_size=5, count_only=True, show_progress=False)
+    counted, pipe = replay(g0, tmp_path / "stream.txt", queries, batch_size=5, count_only=True, show_progress=False)
+    assert not pipe.threaded  # the CPU engine's choice (staged_threads) when replay is not told
     for res in counted:
         assert res["positive"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s > 0)
         assert res["negative"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s < 0)

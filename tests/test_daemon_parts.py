@@ -43,6 +43,7 @@ def test_config_layers_defaults_file_and_environment(tmp_path):
     ('[kafak]\n', {}, "unknown section [kafak] (did you mean 'kafka'?)"),
     ('[pipeline]\nbatch_size = "64"\n', {}, "[pipeline] batch_size must be an integer"),
     ('[pipeline]\nbatch_size = 0\n', {}, "[pipeline] batch_size must be > 0"),
+    ('[pipeline]\nthreads = -1\n', {}, "[pipeline] threads must be >= 0"),
     ('[input]\nformat = "xml"\n', {}, "[input] format must be one of auto, arrow, json, text"),
     ('[kafka\n', {}, "not valid TOML"),
     ('', {"CSMD_PIPELINE__BATCH_SIZE": "many"}, "CSMD_PIPELINE__BATCH_SIZE: expected an integer"),

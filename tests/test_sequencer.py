@@ -8,21 +8,36 @@ import numpy as np
 import pytest
 
 from csmd.cpu.engine import CpuEngine
-from csmd.model.formats import DELETE_EDGE, INSERT_EDGE, Update
+from csmd.model.formats import DELETE_EDGE, INSERT_EDGE, OPS, Update, UpdateBlock
 from csmd.model.graph import Graph
+from csmd.pipeline import sequencer
 from csmd.pipeline.sequencer import Sequencer, Vertices
 
 FIELDS = ("first_seq", "end_seq", "edge_seq", "edge_a", "edge_b", "edge_label", "edge_sign", "vertex_seq",
-          "new_labels", "first_vertex", "records")
+          "vertex_id", "new_labels", "first_vertex", "records")
+
+
+def two_sequencers(rng, n: int = 30):
+    """A random graph of n vertices (external ids 7i - 50) and two sequencers over it, each with its engine."""
+    src, dst = rng.integers(0, n, (2, 60))
+    g0 = Graph.from_edges(rng.integers(0, 3, n), src, dst, rng.integers(0, 2, 60), ext_ids=np.arange(n) * 7 - 50)
+    return g0, Sequencer(Vertices(g0), CpuEngine(g0)), Sequencer(Vertices(g0), CpuEngine(g0))
+
+
+def assert_same(got, want, fast, slow):
+    for f in FIELDS:
+        assert np.array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(want, f))), f
+    assert got.record_of == want.record_of
+    assert fast.ignored == slow.ignored and fast.next_seq == slow.next_seq
+    fast.engine.apply(got)
+    slow.engine.apply(want)
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_edge_only_batches_take_the_numpy_path_with_the_general_paths_result(seed):
     rng = np.random.default_rng(seed)
-    n = 30
-    src, dst = rng.integers(0, n, (2, 60))
-    g0 = Graph.from_edges(rng.integers(0, 3, n), src, dst, rng.integers(0, 2, 60), ext_ids=np.arange(n) * 7 - 50)
-    fast, slow = (Sequencer(Vertices(g0), CpuEngine(g0)) for _ in range(2))
+    g0, fast, slow = two_sequencers(rng)
+    n = g0.n
     took_fast = 0
     for _ in range(40):
         k = int(rng.integers(1, 12))
@@ -35,10 +50,57 @@ def test_edge_only_batches_take_the_numpy_path_with_the_general_paths_result(see
             got = fast._general(recs, [0.0] * k)
         else:
             took_fast += 1
-        for f in FIELDS:
-            assert np.array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(want, f))), f
-        assert got.record_of == want.record_of
-        assert fast.ignored == slow.ignored and fast.next_seq == slow.next_seq
-        fast.engine.apply(got)
-        slow.engine.apply(want)
+        assert_same(got, want, fast, slow)
     assert took_fast > 10 and sum(slow.ignored.values()) > 10
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_edge_only_block_batches_are_sequenced_as_their_updates(seed):
+    """A batch cut from an UpdateBlock (the compiled stream reader's) is sequenced as its Updates
+    are; some name an unknown vertex, which the general path takes."""
+    rng = np.random.default_rng(seed)
+    g0, fast, slow = two_sequencers(rng)
+    ext = np.append(g0.ext_ids, 10**6)
+    took_block = 0
+    for i in range(40):
+        k = int(rng.integers(1, 12))
+        u, v = (ext[rng.integers(0, g0.n + (i % 5 == 0), k)] for _ in range(2))
+        op = rng.choice([OPS.index(INSERT_EDGE), OPS.index(DELETE_EDGE)], k).astype(np.int8)
+        block = UpdateBlock("s.txt", np.arange(k) + 10 * i, op, u, v, rng.integers(0, 2, k))
+        got, want = fast.sequence(block, [0.0] * k), slow.sequence(block.updates(), [0.0] * k)
+        took_block += not isinstance(got.record_of, dict)  # the block's own path, not _general
+        assert_same(got, want, fast, slow)
+    assert took_block > 10
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batches_cut_from_one_block_are_sequenced_as_their_updates(seed, monkeypatch):
+    """A long block of edge records (some naming a pair again, an unknown vertex, a vertex twice,
+    a deleted or present edge), cut into batches as the pipeline cuts it: the rows checked ahead
+    with one batch serve the next ones, and every batch is what the general path makes of it."""
+    rng = np.random.default_rng(seed)
+    g0, fast, slow = two_sequencers(rng)
+    monkeypatch.setattr(sequencer, "FIRST_WINDOW", int(rng.integers(1, 40)))
+    fast._window = sequencer.FIRST_WINDOW
+    n = 600
+    ext = np.append(g0.ext_ids, 10**6)
+    u, v = (ext[rng.choice(g0.n + 1, n, p=[0.998 / g0.n] * g0.n + [0.002])] for _ in range(2))
+    op = rng.choice([OPS.index(INSERT_EDGE), OPS.index(DELETE_EDGE)], n).astype(np.int8)
+    block = UpdateBlock("s.txt", np.arange(n), op, u, v, rng.integers(0, 2, n))
+    checks, check = [0], fast._check
+
+    def counted(*args):
+        checks[0] += 1
+        return check(*args)
+
+    monkeypatch.setattr(fast, "_check", counted)
+    lo, from_block = 0, 0
+    while lo < n:
+        hi = min(n, lo + int(rng.integers(1, 9)))
+        piece = block.rows(lo, hi)
+        got, want = fast.sequence(piece, [0.0] * (hi - lo)), slow.sequence(piece.updates(), [0.0] * (hi - lo))
+        from_block += not isinstance(got.record_of, dict)  # not the general path
+        assert_same(got, want, fast, slow)
+        lo = hi
+    assert sum(slow.ignored.values()) > 20
+    assert 0 < checks[0] < from_block / 2  # most batches took their ops from rows checked before them

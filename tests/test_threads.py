@@ -1,5 +1,6 @@
 """The compiled engine gives the same results on 1 thread and on several: delta files byte for
-byte (and the numpy engine's), static counts (and the brute-force truth)."""
+byte (and the numpy engine's), static counts (and the brute-force truth); the settings that
+choose the count."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import pytest
 
 from csmd.cpu import compiled
 from csmd.cpu.workers import chunks, thread_count
+from csmd.engines import continuous_engine
 from csmd.errors import CsmdError
 from csmd.model.formats import read_graph, read_query
 from csmd.model.plan import plan_query
+from csmd.service.config import load_config
 from test_continuous import delta_file, make_case
 from test_random_static import make_case as static_case
 from test_random_static import to_graph
@@ -32,6 +35,18 @@ def test_delta_files_do_not_depend_on_the_thread_count(tmp_path, seed, monkeypat
                                                        str(threads))
             assert getattr(pipe.engine, "threads", 1) == threads
         assert files["cpu", 1] == files["cpu", 3] == files["numpy", 1], (seed, count_only)
+
+
+def test_pipeline_threads_setting_sets_the_daemons_engine_threads(tmp_path, monkeypatch):
+    """[pipeline] threads (file or CSMD_PIPELINE__THREADS) reaches the compiled engine the daemon
+    builds; 0 leaves the count to CSMD_THREADS."""
+    g0 = to_graph([0, 1], [(0, 1, 0)])
+    monkeypatch.setenv("CSMD_THREADS", "5")
+    conf = tmp_path / "c.toml"
+    conf.write_text("[pipeline]\nthreads = 3\n")
+    for env, want in (({}, 3), ({"CSMD_PIPELINE__THREADS": "2"}, 2), ({"CSMD_PIPELINE__THREADS": "0"}, 5)):
+        threads = load_config(conf, env=env)["pipeline"]["threads"]
+        assert continuous_engine("cpu", g0, threads=threads or None).threads == want
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -9,27 +9,33 @@ from csmd.connectors.records import BadRecord, decode_updates
 from csmd.cli.progress import Progress
 from csmd.engines import continuous_engine
 from csmd.errors import InputError
+from csmd.model.formats import UpdateBlock
 from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.stages import Pipeline
 
 
 def file_updates(source: FileSource):
-    """The updates of a stream file in order; a bad line stops the replay with file:line: reason."""
-    while recs := source.poll():
-        for rec in recs:
-            try:
-                yield from decode_updates(rec, "text")
-            except BadRecord as exc:
-                raise InputError(rec.input, rec.offset, str(exc)) from None
+    """The updates of a stream file in order, runs of plain lines as UpdateBlocks; a bad line
+    stops the replay with file:line: reason."""
+    for item in source.read():
+        if isinstance(item, UpdateBlock):
+            yield item
+            continue
+        try:
+            yield from decode_updates(item, "text")
+        except BadRecord as exc:
+            raise InputError(item.input, item.offset, str(exc)) from None
 
 
 def replay(g0: Graph, stream_path, queries: list[tuple[str, Graph]], *, batch_size: int, count_only: bool,
-           output=None, threaded: bool = True, show_progress: bool | None = None, backend: str = "cpu",
+           output=None, threaded: bool | None = None, show_progress: bool | None = None, backend: str = "cpu",
            executor_lag: int = 0) -> tuple[list[dict], "Pipeline"]:
-    """Run the stream through the pipeline on `backend`; returns one result dict per query and the pipeline."""
-    pipe = Pipeline(g0, engine=continuous_engine(backend, g0), batch_size=batch_size, threaded=threaded,
-                    executor_lag=executor_lag)
+    """Run the stream through the pipeline on `backend`; returns one result dict per query and the pipeline.
+    threaded: the pipeline's stages in threads (None: as the engine prefers, staged_threads)."""
+    engine = continuous_engine(backend, g0)
+    pipe = Pipeline(g0, engine=engine, batch_size=batch_size,
+                    threaded=engine.staged_threads if threaded is None else threaded, executor_lag=executor_lag)
     for name, q in queries:
         pipe.add_query(name, q, count_only)
     totals = {name: [0, 0] for name, _ in queries}

@@ -38,7 +38,7 @@ class GraphView(NamedTuple):
 def graph_view(mvg, cur: np.ndarray | None = None) -> GraphView:
     """The arrays of `mvg` now. Appends never change what a read at an earlier timestamp sees,
     but `cur` is updated in place: a search that may overlap the updater passes a copy."""
-    return GraphView(mvg.labels.a, mvg.cur.a if cur is None else cur, mvg.v_ct_min.a, mvg.v_prev.a,
+    return GraphView(mvg.labels.view(), mvg.cur.a if cur is None else cur, mvg.v_ct_min.a, mvg.v_prev.a,
                      mvg.g_key.view(), mvg.g_start.a, mvg.g_end.a, mvg.e_nbr.a, mvg.e_el.a, mvg.e_ct.a, mvg.e_dt.a,
                      mvg.v_es.a, mvg.v_ee.a)
 

@@ -1,8 +1,8 @@
 """The compiled CPU engine: the numba depth-first search (dfs.py) over the numpy engine's storage.
 
-Storage (the multi-version graph, apply, release, the latest-state reads) is the numpy
-engine's; only matching differs. Every registered query is searched in one kernel
-call per batch.
+Storage is the numpy engine's multi-version graph, with its batch apply, its compaction
+(updater.py) and the sequencer's edge look-ups compiled. Every registered query is
+searched in one kernel call per batch.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import weakref
 import numpy as np
 
 from csmd.cpu.arena import edge_labels, graph_view
-from csmd.cpu.dfs import DONE, LIMIT, match_edges, static_step
+from csmd.cpu.dfs import DONE, LIMIT, match_edges, seeded_ops, static_step
 from csmd.cpu.plans import Memo, new_state, plan_set
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import INF, MultiVersionGraph
-from csmd.cpu.updater import apply_edges
+from csmd.cpu.updater import CompiledGraph
 from csmd.cpu.workers import chunks, run_chunks, thread_count
 from csmd.engine import ContinuousQuery, Done, Matches, SearchResult, StaticMatcher, UpdateBatch
 from csmd.model.plan import Plan, make_plan, plan_query
@@ -115,6 +115,7 @@ class CompiledEngine(CpuEngine):
     """
 
     name = "cpu"
+    graph_type = CompiledGraph
 
     def __init__(self, g0, threads: int | None = None):
         super().__init__(g0)
@@ -122,9 +123,6 @@ class CompiledEngine(CpuEngine):
         self._registered = None  # the last query list submitted and its flattened plans
         self._memos = threading.local()  # per thread: its Memo and the memo's last search id
         self._last = 0.0  # seconds the last batch's search took
-
-    def _apply_edges(self, *ops):
-        return apply_edges(self.mvg, *ops)
 
     def live_edge_labels(self, a, b):
         with self._writing:
@@ -134,57 +132,71 @@ class CompiledEngine(CpuEngine):
         return CompiledQuery(query)
 
     def _plans(self, queries: list[CompiledQuery]):
+        """(plan set, materialize, width, anchors): anchors are the sorted end-label pairs
+        (label << 32 | label) of every plan's anchor edge, in both orientations."""
         last = self._registered
         if last is None or len(last[0]) != len(queries) or any(a is not b for a, b in zip(last[0], queries)):
             plans = [(i, p) for i, cq in enumerate(queries) for p in cq.plans]
             ps = plan_set([p for _, p in plans], [i for i, _ in plans])
             materialize = np.array([not cq.count_only for cq in queries], np.bool_)
             width = max(cq.q.n for cq in queries)
-            self._registered = last = (list(queries), ps, materialize, width)
+            lx, ly = ps.qlab[ps.off].astype(np.int64), ps.qlab[ps.off + 1].astype(np.int64)
+            anchors = np.unique(np.concatenate([lx << 32 | ly, ly << 32 | lx]))
+            self._registered = last = (list(queries), ps, materialize, width, anchors)
         return last[1:]
 
-    def _match(self, view, ps, depth, batch, lo, hi, materialize, width):
-        """match_edges for the batch's ops lo..hi-1, with this thread's memo; ops numbered in the batch."""
+    def _seeded(self, batch: UpdateBatch, anchors: np.ndarray) -> np.ndarray:
+        """The batch's edge ops whose end labels match some anchor edge's: no other op seeds a
+        search, so only these go to the kernel (most, in a stream, when few queries are registered)."""
+        # the batch's vertices are in the label table: the batch was applied before
+        return seeded_ops(self.mvg.labels.a, batch.edge_a, batch.edge_b, anchors)
+
+    def _match(self, view, ps, depth, ops, lo, hi, materialize, width):
+        """match_edges for the ops (seq, a, b, label) lo..hi-1, with this thread's memo; ops numbered from 0."""
         mine = self._memos
         memo = getattr(mine, "memo", None)
         if memo is None or memo.stamp.shape[0] < depth or memo.stamp.shape[1] < len(view.labels):
             shape = (max(depth, 0 if memo is None else memo.stamp.shape[0]), len(view.labels))
             mine.memo, mine.sid = Memo(np.zeros(shape, np.int64), np.zeros(shape, np.int64)), 0
-        counts, rows, row_q, row_op, mine.sid = match_edges(
-            view, ps, batch.edge_seq[lo:hi], batch.edge_a[lo:hi], batch.edge_b[lo:hi], batch.edge_label[lo:hi],
-            materialize, width, mine.memo, mine.sid)
+        counts, rows, row_q, row_op, mine.sid = match_edges(view, ps, *(x[lo:hi] for x in ops), materialize, width,
+                                                            mine.memo, mine.sid)
         return counts, rows, row_q, row_op + lo
 
     def submit(self, batch: UpdateBatch, queries: list[CompiledQuery]) -> Done:
-        if not len(batch.edge_seq):
+        ps, materialize, width, anchors = self._plans(queries)
+        seeded = self._seeded(batch, anchors)
+        if not len(seeded):
             return Done({})
-        ps, materialize, width = self._plans(queries)
+        ops = tuple(x[seeded] for x in (batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label))
         with self._writing:
             self._reading.acquire()
             view = graph_view(self.mvg, self.mvg.cur.view().copy())
         depth = int(ps.depth.max())
 
         def part(lo, hi):
-            return self._match(view, ps, depth, batch, lo, hi, materialize, width)
+            return self._match(view, ps, depth, ops, lo, hi, materialize, width)
 
         t0 = time.perf_counter()
         threads = self.threads if self._last > SPLIT_SECONDS else 1
         try:
-            parts = run_chunks(part, chunks(len(batch.edge_seq), threads), threads)
+            parts = run_chunks(part, chunks(len(seeded), threads), threads)
         finally:
             self._reading.release()
         self._last = time.perf_counter() - t0
-        counts = np.concatenate([p[0] for p in parts], axis=1)
-        rows, row_q, row_op = (np.concatenate([p[i] for p in parts]) for i in (1, 2, 3))
+        if len(parts) == 1:
+            counts, rows, row_q, row_op = parts[0]
+        else:
+            counts = np.concatenate([p[0] for p in parts], axis=1)
+            rows, row_q, row_op = (np.concatenate([p[i] for p in parts]) for i in (1, 2, 3))
+        seq = ops[0]
         out = {}
         for i, cq in enumerate(queries):
             if cq.count_only:
                 hit = np.flatnonzero(counts[i])
                 if len(hit):
-                    out[cq.name] = Matches(batch.edge_seq[hit], counts=counts[i, hit])
+                    out[cq.name] = Matches(seq[hit], counts=counts[i, hit])
             else:
                 mine = np.flatnonzero(row_q == i)
                 if len(mine):
-                    out[cq.name] = Matches(batch.edge_seq[row_op[mine]],
-                                           rows=np.ascontiguousarray(rows[mine, : cq.q.n]))
+                    out[cq.name] = Matches(seq[row_op[mine]], rows=np.ascontiguousarray(rows[mine, : cq.q.n]))
         return Done(out)

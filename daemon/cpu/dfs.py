@@ -265,6 +265,21 @@ def static_step(gv, ps, cand, memo, roots, st, out, materialize, budget, limit):
 
 
 @njit(cache=True, nogil=True)
+def seeded_ops(labels, a, b, anchors):
+    """The positions of the ops {a[i], b[i]} whose end labels (label << 32 | label, in either
+    orientation) are among the sorted anchors: no other op seeds a search."""
+    out = np.empty(len(a), np.int64)
+    n = 0
+    for i in range(len(a)):
+        key = (np.int64(labels[a[i]]) << 32) | labels[b[i]]
+        j = np.searchsorted(anchors, key)
+        if j < len(anchors) and anchors[j] == key:
+            out[n] = i
+            n += 1
+    return out[:n]
+
+
+@njit(cache=True, nogil=True)
 def match_edges(gv, ps, e_seq, e_a, e_b, e_el, materialize, width, memo, sid):
     """Incremental matching of a batch's edge ops for every plan (one per query and anchor edge).
 

@@ -35,9 +35,11 @@ class CpuEngine(ContinuousEngine):
     (apply and the latest-state reads), `_reading` the executor's searches."""
 
     name = "numpy"
+    staged_threads = False
+    graph_type = MultiVersionGraph  # the storage: the compiled engine's compiles apply and compaction
 
     def __init__(self, g0: Graph):
-        self.mvg = MultiVersionGraph(g0)
+        self.mvg = self.graph_type(g0)
         self._writing = threading.Lock()
         self._reading = threading.Lock()
         self.released = 0
@@ -46,10 +48,7 @@ class CpuEngine(ContinuousEngine):
         with self._writing:
             if len(batch.new_labels):
                 self.mvg.add_vertices(batch.new_labels)
-            return self._apply_edges(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
-
-    def _apply_edges(self, *ops):
-        return self.mvg.apply(*ops)
+            return self.mvg.apply(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
 
     def release(self, tokens) -> None:
         with self._writing, self._reading:

@@ -29,6 +29,7 @@ from csmd.model.graph import Graph, gather_ranges
 
 INF = np.iinfo(np.int64).max
 SHIFT = np.int64(31)
+ROOM = 3
 
 
 def _runs(keys: np.ndarray):
@@ -40,11 +41,18 @@ def _runs(keys: np.ndarray):
 
 
 class _Buf:
-    """A growable array: `a[:n]` is the content; growth doubles and copies."""
+    """A growable array: `a[:n]` is the content; growth doubles and copies. It starts with
+    ROOM times its content's room, so the versions of the first batches, and the garbage
+    that a compaction waits for (as much as the live entries), fit without a copy; the room
+    is written once here, so that the updater does not pay the page faults of fresh memory
+    (a few microseconds a page) batch by batch."""
 
     def __init__(self, dtype, init=()):
-        self.a = np.array(init, dtype=dtype)
-        self.n = len(self.a)
+        init = np.asarray(init, dtype=dtype)
+        self.n = len(init)
+        self.a = np.empty(max(16, ROOM * self.n), dtype)
+        self.a[: self.n] = init
+        self.a[self.n:] = 0  # the page faults, now
 
     def extend(self, values) -> int:
         values = np.asarray(values, dtype=self.a.dtype)
@@ -299,12 +307,16 @@ class MultiVersionGraph:
     # ---- garbage collection ------------------------------------------------------------------------
     def free(self, versions) -> None:
         """Release versions no pending read can reach (the GC decided that)."""
+        self.freed_entries += self._free(versions)
+        if self.freed_entries > max(self.e_nbr.n // 2, 1 << 16):
+            self._compact()
+
+    def _free(self, versions) -> int:
+        """Mark the versions freed (each once); returns how many entries they held."""
         vid = np.unique(np.asarray(versions, np.int64))
         vid = vid[self.v_live.a[vid]]
         self.v_live.a[vid] = False
-        self.freed_entries += int((self.v_ee.a[vid] - self.v_es.a[vid]).sum())
-        if self.freed_entries > max(self.e_nbr.n // 2, 1 << 16):
-            self._compact()
+        return int((self.v_ee.a[vid] - self.v_es.a[vid]).sum())
 
     @property
     def live_versions(self) -> int:

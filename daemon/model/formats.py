@@ -293,6 +293,49 @@ class Update:
     origin: tuple = ("", 0, 0)
 
 
+OPS = (INSERT_EDGE, DELETE_EDGE, INSERT_VERTEX, DELETE_VERTEX)  # an UpdateBlock's op codes index this
+
+
+@dataclass(frozen=True)
+class UpdateBlock:
+    """Consecutive one-update lines of a stream file, in columns: row i is the Update that
+    parse_update makes of line lineno[i] (op: an index into OPS). A reader fills it without a
+    Python step per line; the pipeline cuts it into batches and sequences edge-only batches
+    of it with numpy, making Update objects only where a delta needs its record."""
+
+    path: str
+    lineno: np.ndarray  # int64
+    op: np.ndarray  # int8
+    u: np.ndarray  # int64 external ids
+    v: np.ndarray  # int64; -1 for vertex ops
+    label: np.ndarray  # int64
+    cut_from: tuple | None = None  # (block, row): what rows() cut these rows from, and where
+
+    def __len__(self) -> int:
+        return len(self.lineno)
+
+    def update(self, i: int) -> Update:
+        line = int(self.lineno[i])
+        return Update(OPS[self.op[i]], int(self.u[i]), int(self.v[i]), int(self.label[i]), f"{self.path}:{line}",
+                      (self.path, 0, line))
+
+    def updates(self) -> list[Update]:
+        return [self.update(i) for i in range(len(self))]
+
+    def rows(self, lo: int, hi: int) -> "UpdateBlock":
+        root, at = self.cut_from or (self, 0)
+        return UpdateBlock(self.path, self.lineno[lo:hi], self.op[lo:hi], self.u[lo:hi], self.v[lo:hi],
+                           self.label[lo:hi], (root, at + lo))
+
+    @staticmethod
+    def concat(blocks: list["UpdateBlock"]) -> "UpdateBlock":
+        """Blocks of one file, in order."""
+        if len(blocks) == 1:
+            return blocks[0]
+        return UpdateBlock(blocks[0].path, *(np.concatenate([getattr(b, f) for b in blocks])
+                                             for f in ("lineno", "op", "u", "v", "label")))
+
+
 def parse_update(line: str, path, lineno, source: str | None = None, origin: tuple | None = None) -> Update | None:
     """Parse one stream line; None for blanks and comments. source / origin replace the
     defaults (path:lineno, (path, 0, lineno)) where the line is part of a larger record."""

@@ -58,10 +58,13 @@ def canonical(cq: ContinuousQuery, m: Matches | None, batch: UpdateBatch) -> Que
 
 def _signs(batch: UpdateBatch, seq: np.ndarray) -> np.ndarray:
     """The sign of each delta's update (edge and vertex ops of the batch)."""
-    op_seq = np.concatenate([batch.edge_seq, batch.vertex_seq])
-    op_sign = np.concatenate([batch.edge_sign, batch.vertex_sign]).astype(np.int8)
-    order = np.argsort(op_seq, kind="stable")
-    op_seq, op_sign = op_seq[order], op_sign[order]
+    if len(batch.vertex_seq):
+        op_seq = np.concatenate([batch.edge_seq, batch.vertex_seq])
+        op_sign = np.concatenate([batch.edge_sign, batch.vertex_sign]).astype(np.int8)
+        order = np.argsort(op_seq, kind="stable")
+        op_seq, op_sign = op_seq[order], op_sign[order]
+    else:  # the edge ops alone are in update order already
+        op_seq, op_sign = batch.edge_seq, batch.edge_sign.astype(np.int8)
     pos = np.searchsorted(op_seq, seq)
     # a vertex removal shares no number with its edge deletions; a creation may share its
     # number with the edge insertion that created it, with the same sign

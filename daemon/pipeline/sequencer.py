@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Mapping
+from typing import NamedTuple
+from itertools import repeat
 
 import numpy as np
 
 from csmd.engine import ContinuousEngine, UpdateBatch
-from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update
+from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, OPS, Update, UpdateBlock
 from csmd.model.graph import Graph, scalar
 
+FIRST_WINDOW, MAX_WINDOW = 1 << 11, 1 << 16  # block rows checked ahead: at first, at most
 # why an update changed nothing: the keys of Sequencer.ignored (the daemon's metric shows each from the start)
 IGNORED_REASONS = (SELF_LOOP, DUPLICATE_INSERT, MISSING_DELETE, DUPLICATE_VERTEX, MISSING_VERTEX) = (
     "self_loop", "duplicate_insert", "missing_delete", "duplicate_vertex", "missing_vertex")
@@ -66,15 +70,52 @@ class Vertices:
         return mask
 
 
+class _BlockRecords(Mapping):
+    """record_of of a batch cut from an UpdateBlock: seq -> its Update, made when asked for."""
+
+    def __init__(self, block: UpdateBlock, first: int):
+        self.block, self.first = block, first
+
+    def __getitem__(self, seq: int) -> Update:
+        if not 0 <= seq - self.first < len(self.block):
+            raise KeyError(seq)
+        return self.block.update(seq - self.first)
+
+    def __len__(self) -> int:
+        return len(self.block)
+
+    def __iter__(self):
+        return iter(range(self.first, self.first + len(self.block)))
+
+
+class _Checked(NamedTuple):
+    """Edge records checked together (Sequencer._check): per record its ops's columns, whether
+    it is valid, and why not (an index into IGNORED_REASONS, -1 when valid)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    label: np.ndarray
+    sign: np.ndarray
+    valid: np.ndarray
+    reason: np.ndarray
+
+
 class Sequencer:
     def __init__(self, vertices: Vertices, engine: ContinuousEngine, first_seq: int = 0):
         self.vertices, self.engine = vertices, engine
         self.next_seq = first_seq
         self.ignored: Counter = Counter()
+        # a block's rows checked ahead: (block, first row, _Checked, the row the next batch must start
+        # at to use it), and the window of the next check
+        self._checked: tuple | None = None
+        self._window = FIRST_WINDOW
 
-    def sequence(self, records: list[Update], arrived: list[float] | None = None) -> UpdateBatch:
+    def sequence(self, records: list[Update] | UpdateBlock, arrived: list[float] | None = None) -> UpdateBatch:
         """Number the records and turn them into valid ops against the latest state."""
         arrived = arrived if arrived is not None else [time.monotonic()] * len(records)
+        if isinstance(records, UpdateBlock):
+            batch = self._edges_block(records, arrived)
+            return batch if batch is not None else self._general(records.updates(), arrived)
         batch = self._edges_only(records, arrived)
         return batch if batch is not None else self._general(records, arrived)
 
@@ -82,35 +123,81 @@ class Sequencer:
         """The common batch, with numpy instead of a Python step per record: edge records between
         existing vertices, each vertex pair at most once. None for any other batch (_general
         takes it, with the same result)."""
-        vx = self.vertices
-        if any(r.op != INSERT_EDGE and r.op != DELETE_EDGE for r in records):
+        if not records:
             return None
-        index = vx.index
-        a = np.array([index.get(r.u, -1) for r in records], np.int64)  # internal ids are >= 0
-        b = np.array([index.get(r.v, -1) for r in records], np.int64)
-        if len(records) == 0 or (a < 0).any() or (b < 0).any():
+        op = np.array([OPS.index(r.op) for r in records], np.int8)
+        ids = self._internal([r.u for r in records] + [r.v for r in records])
+        checked = self._check(op, ids, np.array([r.label for r in records], np.int64), len(records))
+        if checked is None:
             return None
-        pair = ~(a == b)
-        key = np.minimum(a, b)[pair] * vx.n + np.maximum(a, b)[pair]
-        if len(np.unique(key)) != len(key):  # a pair twice: each op depends on the one before
+        return self._batch(checked, 0, len(records), dict(zip(range(self.next_seq, self.next_seq + len(records)),
+                                                                records)), arrived)
+
+    def _edges_block(self, block: UpdateBlock, arrived: list[float]) -> UpdateBatch | None:
+        """_edges_only for a block. The rows after the batch are checked with it, up to a window
+        (ignoring none: a pair named again ends the check there), so the batches cut from the
+        same block next take their ops from that check, without array work of their own."""
+        root, at = block.cut_from or (block, 0)
+        k = len(block)
+        last = self._checked
+        if last is None or last[0] is not root or at != last[3] or at + k > last[1] + len(last[2].valid):
+            hi = min(len(root), at + max(k, self._window))
+            ids = self._internal(np.concatenate([root.u[at:hi], root.v[at:hi]]).tolist())
+            checked = self._check(root.op[at:hi], ids, root.label[at:hi], k)
+            if checked is None:
+                self._checked = None
+                return None
+            # the next window: twice what was free of repeats this time (a long run grows, a short one shrinks)
+            self._window = min(max(2 * len(checked.valid), k), MAX_WINDOW)
+            last = (root, at, checked, at)
+        self._checked = last[:3] + (at + k,)
+        return self._batch(last[2], at - last[1], k, _BlockRecords(block, self.next_seq), arrived)
+
+    def _internal(self, ext: list) -> np.ndarray:
+        """The internal ids of external ones, -1 where unknown (the dict's look-ups run in C)."""
+        return np.fromiter(map(self.vertices.index.get, ext, repeat(-1)), np.int64, len(ext))
+
+    def _check(self, op, ids, label, need: int) -> _Checked | None:
+        """The longest prefix of these records (op: an index into OPS; ids: the internal ids of
+        their u's, then of their v's, -1 unknown) that are edge records between known vertices
+        and name no vertex pair twice, checked against the latest state (with no pair twice, no
+        record's outcome depends on another's); None if it is shorter than `need`."""
+        m = len(op)
+        a, b = ids[:m], ids[m:]
+        pair = a != b
+        key = np.where(pair, np.minimum(a, b) * self.vertices.n + np.maximum(a, b), -1 - np.arange(m))
+        order = np.argsort(key, kind="stable")
+        again = order[1:][key[order[1:]] == key[order[:-1]]]  # records whose pair came before
+        bad = np.flatnonzero((op > OPS.index(DELETE_EDGE)) | (a < 0) | (b < 0))
+        stop = min(m, again.min(initial=m), bad[0] if len(bad) else m)
+        if stop < need:
             return None
-        insert = np.array([r.op == INSERT_EDGE for r in records])
-        live = np.full(len(records), -1, np.int64)
+        a, b, pair, insert = a[:stop], b[:stop], pair[:stop], op[:stop] == OPS.index(INSERT_EDGE)
+        live = np.full(stop, -1, np.int64)
         live[pair] = self.engine.live_edge_labels(a[pair], b[pair])
-        valid = pair & np.where(insert, live < 0, live >= 0)
-        for reason, n in ((SELF_LOOP, insert & ~pair), (DUPLICATE_INSERT, insert & pair & ~valid),
-                          (MISSING_DELETE, ~insert & ~valid)):
-            if n.any():
-                self.ignored[reason] += int(n.sum())
-        first = self.next_seq
-        self.next_seq += len(records)
-        seq = np.arange(first, self.next_seq, dtype=np.int64)
+        valid = pair & ((live < 0) == insert)  # an insertion of an absent edge, a deletion of a live one
+        reason = np.full(stop, -1, np.int8)
+        for r, rows in enumerate((insert & ~pair, insert & pair & ~valid, ~insert & ~valid)):  # IGNORED_REASONS
+            reason[rows] = r
         # an insertion carries its record's label, a deletion the stored edge's: it is what vanishes
-        label = np.where(insert, np.array([r.label for r in records], np.int64), live)
+        return _Checked(a, b, np.where(insert, label[:stop], live), insert * np.int64(2) - 1, valid, reason)
+
+    def _batch(self, checked: _Checked, lo: int, k: int, record_of, arrived) -> UpdateBatch:
+        """The batch of the checked records lo .. lo + k - 1, numbered from next_seq."""
+        rows = slice(lo, lo + k)
+        valid = checked.valid[rows]
+        if valid.all():
+            valid = slice(None)
+        else:
+            for r, n in enumerate(np.bincount(checked.reason[rows][~valid], minlength=3)):
+                if n:
+                    self.ignored[IGNORED_REASONS[r]] += int(n)
+        first = self.next_seq
+        self.next_seq += k
+        seq = np.arange(first, self.next_seq, dtype=np.int64)
         z = np.zeros(0, np.int64)
-        return UpdateBatch(first, self.next_seq, seq[valid], a[valid], b[valid], label[valid],
-                           np.where(insert, 1, -1)[valid].astype(np.int64), z, z, z, np.zeros(0, np.int32), vx.n,
-                           dict(zip(range(first, self.next_seq), records)), arrived, len(records))
+        return UpdateBatch(first, self.next_seq, seq[valid], *(x[rows][valid] for x in checked[:4]), z, z, z,
+                           np.zeros(0, np.int32), self.vertices.n, record_of, arrived, k)
 
     def _general(self, records: list[Update], arrived: list[float]) -> UpdateBatch:
         """Any batch, one record at a time (vertex records, new vertices, a pair named twice)."""

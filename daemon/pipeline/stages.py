@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from csmd.engine import ContinuousEngine, QueryDeltas, UpdateBatch
+from csmd.model.formats import Update, UpdateBlock
 from csmd.model.graph import Graph
 from csmd.pipeline.gc import GarbageCollector
 from csmd.pipeline.queries import canonical, continuous_query, vertex_matches
@@ -84,6 +85,16 @@ class GraphState:
         str_ids = any(isinstance(x, str) for x in self.ext_ids[:1])
         ext = np.array(self.ext_ids, dtype=object if str_ids else np.int64)
         return Graph.from_edges(self.labels[live], new_id[self.src], new_id[self.dst], self.elabel, ext[live])
+
+
+def _joined(parts: list, blocks: int) -> list[Update] | UpdateBlock:
+    """A batch's Updates and block pieces (`blocks` of them), in order: one block if there are
+    only blocks, the list itself if there are none."""
+    if not blocks:
+        return parts
+    if blocks == len(parts):
+        return UpdateBlock.concat(parts)
+    return [u for p in parts for u in (p.updates() if isinstance(p, UpdateBlock) else (p,))]
 
 
 class Pipeline:
@@ -155,29 +166,45 @@ class Pipeline:
     def _batches(self, source):
         """Group records: up to batch_size, or what arrived within batch_wait of the first.
 
-        The source yields Update records, or None when nothing is available right now
-        (a polling source), which lets a partial batch close on time, or Markers, which
-        close the batch before them and pass on alone.
+        The source yields Update records, or UpdateBlocks (runs of updates in columns, cut
+        into batches here without a step per update), or None when nothing is available
+        right now (a polling source), which lets a partial batch close on time, or Markers,
+        which close the batch before them and pass on alone. A batch is a list of Updates,
+        or an UpdateBlock when it was cut from blocks alone.
         """
-        records, arrived, opened = [], [], 0.0
+        parts, blocks, count, arrived, opened = [], 0, 0, [], 0.0
         for rec in source:
             if isinstance(rec, Marker):
-                if records:
-                    yield records, arrived
-                    records, arrived = [], []
+                if count:
+                    yield _joined(parts, blocks), arrived
+                    parts, blocks, count, arrived = [], 0, 0, []
                 yield rec, None
                 continue
             now = time.monotonic()
+            if isinstance(rec, UpdateBlock):
+                lo = 0
+                while lo < len(rec):
+                    if not count:
+                        opened = now
+                    hi = min(len(rec), lo + self.batch_size - count)
+                    parts.append(rec.rows(lo, hi))
+                    arrived += [now] * (hi - lo)
+                    blocks, count, lo = blocks + 1, count + hi - lo, hi
+                    if count == self.batch_size:
+                        yield _joined(parts, blocks), arrived
+                        parts, blocks, count, arrived = [], 0, 0, []
+                continue
             if rec is not None:
-                if not records:
+                if not count:
                     opened = now
-                records.append(rec)
+                parts.append(rec)
                 arrived.append(now)
-            if records and (len(records) >= self.batch_size or now - opened >= self.batch_wait and rec is None):
-                yield records, arrived
-                records, arrived = [], []
-        if records:
-            yield records, arrived
+                count += 1
+            if count and (count >= self.batch_size or now - opened >= self.batch_wait and rec is None):
+                yield _joined(parts, blocks), arrived
+                parts, blocks, count, arrived = [], 0, 0, []
+        if count:
+            yield _joined(parts, blocks), arrived
 
     def _update(self, records, arrived) -> UpdateBatch | Marker:
         with self._updating:
@@ -221,7 +248,7 @@ class Pipeline:
         self.stats.records += b.records
         self.stats.updates += b.end_seq - b.first_seq
         self.stats.batches += 1
-        self.stats.latency.observe([now - t for t in b.arrived])
+        self.stats.latency.observe(now - np.asarray(b.arrived))
         free = self.gc.finished(b.first_seq, b.end_seq)
         if free:
             self.engine.release(free)

@@ -60,6 +60,7 @@ DEFAULTS: dict[str, dict] = {
         "batch_wait_ms": 0.125,
         "queue_depth": 4,
         "max_pending_records": 20_000,  # the consumer pauses above this many records in flight
+        "threads": 0,  # the compiled CPU engine's threads; 0: CSMD_THREADS, else the cores
     },
     "delivery": {
         "commit_interval_ms": 200,
@@ -91,6 +92,7 @@ _POSITIVE = {("topics", "partitions"), ("topics", "replication"), ("topics", "ma
              ("input", "max_poll_records"), ("pipeline", "batch_size"), ("pipeline", "queue_depth"),
              ("pipeline", "max_pending_records"), ("delivery", "commit_interval_ms"), ("delivery", "timeout_s"), ("checkpoint", "interval_s"),
              ("checkpoint", "keep"), ("pipeline", "batch_wait_ms")}
+_NON_NEGATIVE = {("pipeline", "threads")}
 
 
 def _suggest(word: str, choices) -> str:
@@ -115,6 +117,8 @@ def _check(where: str, section: str, key: str, value, default):
         raise CsmdError(f"{where}: [{section}] {key} must be one of {', '.join(_CHOICES[section, key])}, got {value!r}")
     if (section, key) in _POSITIVE and not value > 0:
         raise CsmdError(f"{where}: [{section}] {key} must be > 0, got {value!r}")
+    if (section, key) in _NON_NEGATIVE and value < 0:
+        raise CsmdError(f"{where}: [{section}] {key} must be >= 0, got {value!r}")
     return value
 
 

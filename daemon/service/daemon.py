@@ -97,7 +97,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         ext = g0.ext_ids
         self._str_ids = getattr(ext, "dtype", None) is not None and ext.dtype.kind in "OUS"
         bs = self.cfg["pipeline"]
-        engine = continuous_engine(bs["backend"], g0, "[pipeline] backend")
+        engine = continuous_engine(bs["backend"], g0, "[pipeline] backend", threads=bs["threads"] or None)
         self.pipe = Pipeline(g0, engine=engine, batch_size=bs["batch_size"], batch_wait=bs["batch_wait_ms"] / 1000,
                              queue_depth=bs["queue_depth"], first_seq=seq0,
                              retired=st.retired)  # deleted vertices keep their ids

@@ -1,0 +1,93 @@
+"""The compiled reader of update-stream text: plain lines to columns without a Python step per line.
+
+A plain line is what FileSource.poll and parse_update would turn into one Update without
+doubt: after stripping ASCII whitespace, `e`, `-e`, `v` or `-v` and its fields, separated by
+spaces or tabs, each an integer of at most 18 digits (so it fits int64), labels between 0 and
+2^31-1. Blank and `#` lines are skipped as poll skips them. Any other line (a bad one, a
+19-digit id, a `+`, a non-ASCII byte, a form feed that splitlines would cut at) stops the scan
+and is left to the line-by-line path, which decides it exactly as before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_MAX_DIGITS = 18
+_MAX_LABEL = 2**31 - 1
+# fields of each op (its index in formats.OPS): fewest, most
+FIELDS = np.array([[2, 3], [2, 3], [2, 2], [1, 1]], np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _is_space(c):  # what bytes.strip() removes
+    return c == 32 or 9 <= c <= 13
+
+
+@njit(cache=True, nogil=True)
+def scan(buf, pos, lineno):
+    """The plain lines of buf[pos:] up to the first other one. buf holds whole lines (the last
+    may lack its newline); lineno is the number of the line at pos. Returns (rows, where the
+    scan stopped, the number of the line there, then per row: line number, op, u, v, label).
+    The scan stops at the end of buf or at the start of a line that is not plain."""
+    n = len(buf)
+    cap = 16
+    for i in range(pos, n):  # at most one row per line
+        cap += buf[i] == 10
+    out_line = np.empty(cap, np.int64)
+    out_op = np.empty(cap, np.int8)
+    out_u = np.empty(cap, np.int64)
+    out_v = np.empty(cap, np.int64)
+    out_label = np.empty(cap, np.int64)
+    val = np.zeros(3, np.int64)
+    rows = 0
+    while pos < n:
+        end = pos
+        while end < n and buf[end] != 10:
+            end += 1
+        s, e = pos, end
+        while s < e and _is_space(buf[s]):
+            s += 1
+        while e > s and _is_space(buf[e - 1]):
+            e -= 1
+        if s < e and buf[s] != 35:  # not blank, not a comment: must be plain
+            op = -1
+            if buf[s] == 45:  # '-'
+                s += 1
+                op = 1 if s < e and buf[s] == 101 else 3 if s < e and buf[s] == 118 else -1
+            else:
+                op = 0 if buf[s] == 101 else 2 if buf[s] == 118 else -1
+            s += 1
+            if op < 0 or s == e or (buf[s] != 32 and buf[s] != 9):
+                break
+            k = 0  # fields read
+            ok = True
+            while s < e and ok:
+                while s < e and (buf[s] == 32 or buf[s] == 9):
+                    s += 1
+                if s == e:
+                    break
+                neg = buf[s] == 45
+                s += neg
+                digits = 0
+                x = 0
+                while s < e and 48 <= buf[s] <= 57:
+                    x = x * 10 + (buf[s] - 48)
+                    digits += 1
+                    s += 1
+                ok = 0 < digits <= _MAX_DIGITS and k < 3 and (s == e or buf[s] == 32 or buf[s] == 9)
+                if ok:
+                    val[k] = -x if neg else x
+                    k += 1
+            if not ok or not FIELDS[op, 0] <= k <= FIELDS[op, 1]:
+                break
+            label = val[k - 1] if k == 3 or op == 2 else 0
+            if label < 0 or label > _MAX_LABEL:
+                break
+            out_line[rows], out_op[rows], out_u[rows] = lineno, op, val[0]
+            out_v[rows] = val[1] if op < 2 else -1
+            out_label[rows] = label
+            rows += 1
+        pos = end + 1
+        lineno += 1
+    return (rows, pos, lineno, out_line[:rows], out_op[:rows], out_u[:rows], out_v[:rows], out_label[:rows])
