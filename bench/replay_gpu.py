@@ -33,8 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from csmd.cli.replay import file_updates, replay
-from csmd.connectors.files import FileSource
+from csmd.cli.replay import decoded_updates, replay
 from csmd.engines import continuous_engine
 from csmd.model.formats import read_graph, read_query
 from csmd.model.graph import Graph
@@ -44,11 +43,7 @@ from replay import DEVICE_CPU, read_rapidflow
 
 
 def decoded(stream: Path) -> list:
-    source = FileSource(stream)
-    try:
-        return list(file_updates(source))
-    finally:
-        source.close()
+    return list(decoded_updates(stream))
 
 
 def paced(updates: list, rate: float):

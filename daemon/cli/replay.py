@@ -28,6 +28,17 @@ def file_updates(source: FileSource):
             raise InputError(item.input, item.offset, str(exc)) from None
 
 
+def decoded_updates(path):
+    """The updates of a stream file one Update each (blocks expanded): for callers that pace
+    or interleave single records (benchmarks, tests)."""
+    source = FileSource(path)
+    try:
+        for item in file_updates(source):
+            yield from item.updates() if isinstance(item, UpdateBlock) else (item,)
+    finally:
+        source.close()
+
+
 def replay(g0: Graph, stream_path, queries: list[tuple[str, Graph]], *, batch_size: int, count_only: bool,
            output=None, threaded: bool | None = None, show_progress: bool | None = None, backend: str = "cpu",
            executor_lag: int = 0) -> tuple[list[dict], "Pipeline"]:
