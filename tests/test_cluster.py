@@ -27,7 +27,8 @@ from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.shards import ShardChange, ShardWork, shard_of
 from csmd.pipeline.stages import Pipeline
 
-from kafka_harness import QUIET, DaemonProcess, Topics, config_text, human_lines, kill_leftovers, new_admin_port
+from kafka_harness import (QUIET, DaemonProcess, Topics, config_text, human_lines, kill_leftovers, metric,
+                           new_admin_port)
 from test_continuous import make_case, run_replay
 from test_kafka_daemon import QUERIES, dedup, reference, rows_of  # noqa: F401 (reference is a fixture)
 
@@ -122,9 +123,268 @@ def test_the_kept_window_follows_the_floor():
         work.select(UpdateBatch(k, k + 1, np.array([k]), np.array([0]), np.array([1]), np.array([0]), np.array([1]),
                                 z, z, z, np.zeros(0, np.int32), 2, {k: rec}, [], 1))
     assert (work.retained, work.hold_seq) == (10, 0)
-    work.floor = 6
-    work.select(UpdateBatch(10, 11, z, z, z, z, z, z, z, z, np.zeros(0, np.int32), 2,
-                            {10: Update("e", 1, 2, 0, "", ("in", 0, 10))}, [], 1))
-    assert (work.retained, work.hold_seq, work.kept_from) == (5, 6, 6)
+    work.set_floor(6)
+    assert (work.retained, work.hold_seq, work.kept_from) == (4, 6, 6)
+    work.set_floor(3)  # the floor never goes back
+    assert (work.retained, work.hold_seq, work.kept_from) == (4, 6, 6)
     _batch, gaps = work.gain({0: 2, 1: 7})
     assert gaps == {0: 6}  # progress 2 is older than anything kept: reported, not silently skipped
+
+
+# ---- several daemons on one broker ------------------------------------------------------------
+SHARDS = 6
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_daemons():
+    yield
+    kill_leftovers()
+
+
+class Cluster:
+    """Daemon processes sharing one stream's matching: one config each (its admin port and name)."""
+
+    def __init__(self, tmp_path, bootstrap, **cluster):
+        self.tmp, self.t = tmp_path, Topics(bootstrap)
+        self.group = f"c-{uuid.uuid4().hex[:8]}"
+        self.settings = {"enabled": True, "shards": SHARDS, "group": self.group, "session_timeout_ms": 2000,
+                         **cluster}
+        self.members: dict[str, DaemonProcess] = {}
+
+    def start(self, *names: str) -> list[DaemonProcess]:
+        """Start these members side by side (each waits until it is healthy)."""
+        def one(name):
+            port = new_admin_port()
+            cfg = self.tmp / f"{name}.toml"
+            cfg.write_text(config_text(self.t, QUERIES, admin_port=port, cluster={**self.settings, "instance": name},
+                                       delivery={"commit_interval_ms": 100}))
+            self.members[name] = DaemonProcess(cfg, self.tmp / f"{name}.log", port)
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        missing = [n for n in names if n not in self.members]
+        assert not missing, f"{missing} did not start: see their logs in {self.tmp}"
+        return [self.members[n] for n in names]
+
+    def stop(self, *names: str) -> list[int]:
+        """SIGTERM to these members at once; their exit codes."""
+        for n in names:
+            self.members[n].proc.send_signal(signal.SIGTERM)
+        return [self.members[n].proc.wait(60) for n in names]
+
+    def owners(self, names=None) -> dict[str, set]:
+        """Each running member's live shards (owned, and re-matched up to the gain)."""
+        return {n: set(self.members[n].get("/stats")["cluster"]["live"]) for n in names or self.members}
+
+    def wait_balanced(self, names, timeout: float = 60.0) -> dict[str, set]:
+        """Until the members `names` hold every shard between them, each at least one, all live."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            owners = self.owners(names)
+            if all(owners.values()) and sorted(s for o in owners.values() for s in o) == list(range(SHARDS)):
+                return owners
+            time.sleep(0.1)
+        raise AssertionError(f"shards not balanced over {names}: {self.owners(names)}")
+
+    def progress(self) -> dict[int, int]:
+        """Every shard's committed progress, as the group holds it."""
+        c = Consumer({"bootstrap.servers": self.t.bootstrap, "group.id": self.group, **QUIET})
+        try:
+            tps = c.committed([TopicPartition(f"{self.group}.shards", s) for s in range(SHARDS)], timeout=10)
+        finally:
+            c.close()
+        return {tp.partition: tp.offset for tp in tps}
+
+    def wait_progress(self, offset: int, timeout: float = 90.0) -> None:
+        """Until every shard's progress reached `offset`: every delta is delivered."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if all(o >= offset for o in self.progress().values()):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"progress {self.progress()} never reached {offset}; "
+                             f"stats: {[m.get('/stats')['cluster'] for m in self.members.values() if m.proc.poll() is None]}")
+
+    def deltas(self) -> tuple[pa.Table, list[str]]:
+        """Every delta on the output topic and, per row, the instance that published it."""
+        tables, by = [], []
+        for m in self.t.read(self.t.output):
+            table = pa.ipc.open_stream(m.value()).read_all()
+            tables.append(table)
+            by += [dict(m.headers())["csmd-instance"].decode()] * table.num_rows
+        return pa.concat_tables(tables), by
+
+
+class ProgressWatch:
+    """Reads every shard's progress all along (a thread): it must never go back."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster, self.stop, self.backwards = cluster, threading.Event(), []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        last: dict[int, int] = {}
+        while not self.stop.is_set():
+            for s, o in self.cluster.progress().items():
+                if o < 0:  # none committed yet
+                    continue
+                if o < last.get(s, -1):
+                    self.backwards.append((s, last[s], o))
+                last[s] = max(last.get(s, -1), o)
+            time.sleep(0.05)
+
+    def close(self) -> list:
+        self.stop.set()
+        self.thread.join()
+        return self.backwards
+
+
+def shards_of(table: pa.Table) -> list[int]:
+    return shard_of(table.column("partition").to_numpy(), table.column("offset").to_numpy(), SHARDS).tolist()
+
+
+def test_three_instances_equal_replay_and_each_delta_comes_from_its_shards_owner(tmp_path, kafka_bootstrap,
+                                                                               reference):
+    c = Cluster(tmp_path, kafka_bootstrap)
+    c.start("a", "b", "c")
+    owners = c.wait_balanced(["a", "b", "c"])
+    lines = human_lines()
+    c.t.produce(c.t.input, lines)
+    c.wait_progress(len(lines))
+    assert c.owners() == owners, "no rebalance happened during the stream"
+    table, by = c.deltas()
+    deduped, dups = dedup(table)
+    assert dups == 0
+    assert rows_of(deduped) == reference
+    owner_of = {s: n for n, shards in owners.items() for s in shards}
+    assert [owner_of[s] for s in shards_of(table)] == by, "every delta is published by its shard's owner"
+    assert set(by) == {"a", "b", "c"}, "the work is shared"
+    for name, d in c.members.items():
+        assert d.get("/stats")["offsets"]["0"] == len(lines)  # every instance applied every update
+        metrics = d.get("/metrics")
+        assert metric(metrics, "csmd_cluster_shards_owned") == len(owners[name])
+        assert metric(metrics, "csmd_cluster_shard_lag", shard="0") == 0
+        assert metric(metrics, "csmd_cluster_rebalances_total") >= 1
+    assert c.stop("a", "b", "c") == [0, 0, 0]
+
+
+class Trickle:
+    """Produces `lines` slowly in the background (about 12 s for the human stream): a stream still
+    flowing while instances come and go; `finish()` sends the rest at once."""
+
+    def __init__(self, c: Cluster, lines, step: int = 36, pause: float = 0.1):
+        self.c, self.lines, self.sent, self.hurry = c, lines, 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(step, pause), daemon=True)
+        self.thread.start()
+
+    def _run(self, step, pause):
+        while self.sent < len(self.lines) and not self.hurry.is_set():
+            self.c.t.produce(self.c.t.input, self.lines[self.sent:self.sent + step])
+            self.sent = min(len(self.lines), self.sent + step)
+            time.sleep(pause)
+
+    def finish(self) -> int:
+        """Send the rest now; returns how many lines had been sent before."""
+        self.hurry.set()
+        self.thread.join()
+        before = self.sent
+        self.c.t.produce(self.c.t.input, self.lines[self.sent:])
+        return before
+
+
+def test_kill_9_moves_the_shards_and_a_new_instance_joins_with_nothing_lost(tmp_path, kafka_bootstrap, reference):
+    c = Cluster(tmp_path, kafka_bootstrap)
+    c.start("a", "b")
+    c.wait_balanced(["a", "b"])
+    watch = ProgressWatch(c)
+    lines = human_lines()
+    stream = Trickle(c, lines)
+    time.sleep(1.5)
+    c.members["b"].stop(signal.SIGKILL)
+    killed = time.monotonic()
+    c.wait_balanced(["a"])  # its shards moved after the session timeout (2 s)
+    moved = time.monotonic() - killed
+    c.start("c")
+    c.wait_balanced(["a", "c"])
+    assert stream.finish() < len(lines), "b was killed and c joined while the stream was flowing"
+    c.wait_progress(len(lines))
+    assert watch.close() == [], "a shard's committed progress went back"
+    table, by = c.deltas()
+    deduped, dups = dedup(table)
+    assert rows_of(deduped) == reference
+    assert {"a", "b"} <= set(by)
+    assert moved < 15
+    stats = c.members["a"].get("/stats")["cluster"]
+    assert stats["rebalances"] >= 2 and stats["gc_held_by"]["progress"] == len(lines)
+    assert metric(c.members["a"].get("/metrics"), "csmd_cluster_rematched_updates_total") > 0
+    assert c.stop("a", "c") == [0, 0]
+
+
+def test_an_instance_added_mid_stream_takes_shards_with_no_loss(tmp_path, kafka_bootstrap, reference):
+    c = Cluster(tmp_path, kafka_bootstrap)
+    c.start("a", "b")
+    before = c.wait_balanced(["a", "b"])
+    lines = human_lines()
+    stream = Trickle(c, lines)
+    time.sleep(0.5)
+    c.start("c")
+    after = c.wait_balanced(["a", "b", "c"])
+    assert stream.finish() < len(lines), "the shards moved while the stream was flowing"
+    c.wait_progress(len(lines))
+    table, by = c.deltas()
+    deduped, dups = dedup(table)
+    assert rows_of(deduped) == reference
+    assert "c" in by
+    moved = {s for n, shards in after.items() for s in shards if s not in before.get(n, ())}
+    assert after["c"] <= moved
+    ids = list(zip(*(table.column(k).to_pylist() for k in ("offset", "query", "index"))))
+    twice = {i for i, n in Counter(ids).items() if n > 1}
+    dup_shards = set(shard_of(0, [o for o, _q, _i in twice], SHARDS).tolist()) if twice else set()
+    assert dup_shards <= moved, "duplicates only of records in flight on shards that moved"
+    assert c.stop("a", "b", "c") == [0, 0, 0]
+
+
+def test_a_stopped_instance_holds_the_window_at_its_limit_and_is_named(tmp_path, kafka_bootstrap, reference):
+    """SIGSTOP: the other instance keeps at most max_retained_updates updates, pauses its input, and
+    says which shard holds it; once Kafka moves the stopped instance's shards (session timeout)
+    everything flows again. Woken up (SIGCONT), the stopped one never moves a progress back."""
+    limit = 600
+    c = Cluster(tmp_path, kafka_bootstrap, max_retained_updates=limit, session_timeout_ms=3000)
+    a, b = c.start("a", "b")
+    owners = c.wait_balanced(["a", "b"])
+    lines = human_lines()
+    c.t.produce(c.t.input, lines[:1000])
+    c.wait_progress(1000)
+    b.proc.send_signal(signal.SIGSTOP)
+    try:
+        c.t.produce(c.t.input, lines[1000:])
+        held, retained = None, []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30:
+            s = a.get("/stats")
+            retained.append(s["cluster"]["retained_updates"])
+            if s["cluster"]["paused_for_shard"] is not None:
+                held = s["cluster"]
+                break
+            time.sleep(0.05)
+        assert held is not None, "the input paused at the limit"
+        assert held["paused_for_shard"] in owners["b"] and held["gc_held_by"]["shard"] in owners["b"]
+        assert max(retained) <= limit
+        assert metric(a.get("/metrics"), "csmd_cluster_gc_holder") in owners["b"]
+        assert f'"shard": {held["paused_for_shard"]}' in (tmp_path / "a.log").read_text()
+        c.wait_balanced(["a"])  # Kafka gave b's shards to a
+        c.wait_progress(len(lines))
+        assert a.get("/stats")["cluster"]["retained_updates"] <= limit
+        watch = ProgressWatch(c)
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
+    time.sleep(1.5)  # b runs again, believing for a moment that it owns its shards
+    assert c.stop("a", "b") == [0, 0]
+    assert watch.close() == [], "a shard's committed progress went back"
+    table, _by = c.deltas()
+    deduped, _dups = dedup(table)
+    assert rows_of(deduped) == reference

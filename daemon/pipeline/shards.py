@@ -19,6 +19,7 @@ update a re-match may still read, which the GC must not release versions for.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from dataclasses import fields
@@ -91,9 +92,10 @@ class ShardWork:
     """Which records this instance matches, and the batches a gained shard is re-matched from.
 
     The executor stage calls select, gain and lose (in stream order); the consume loop
-    sets `floor`, the lowest committed progress of any shard (no re-match will start
-    below it), which lets old batches go. `kept_from` is the oldest offset a re-match
-    can start at: the instance's start position (its graph begins there), or the floor.
+    calls set_floor with the lowest committed progress of any shard (no re-match will
+    start below it), which lets old batches go, also while the input is paused for
+    want of room. `kept_from` is the oldest offset a re-match can start at: the
+    instance's start position (its graph begins there), or the floor.
     """
 
     def __init__(self, shards: int, first_seq: int, start_offset: int):
@@ -103,15 +105,24 @@ class ShardWork:
         self.kept_from = start_offset
         self.hold_seq = first_seq  # the GC keeps the versions updates from here on may read
         self.retained = 0  # updates in the kept batches
+        self.kept_to = start_offset  # one past the last record kept
         self._kept: deque[_Kept] = deque()
+        self._lock = threading.Lock()  # the executor stage keeps batches, the consume loop trims them
 
     def select(self, batch: UpdateBatch) -> UpdateBatch:
         """Keep the applied batch; the part of it this instance matches."""
         kept = _Kept(batch, self.shards)
-        self._kept.append(kept)
-        self.retained += batch.end_seq - batch.first_seq
-        self._trim()
+        with self._lock:
+            self._kept.append(kept)
+            self.retained += batch.end_seq - batch.first_seq
+            self.kept_to = max(self.kept_to, kept.last_offset + 1)
+            self._trim()
         return kept.part(self.owned, self.shards)
+
+    def set_floor(self, floor: int) -> None:
+        with self._lock:
+            self.floor = max(self.floor, floor)
+            self._trim()
 
     def _trim(self) -> None:
         floor = self.floor
@@ -127,8 +138,9 @@ class ShardWork:
         """Own these shards (shard -> first offset) from here on. Returns the kept ops to re-match
         now (None if none) and the shards whose first offset is older than anything kept
         (shard -> the oldest offset kept): their records in between cannot be re-matched here."""
-        gaps = {s: self.kept_from for s, f in gained.items() if f < self.kept_from}
-        parts = [k.part(gained, self.shards) for k in self._kept]
+        with self._lock:
+            gaps = {s: self.kept_from for s, f in gained.items() if f < self.kept_from}
+            parts = [k.part(gained, self.shards) for k in self._kept]
         parts = [p for p in parts if len(p.edge_seq) or len(p.vertex_seq)]
         self.owned.update(gained)
         return (_concat(parts) if parts else None), gaps
