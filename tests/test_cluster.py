@@ -7,10 +7,15 @@ tests run several `csmd run` processes on one embedded broker.
 
 from __future__ import annotations
 
+import json
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import Counter
 
@@ -21,11 +26,14 @@ from confluent_kafka import Consumer, TopicPartition
 
 from csmd.cli.replay import file_updates
 from csmd.connectors.files import FileSource
+from csmd.connectors.kafka import ensure_topics
 from csmd.engines import continuous_engine
+from csmd.errors import CsmdError
 from csmd.model.formats import read_graph, read_query
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.shards import ShardChange, ShardWork, shard_of
 from csmd.pipeline.stages import Pipeline
+from csmd.service.config import load_config
 
 from kafka_harness import (QUIET, DaemonProcess, Topics, config_text, human_lines, kill_leftovers, metric,
                            new_admin_port)
@@ -263,6 +271,11 @@ def test_three_instances_equal_replay_and_each_delta_comes_from_its_shards_owner
     owner_of = {s: n for n, shards in owners.items() for s in shards}
     assert [owner_of[s] for s in shards_of(table)] == by, "every delta is published by its shard's owner"
     assert set(by) == {"a", "b", "c"}, "the work is shared"
+    add = urllib.request.Request(c.members["a"].url + "/queries", method="POST",
+                                 data=json.dumps({"name": "x", "query": "v 0 0\nv 1 0\ne 0 1\n"}).encode())
+    with pytest.raises(urllib.error.HTTPError) as refused:  # instances would each apply it at their own position
+        urllib.request.urlopen(add, timeout=10)
+    assert refused.value.code == 400 and "not supported with [cluster] enabled" in refused.value.read().decode()
     for name, d in c.members.items():
         assert d.get("/stats")["offsets"]["0"] == len(lines)  # every instance applied every update
         metrics = d.get("/metrics")
@@ -388,3 +401,20 @@ def test_a_stopped_instance_holds_the_window_at_its_limit_and_is_named(tmp_path,
     table, _by = c.deltas()
     deduped, _dups = dedup(table)
     assert rows_of(deduped) == reference
+
+
+def test_bad_cluster_settings_are_clear_errors(tmp_path, kafka_bootstrap):
+    with pytest.raises(CsmdError, match=r"\[cluster\] shards must be > 0"):
+        load_config(env={"CSMD_CLUSTER__SHARDS": "0"})
+    with pytest.raises(CsmdError, match="does not work with \\[kafka\\] transactions"):
+        load_config(env={"CSMD_CLUSTER__ENABLED": "true", "CSMD_KAFKA__TRANSACTIONS": "true"})
+    two = Topics(kafka_bootstrap, partitions=2)  # no single update order
+    other = Cluster(tmp_path, kafka_bootstrap)  # its coordination topic already has 3 partitions, not 6
+    ensure_topics({"bootstrap.servers": kafka_bootstrap}, {f"{other.group}.shards": 3})
+    for t, group, reason in ((two, "g2", "needs one input partition"), (other.t, other.group, "fixed for the life")):
+        cfg = tmp_path / f"{group}.toml"
+        cfg.write_text(config_text(t, QUERIES, admin_port=new_admin_port(),
+                                   cluster={"enabled": True, "shards": SHARDS, "group": group}))
+        run = subprocess.run([sys.executable, "-m", "csmd", "run", "--config", str(cfg)], capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 2 and reason in run.stderr, run.stderr[-2000:]
