@@ -16,13 +16,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections import Counter
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from csmd.cli.replay import file_updates
 from csmd.connectors.files import FileSource
@@ -35,8 +32,7 @@ from csmd.pipeline.shards import ShardChange, ShardWork, shard_of
 from csmd.pipeline.stages import Pipeline
 from csmd.service.config import load_config
 
-from kafka_harness import (QUIET, DaemonProcess, Topics, config_text, human_lines, kill_leftovers, metric,
-                           new_admin_port)
+from kafka_harness import Cluster, Topics, config_text, human_lines, kill_leftovers, metric, new_admin_port
 from test_continuous import make_case, run_replay
 from test_kafka_daemon import QUERIES, dedup, reference, rows_of  # noqa: F401 (reference is a fixture)
 
@@ -149,83 +145,6 @@ def _no_leftover_daemons():
     kill_leftovers()
 
 
-class Cluster:
-    """Daemon processes sharing one stream's matching: one config each (its admin port and name)."""
-
-    def __init__(self, tmp_path, bootstrap, **cluster):
-        self.tmp, self.t = tmp_path, Topics(bootstrap)
-        self.group = f"c-{uuid.uuid4().hex[:8]}"
-        self.settings = {"enabled": True, "shards": SHARDS, "group": self.group, "session_timeout_ms": 2000,
-                         **cluster}
-        self.members: dict[str, DaemonProcess] = {}
-
-    def start(self, *names: str) -> list[DaemonProcess]:
-        """Start these members side by side (each waits until it is healthy)."""
-        def one(name):
-            port = new_admin_port()
-            cfg = self.tmp / f"{name}.toml"
-            cfg.write_text(config_text(self.t, QUERIES, admin_port=port, cluster={**self.settings, "instance": name},
-                                       delivery={"commit_interval_ms": 100}))
-            self.members[name] = DaemonProcess(cfg, self.tmp / f"{name}.log", port)
-
-        threads = [threading.Thread(target=one, args=(n,)) for n in names]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        missing = [n for n in names if n not in self.members]
-        assert not missing, f"{missing} did not start: see their logs in {self.tmp}"
-        return [self.members[n] for n in names]
-
-    def stop(self, *names: str) -> list[int]:
-        """SIGTERM to these members at once; their exit codes."""
-        for n in names:
-            self.members[n].proc.send_signal(signal.SIGTERM)
-        return [self.members[n].proc.wait(60) for n in names]
-
-    def owners(self, names=None) -> dict[str, set]:
-        """Each running member's live shards (owned, and re-matched up to the gain)."""
-        return {n: set(self.members[n].get("/stats")["cluster"]["live"]) for n in names or self.members}
-
-    def wait_balanced(self, names, timeout: float = 60.0) -> dict[str, set]:
-        """Until the members `names` hold every shard between them, each at least one, all live."""
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            owners = self.owners(names)
-            if all(owners.values()) and sorted(s for o in owners.values() for s in o) == list(range(SHARDS)):
-                return owners
-            time.sleep(0.1)
-        raise AssertionError(f"shards not balanced over {names}: {self.owners(names)}")
-
-    def progress(self) -> dict[int, int]:
-        """Every shard's committed progress, as the group holds it."""
-        c = Consumer({"bootstrap.servers": self.t.bootstrap, "group.id": self.group, **QUIET})
-        try:
-            tps = c.committed([TopicPartition(f"{self.group}.shards", s) for s in range(SHARDS)], timeout=10)
-        finally:
-            c.close()
-        return {tp.partition: tp.offset for tp in tps}
-
-    def wait_progress(self, offset: int, timeout: float = 90.0) -> None:
-        """Until every shard's progress reached `offset`: every delta is delivered."""
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if all(o >= offset for o in self.progress().values()):
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"progress {self.progress()} never reached {offset}; "
-                             f"stats: {[m.get('/stats')['cluster'] for m in self.members.values() if m.proc.poll() is None]}")
-
-    def deltas(self) -> tuple[pa.Table, list[str]]:
-        """Every delta on the output topic and, per row, the instance that published it."""
-        tables, by = [], []
-        for m in self.t.read(self.t.output):
-            table = pa.ipc.open_stream(m.value()).read_all()
-            tables.append(table)
-            by += [dict(m.headers())["csmd-instance"].decode()] * table.num_rows
-        return pa.concat_tables(tables), by
-
-
 class ProgressWatch:
     """Reads every shard's progress all along (a thread): it must never go back."""
 
@@ -257,7 +176,7 @@ def shards_of(table: pa.Table) -> list[int]:
 
 def test_three_instances_equal_replay_and_each_delta_comes_from_its_shards_owner(tmp_path, kafka_bootstrap,
                                                                                reference):
-    c = Cluster(tmp_path, kafka_bootstrap)
+    c = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS)
     c.start("a", "b", "c")
     owners = c.wait_balanced(["a", "b", "c"])
     lines = human_lines()
@@ -310,7 +229,7 @@ class Trickle:
 
 
 def test_kill_9_moves_the_shards_and_a_new_instance_joins_with_nothing_lost(tmp_path, kafka_bootstrap, reference):
-    c = Cluster(tmp_path, kafka_bootstrap)
+    c = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS)
     c.start("a", "b")
     c.wait_balanced(["a", "b"])
     watch = ProgressWatch(c)
@@ -338,7 +257,7 @@ def test_kill_9_moves_the_shards_and_a_new_instance_joins_with_nothing_lost(tmp_
 
 
 def test_an_instance_added_mid_stream_takes_shards_with_no_loss(tmp_path, kafka_bootstrap, reference):
-    c = Cluster(tmp_path, kafka_bootstrap)
+    c = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS)
     c.start("a", "b")
     before = c.wait_balanced(["a", "b"])
     lines = human_lines()
@@ -366,7 +285,7 @@ def test_a_stopped_instance_holds_the_window_at_its_limit_and_is_named(tmp_path,
     says which shard holds it; once Kafka moves the stopped instance's shards (session timeout)
     everything flows again. Woken up (SIGCONT), the stopped one never moves a progress back."""
     limit = 600
-    c = Cluster(tmp_path, kafka_bootstrap, max_retained_updates=limit, session_timeout_ms=3000)
+    c = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS, max_retained_updates=limit, session_timeout_ms=3000)
     a, b = c.start("a", "b")
     owners = c.wait_balanced(["a", "b"])
     lines = human_lines()
@@ -409,7 +328,7 @@ def test_bad_cluster_settings_are_clear_errors(tmp_path, kafka_bootstrap):
     with pytest.raises(CsmdError, match="does not work with \\[kafka\\] transactions"):
         load_config(env={"CSMD_CLUSTER__ENABLED": "true", "CSMD_KAFKA__TRANSACTIONS": "true"})
     two = Topics(kafka_bootstrap, partitions=2)  # no single update order
-    other = Cluster(tmp_path, kafka_bootstrap)  # its coordination topic already has 3 partitions, not 6
+    other = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS)  # its coordination topic has 3 partitions, not 6
     ensure_topics({"bootstrap.servers": kafka_bootstrap}, {f"{other.group}.shards": 3})
     for t, group, reason in ((two, "g2", "needs one input partition"), (other.t, other.group, "fixed for the life")):
         cfg = tmp_path / f"{group}.toml"
