@@ -251,6 +251,8 @@ class Cluster:
                          **cluster}
         self.overrides, self.env = {"delivery": {"commit_interval_ms": 100}, **(overrides or {})}, env
         self.members: dict[str, DaemonProcess] = {}
+        self._reader = None  # reads the group's offsets (one consumer: making one per read costs CPU)
+        self._reading = threading.Lock()
 
     def start(self, *names: str) -> list[DaemonProcess]:
         """Start these members side by side (each waits until it is healthy)."""
@@ -292,11 +294,11 @@ class Cluster:
 
     def progress(self) -> dict[int, int]:
         """Every shard's committed progress, as the group holds it (negative: none yet)."""
-        c = Consumer({"bootstrap.servers": self.t.bootstrap, "group.id": self.group, **QUIET})
-        try:
-            tps = c.committed([TopicPartition(f"{self.group}.shards", s) for s in range(self.shards)], timeout=10)
-        finally:
-            c.close()
+        with self._reading:
+            if self._reader is None:
+                self._reader = Consumer({"bootstrap.servers": self.t.bootstrap, "group.id": self.group, **QUIET})
+            tps = self._reader.committed([TopicPartition(f"{self.group}.shards", s) for s in range(self.shards)],
+                                         timeout=10)
         return {tp.partition: tp.offset for tp in tps}
 
     def wait_progress(self, offset: int, timeout: float = 90.0, poll: float = 0.1) -> None:

@@ -54,7 +54,7 @@ class ClusterMember:
         self.shards, self.topic = c["shards"], f"{c['group']}.shards"
         self.instance = c["instance"] or f"{socket.gethostname()}-{os.getpid()}"
         self.limit = c["max_retained_updates"]
-        self.start_offset, self.join_at = start_offset, join_at
+        self.join_at = join_at
         self.work = ShardWork(self.shards, daemon.pipe.next_seq, start_offset)
         daemon.pipe.shards = self.work
         daemon.sink.extra_headers = {"csmd-instance": self.instance.encode()}
