@@ -86,6 +86,8 @@ def test_shards_split_the_work_and_a_gained_shard_is_re_matched_exactly(tmp_path
     parts = [sharded_run(tmp_path, qpaths, shards, [(0, ShardChange({s: 0 for s in range(shards) if s % 3 == i}))],
                          bs) for i in range(3)]
     assert sum(parts, Counter()) == truth
+    one = sharded_run(tmp_path, qpaths, shards, [(0, ShardChange({s: 0 for s in range(shards)}))], bs)
+    assert one == truth  # one instance owning every shard publishes what a daemon without a cluster does
     mid = rng.randrange(40, 120)
     alone = sharded_run(tmp_path, qpaths, shards, [(0, ShardChange({0: 0, 1: 0})),
                                                    (mid, ShardChange({2: 0, 3: 0, 4: 0}))], bs)
