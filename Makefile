@@ -34,6 +34,7 @@ bench: setup
 	$(BIN)/python bench/replay_yeast.py --datasets $(DATASETS)
 	$(BIN)/python bench/estimate.py --datasets $(DATASETS)
 	$(BIN)/python bench/kafka_e2e.py
+	$(BIN)/python bench/cluster.py --datasets $(DATASETS)
 
 # on a machine with a CUDA device and CuPy
 bench-gpu: setup

@@ -252,6 +252,7 @@ class KafkaSink:
                           "transaction.timeout.ms": max(60_000, pconf["message.timeout.ms"])})
         self.producer = client(Producer, pconf)
         self.transactional = bool(transactional_id)
+        self.extra_headers: dict[str, bytes] = {}  # on every delta record (a cluster instance's name)
         self._in_txn = False
         if self.transactional:
             self.producer.init_transactions(30)
@@ -281,7 +282,7 @@ class KafkaSink:
         """Deltas to the output topic: one Arrow IPC record per query and batch (split to fit),
         keyed by query; on_send(origins) runs before each record is produced. Returns the count."""
         n = 0
-        headers = {CONTENT_TYPE: ARROW_STREAM, SCHEMA_HEADER: DELTAS_V1}
+        headers = {CONTENT_TYPE: ARROW_STREAM, SCHEMA_HEADER: DELTAS_V1, **self.extra_headers}
         for query, batch, origins in items:
             for data in arrow_messages(batch, self.max_message_bytes):
                 if on_send is not None:

@@ -237,3 +237,85 @@ def kill_leftovers() -> None:
         if d.proc.poll() is None:
             d.proc.kill()
             d.proc.wait()
+
+
+class Cluster:
+    """Daemon processes with [cluster] enabled sharing one stream's matching: one config each (its admin
+    port and instance name). cluster: [cluster] settings; overrides: other config sections; env: the
+    processes' extra environment."""
+
+    def __init__(self, tmp_path, bootstrap, queries, shards: int, overrides=None, env=None, **cluster):
+        self.tmp, self.t, self.queries, self.shards = tmp_path, Topics(bootstrap), queries, shards
+        self.group = f"c-{uuid.uuid4().hex[:8]}"
+        self.settings = {"enabled": True, "shards": shards, "group": self.group, "session_timeout_ms": 2000,
+                         **cluster}
+        self.overrides, self.env = {"delivery": {"commit_interval_ms": 100}, **(overrides or {})}, env
+        self.members: dict[str, DaemonProcess] = {}
+        self._reader = None  # reads the group's offsets (one consumer: making one per read costs CPU)
+        self._reading = threading.Lock()
+
+    def start(self, *names: str) -> list[DaemonProcess]:
+        """Start these members side by side (each waits until it is healthy)."""
+        def one(name):
+            port = new_admin_port()
+            cfg = self.tmp / f"{name}.toml"
+            cfg.write_text(config_text(self.t, self.queries, admin_port=port,
+                                       cluster={**self.settings, "instance": name}, **self.overrides))
+            self.members[name] = DaemonProcess(cfg, self.tmp / f"{name}.log", port, self.env)
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        missing = [n for n in names if n not in self.members]
+        assert not missing, f"{missing} did not start: see their logs in {self.tmp}"
+        return [self.members[n] for n in names]
+
+    def stop(self, *names: str) -> list[int]:
+        """SIGTERM to these members at once; their exit codes."""
+        for n in names:
+            self.members[n].proc.send_signal(signal.SIGTERM)
+        return [self.members[n].proc.wait(60) for n in names]
+
+    def owners(self, names=None) -> dict[str, set]:
+        """Each running member's live shards (owned, and re-matched up to the gain)."""
+        return {n: set(self.members[n].get("/stats")["cluster"]["live"]) for n in names or self.members}
+
+    def wait_balanced(self, names, timeout: float = 60.0) -> dict[str, set]:
+        """Until the members `names` hold every shard between them, each at least one, all live."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            owners = self.owners(names)
+            if all(owners.values()) and sorted(s for o in owners.values() for s in o) == list(range(self.shards)):
+                return owners
+            time.sleep(0.1)
+        raise AssertionError(f"shards not balanced over {names}: {self.owners(names)}")
+
+    def progress(self) -> dict[int, int]:
+        """Every shard's committed progress, as the group holds it (negative: none yet)."""
+        with self._reading:
+            if self._reader is None:
+                self._reader = Consumer({"bootstrap.servers": self.t.bootstrap, "group.id": self.group, **QUIET})
+            tps = self._reader.committed([TopicPartition(f"{self.group}.shards", s) for s in range(self.shards)],
+                                         timeout=10)
+        return {tp.partition: tp.offset for tp in tps}
+
+    def wait_progress(self, offset: int, timeout: float = 90.0, poll: float = 0.1) -> None:
+        """Until every shard's progress reached `offset`: every delta is delivered."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if all(o >= offset for o in self.progress().values()):
+                return
+            time.sleep(poll)
+        alive = [m.get("/stats")["cluster"] for m in self.members.values() if m.proc.poll() is None]
+        raise AssertionError(f"progress {self.progress()} never reached {offset}; stats: {alive}")
+
+    def deltas(self) -> tuple[pa.Table, list[str]]:
+        """Every delta on the output topic and, per row, the instance that published it."""
+        tables, by = [], []
+        for m in self.t.read(self.t.output):
+            table = pa.ipc.open_stream(m.value()).read_all()
+            tables.append(table)
+            by += [dict(m.headers())["csmd-instance"].decode()] * table.num_rows
+        return pa.concat_tables(tables), by

@@ -9,6 +9,7 @@ handed back to the engine's memory. Versions are engine tokens: the GC only
 orders them by the update that replaced them. A batch's versions stay together in one
 entry, sorted by replaced_at, so the cost per batch is a few list operations in C
 rather than a heap operation per version; a partly passed entry goes back with the rest.
+`hold` keeps versions that later reads at older timestamps still need (a cluster's re-matches).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from operator import itemgetter
 class GarbageCollector:
     def __init__(self, first_seq: int = 0):
         self.pointer = first_seq  # every update before it has finished
+        self._hold = 1 << 62  # nothing is released that a read at this timestamp or later may need
         # heap of (first replaced_at, tie, position, replaced_at tuple, token tuple): one per batch;
         # the versions from `position` on are still held
         self._edges: list[tuple[int, int, int, tuple, tuple]] = []
@@ -39,6 +41,10 @@ class GarbageCollector:
         with self._lock:
             heapq.heappush(self._edges, (at[0], next(self._tie), 0, at, tokens))
 
+    def hold(self, seq: int) -> None:
+        """Keep what reads at `seq` or later need, even once every update before it has finished."""
+        self._hold = seq
+
     def finished(self, lo: int, hi: int) -> list:
         """Updates lo..hi-1 finished matching; returns the tokens to release (callers release them)."""
         with self._lock:
@@ -46,9 +52,10 @@ class GarbageCollector:
             while self._finished and self._finished[0][0] <= self.pointer:
                 self.pointer = max(self.pointer, heapq.heappop(self._finished)[1])
             free = []
-            while self._edges and self._edges[0][0] < self.pointer:
+            upto = min(self.pointer, self._hold)
+            while self._edges and self._edges[0][0] < upto:
                 _, tie, start, at, tokens = heapq.heappop(self._edges)
-                end = bisect.bisect_left(at, self.pointer, start)  # at[:end] < pointer
+                end = bisect.bisect_left(at, upto, start)  # at[:end] < upto
                 free.extend(tokens[start:end])
                 if end < len(at):
                     heapq.heappush(self._edges, (at[end], tie, end, at, tokens))

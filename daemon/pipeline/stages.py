@@ -123,6 +123,7 @@ class Pipeline:
         self.queries: dict[str, tuple] = {}  # name -> (ContinuousQuery, the engine's form); executor stage
         self.stats = Stats()
         self.queues: dict[str, queue.Queue] = {}  # between the stages, while running threaded
+        self.shards = None  # a ShardWork when a cluster splits the matching (pipeline/shards.py): all matched here
         # held while a batch is sequenced and applied; re-entrant so that a marker's
         # at_updater (which runs under it) can take graph_state()
         self._updating = threading.RLock()
@@ -229,20 +230,36 @@ class Pipeline:
             with self._applied:
                 self._applied.wait_for(lambda: self._gu_done or self._applied_batches > index + self.executor_lag)
         self.stats.max_ahead = max(self.stats.max_ahead, self._applied_batches - index - 1)
+        work = batch
+        if self.shards is not None:
+            work = self.shards.select(batch)
+            self.gc.hold(self.shards.hold_seq)
         registered = list(self.queries.values())
+        return batch, work, registered, self._submit(work, registered)
+
+    def _submit(self, work: UpdateBatch, registered):
         searched = [pq for cq, pq in registered if pq is not None]
-        return batch, registered, self.engine.submit(batch, searched) if searched else None
+        return self.engine.submit(work, searched) if searched else None
+
+    def _deltas(self, work: UpdateBatch, registered, pending) -> list[QueryDeltas]:
+        matches = pending.result() if pending is not None else {}
+        labels = self.vertices.labels
+        return [canonical(cq, matches.get(cq.name) if pq is not None else vertex_matches(cq, work, labels), work)
+                for cq, pq in registered]
+
+    def match_now(self, work: UpdateBatch) -> list[QueryDeltas]:
+        """Match ops of batches applied earlier, each at its own timestamp, for the queries registered
+        now (a gained shard's re-match); from the executor stage, while their versions are held."""
+        registered = list(self.queries.values())
+        return self._deltas(work, registered, self._submit(work, registered))
 
     def _output(self, item, on_result) -> None:
         """Wait for a batch's matches, put them in canonical order and hand them on (stream order)."""
         if isinstance(item, Marker):
             on_result(item)
             return
-        b, registered, pending = item
-        matches = pending.result() if pending is not None else {}
-        labels = self.vertices.labels
-        deltas = [canonical(cq, matches.get(cq.name) if pq is not None else vertex_matches(cq, b, labels), b)
-                  for cq, pq in registered]
+        b, work, registered, pending = item
+        deltas = self._deltas(work, registered, pending)
         now = time.monotonic()
         on_result(BatchResult(b, deltas, now))
         self.stats.records += b.records

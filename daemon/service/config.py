@@ -76,6 +76,16 @@ DEFAULTS: dict[str, dict] = {
         # cluster): "fail" refuses to start and says why; "rebuild" starts over from [graph] initial
         "on_mismatch": "fail",
     },
+    "cluster": {
+        "enabled": False,  # share the matching work with the other instances of [cluster] group
+        "shards": 12,  # matching work units; fixed for the life of a deployment (the coordination topic's partitions)
+        "group": "csmd.cluster",  # consumer group of the instances; the coordination topic is "<group>.shards"
+        "instance": "",  # this instance's name in stats and the csmd-instance header; empty: host-pid
+        "session_timeout_ms": 10_000,  # an instance silent this long loses its shards (the failover time)
+        # the kept batches (and the versions they read) since the slowest shard's progress; at the
+        # limit the input pauses until that shard moves (its owner recovers or Kafka reassigns it)
+        "max_retained_updates": 1_000_000,
+    },
     "admin": {
         "listen": "127.0.0.1:8642",  # the admin and /metrics endpoint; empty: off
     },
@@ -91,7 +101,8 @@ _CHOICES = {("input", "format"): ("auto", "arrow", "json", "text"), ("kafka", "o
 _POSITIVE = {("topics", "partitions"), ("topics", "replication"), ("topics", "max_message_bytes"),
              ("input", "max_poll_records"), ("pipeline", "batch_size"), ("pipeline", "queue_depth"),
              ("pipeline", "max_pending_records"), ("delivery", "commit_interval_ms"), ("delivery", "timeout_s"), ("checkpoint", "interval_s"),
-             ("checkpoint", "keep"), ("pipeline", "batch_wait_ms")}
+             ("checkpoint", "keep"), ("pipeline", "batch_wait_ms"), ("cluster", "shards"),
+             ("cluster", "session_timeout_ms"), ("cluster", "max_retained_updates")}
 _NON_NEGATIVE = {("pipeline", "threads")}
 
 
@@ -184,6 +195,9 @@ def load_config(path=None, env=None) -> dict[str, dict]:
                                    DEFAULTS[section][key])
         origin[section, key] = var
     _check_listen(cfg["admin"]["listen"], origin.get(("admin", "listen"), "defaults"))
+    if cfg["cluster"]["enabled"] and cfg["kafka"]["transactions"]:
+        raise CsmdError(f"{origin.get(('cluster', 'enabled'), 'defaults')}: [cluster] enabled does not work with "
+                        f"[kafka] transactions (each shard commits its own progress, outside any transaction)")
     _check_librdkafka(cfg["kafka"], origin)
     return cfg
 

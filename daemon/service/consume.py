@@ -42,16 +42,21 @@ class ConsumeLoop:
                 self._fail("the pipeline stopped")
                 break
             self._poll_control()
+            if self.cluster is not None:
+                self.cluster.poll(self._next_offsets.get(0, 0))
             # Backpressure: one poll takes no more than the room left, so the records in flight
             # never pass the limit; with no room the consumer takes nothing until half of it is
             # free. (librdkafka's own pause is not used: it drops what it prefetched and fetches
-            # again only at its next wake-up, about a second, on every pause.)
+            # again only at its next wake-up, about a second, on every pause.) A cluster's kept
+            # window pauses it too (daemon/service/cluster.py).
             pending = self.tracker.pending()
             room = max_pending - pending
+            if self.cluster is not None:
+                room = min(room, self.cluster.room(self._next_offsets.get(0, 0)))
             if room <= 0 and not self.paused:
                 self.paused = True
                 self.metrics.inc("csmd_consumer_pauses_total")
-            elif self.paused and pending <= max_pending // 2:
+            elif self.paused and pending <= max_pending // 2 and room > 0:
                 self.paused = False
             if self.paused:
                 self.sink.poll(0.02)
@@ -93,6 +98,9 @@ class ConsumeLoop:
     def _commit(self, wait: bool = False) -> None:
         topic = self.cfg["topics"]["input"]
         offsets = {p: o for (t, p), o in self.tracker.committable().items() if t == topic}
+        if self.cluster is not None:  # progress per shard instead of the input group's offsets
+            self.cluster.sync(offsets.get(0), self.source.end_offsets().get(0))
+            return
         # after a restart from an older checkpoint the done prefix starts below the group's
         # offset: committing it would make a later restart re-send what was delivered
         fresh = {p: o for p, o in offsets.items() if o > self._committed.get(p, -1)}

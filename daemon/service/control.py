@@ -74,8 +74,21 @@ def control_request(body: bytes, source: str) -> dict:
     return msg
 
 
+# Instances of a cluster would each apply a change at their own input position, so shards
+# would disagree on where a query starts; until they agree on one, the cluster refuses changes.
+NOT_IN_CLUSTER = ("query changes at run time are not supported with [cluster] enabled yet: register the "
+                  "queries through [queries] paths and restart the instances")
+
+
 class ControlPlane:
     """The Daemon's part that replays, polls and answers control requests."""
+
+    def _refused_in_cluster(self, rec: Record, msg: dict) -> bool:
+        """In a cluster, a request nobody applied yet is logged and left alone (by every instance alike)."""
+        if self.cluster is None:
+            return False
+        self.log.error("control request ignored", record=rec.source, name=msg["name"], reason=NOT_IN_CLUSTER)
+        return True
 
     def _replay_control(self, start: dict[int, int]) -> None:
         """Requests logged since the checkpoint: replay those already applied at their recorded
@@ -90,14 +103,14 @@ class ControlPlane:
             if msg["op"] == "applied":
                 applied[msg["request"]] = msg
             else:
-                requests[rec.offset] = msg
-        for offset, msg in sorted(requests.items()):
+                requests[rec.offset] = (rec, msg)
+        for offset, (rec, msg) in sorted(requests.items()):
             spec = QuerySpec(msg["name"], msg.get("query", ""), msg.get("count_only", False))
             done = applied.get(offset)
             if done is not None:
                 at = {int(p): o for p, o in done["at"].items()}
                 self._scheduled.append(QueryChange(msg["op"], spec, offset, at, announce=False))
-            else:
+            elif not self._refused_in_cluster(rec, msg):
                 self._enqueue_marker(QueryChange(msg["op"], spec, offset, dict(self._next_offsets), announce=True))
         self._release_scheduled(None)
 
@@ -123,7 +136,7 @@ class ControlPlane:
             except InputError as exc:
                 self._dead_letter(rec, exc.reason)
                 continue
-            if msg["op"] == "applied" or rec.offset <= self.control_applied:
+            if msg["op"] == "applied" or rec.offset <= self.control_applied or self._refused_in_cluster(rec, msg):
                 continue  # our own announcements, or requests replayed at start
             spec = QuerySpec(msg["name"], msg.get("query", ""), msg.get("count_only", False))
             self._enqueue_marker(QueryChange(msg["op"], spec, rec.offset, dict(self._next_offsets), announce=True))
@@ -154,6 +167,8 @@ class ControlPlane:
     def request_change(self, msg: dict, timeout: float = 30.0) -> dict:
         """Write a control request (from the admin endpoint) and wait until it takes effect."""
         control_request(json.dumps(msg).encode(), "request")  # refuse bad requests before logging them
+        if self.cluster is not None:
+            raise CsmdError(NOT_IN_CLUSTER)
         done = threading.Event()
         offset: list = []
 

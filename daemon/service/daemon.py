@@ -33,6 +33,7 @@ from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.sequencer import IGNORED_REASONS
 from csmd.pipeline.stages import Pipeline
 from csmd.service.checkpointing import Checkpointing
+from csmd.service.cluster import ClusterMember
 from csmd.service.consume import ConsumeLoop
 from csmd.service.control import ControlPlane, QueryChange, QuerySpec
 from csmd.service.delivery import DeliveryTracker
@@ -66,6 +67,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self._suppress: dict[int, int] = {}  # input partition -> deltas below this offset were delivered
         self._committed: dict[int, int] = {}
         self._requests = None  # producer of admin requests (outside any transaction of the daemon's)
+        self.cluster: ClusterMember | None = None  # [cluster] enabled: shards of the matching work
         self._error_logged: dict[int, float] = {}  # Kafka error code -> when it was last logged
         self._lock = threading.Lock()
         self.started = time.time()
@@ -118,6 +120,9 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self.source = KafkaSource(conf, t["input"], k["group"], start, k["offset_reset"], k["consumer"])
         self.control = KafkaSource(conf, t["control"], k["group"] + ".control", {0: self.control_applied + 1},
                                    settings=k["consumer"])
+        if self.cfg["cluster"]["enabled"]:  # each shard's progress replaces the input group's offsets
+            self.cluster = ClusterMember(self, conf, start.get(0, 0), st.ends.get(0, 0))
+            st.committed = {}
         self._committed = dict(st.committed)
         self._suppress = {p: o for p, o in st.committed.items() if o > start.get(p, 0)}
         self._next_offsets = {p: start.get(p, 0) for p in self.source.partitions}
@@ -181,6 +186,8 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
             return 1
         self.source.close()
         self.control.close()
+        if self.cluster is not None:
+            self.cluster.close()
         self.log.info("stopped cleanly", seq=self.pipe.next_seq, committed=self._next_offsets)
         return 0
 
@@ -207,6 +214,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
             "acknowledged": {p: o for (topic, p), o in self.tracker.committable().items()
                              if topic == self.cfg["topics"]["input"]},
             "queries": {n: {"positive": t[0], "negative": t[1]} for n, t in self.totals.items() if n in self.specs},
+            "cluster": self.cluster.stats() if self.cluster is not None else None,
         }
 
 

@@ -156,6 +156,14 @@ _SERIES = [
     ("csmd_seq", Gauge, "Next update sequence number", ()),
     ("csmd_queries", Gauge, "Registered queries", ()),
     ("csmd_kafka_errors_total", Counter, "Errors reported by the Kafka clients, by code", ("code",)),
+    ("csmd_cluster_shards_owned", Gauge, "Shards of the matching work this instance owns ([cluster])", ()),
+    ("csmd_cluster_shard_lag", Gauge, "Input records past each shard's committed progress", ("shard",)),
+    ("csmd_cluster_rebalances_total", Counter, "Shard assignments and revocations this instance went through", ()),
+    ("csmd_cluster_retained_updates", Gauge, "Updates kept for re-matches since the slowest shard's progress", ()),
+    ("csmd_cluster_gc_holder", Gauge, "The shard with the lowest progress, which holds the kept window and the GC "
+                                      "back (-1: not in a cluster)", ()),
+    ("csmd_cluster_rematched_updates_total", Counter, "Updates re-matched for shards this instance gained", ()),
+    ("csmd_cluster_gaps_total", Counter, "Gained shards whose progress was older than anything this instance kept", ()),
 ]
 
 
@@ -173,6 +181,7 @@ class Metrics:
             _KeptElsewhere("csmd_gc_released_total", "Versions released by the garbage collector", (), {(): 0}))}
         for collector in self._read.values():
             self.registry.register(collector)
+        self.set("csmd_cluster_gc_holder", -1)
         self.latency = LatencyHistogram()
         self.registry.register(_LatencyCollector(self.latency, "csmd_update_latency_seconds",
                                                  "Per update record: arrival at the daemon to its deltas acknowledged"))

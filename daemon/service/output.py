@@ -12,6 +12,7 @@ import queue
 import numpy as np
 
 from csmd.connectors.records import Record
+from csmd.pipeline.shards import ShardChange
 from csmd.pipeline.stages import Marker
 from csmd.service.delivery import unwatched
 from csmd.service.control import QueryChange
@@ -66,11 +67,21 @@ class Output:
         if isinstance(result, Marker):
             if isinstance(result, QueryChange):
                 self._changed(result)
+            elif isinstance(result, ShardChange):
+                self.cluster.changed(result)
             else:
                 self._write_in_background(result)
             with self._lock:
                 self._markers_in_flight -= 1
             return
+        self._publish(result, self.tracker.acked, self.tracker.sending)
+        b = result.batch
+        self.tracker.executed(b.records)
+        self.metrics.inc("csmd_updates_total", b.records)
+        self.metrics.updates_rate.add(b.records)
+
+    def _publish(self, result, on_ack, on_send) -> None:
+        """Count and publish a batch's deltas; on_send(origins) / on_ack(origins) per Kafka record."""
         for d in result.deltas:
             tot = self.totals.setdefault(d.name, [0, 0])
             tot[0] += d.positive
@@ -84,12 +95,8 @@ class Output:
             if neg:
                 self.metrics.inc("csmd_deltas_total", neg, query=query, sign="-")
             self.metrics.deltas_rate.add(pos + neg)
-        n = self.sink.write(items, self.tracker.acked, self.tracker.sending)
+        n = self.sink.write(items, on_ack, on_send)
         self.metrics.inc("csmd_output_records_total", n)
-        b = result.batch
-        self.tracker.executed(b.records)
-        self.metrics.inc("csmd_updates_total", b.records)
-        self.metrics.updates_rate.add(b.records)
 
     def _unsuppressed(self, items):
         """Drop deltas of records below the committed offsets: they were delivered before a restart."""

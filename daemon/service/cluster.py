@@ -1,0 +1,253 @@
+"""Scale-out: this instance's part in a cluster that shares the matching work through Kafka.
+
+Every instance consumes every input record in the same order (one input partition)
+and holds the whole graph; the matching of each record belongs to one of
+`[cluster] shards` shards (pipeline/shards.py). Kafka decides who owns which shard:
+the coordination topic "<group>.shards" has one partition per shard, every instance
+subscribes to it in the consumer group `[cluster] group`, and the cooperative-sticky
+assignor hands its partitions out, so joining, leaving and crashed instances move
+shards through ordinary rebalances. Nothing is ever written to or read from it.
+
+A shard's progress is the input offset below which its deltas are delivered,
+committed as the offset of its partition in the group. The owner commits its done
+prefix (service/delivery.py) for every shard it owns once the shard's re-match is
+acknowledged; a new owner starts from the committed progress (a ShardChange re-matches
+the records between it and the gain). A commit never moves a progress back: it is
+checked against the group's offsets read just before (an instance that was paused may
+wake up still believing it owns a shard that moved on, and this broker does not fence
+its commits).
+
+Each instance keeps the batches (and the GC the versions) since the lowest progress
+of any shard, so any instance can take over any shard. The shard with the lowest
+progress holds that window open: at `[cluster] max_retained_updates` the input pauses
+(nothing is lost, memory stays bounded) and a warning names the shard, until its owner
+moves on or Kafka hands it to another instance.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from csmd.connectors.kafka import client, ensure_topics, librdkafka_settings, topic_partitions
+from csmd.errors import CsmdError
+from csmd.pipeline.shards import ShardChange, ShardWork
+
+
+class ClusterMember:
+    """The daemon's membership: shards owned, progress committed, the kept window bounded.
+
+    start_offset: where this instance's graph starts in the input (its checkpoint, or 0);
+    join_at: the input offset to catch up to before joining (the end at start), so a new
+    instance takes shards only once it can match them at once.
+    """
+
+    def __init__(self, daemon, conf: dict, start_offset: int, join_at: int):
+        self.d = daemon
+        c, t = daemon.cfg["cluster"], daemon.cfg["topics"]
+        if daemon.source.partitions != [0]:
+            raise CsmdError(f"[cluster] enabled needs one input partition (every instance must apply the same "
+                            f"update order); topic {t['input']!r} has {len(daemon.source.partitions)}")
+        self.shards, self.topic = c["shards"], f"{c['group']}.shards"
+        self.instance = c["instance"] or f"{socket.gethostname()}-{os.getpid()}"
+        self.limit = c["max_retained_updates"]
+        self.join_at = join_at
+        self.work = ShardWork(self.shards, daemon.pipe.next_seq, start_offset)
+        daemon.pipe.shards = self.work
+        daemon.sink.extra_headers = {"csmd-instance": self.instance.encode()}
+        if t["create"]:
+            ensure_topics(conf, {self.topic: self.shards}, t["replication"])
+        have = len(topic_partitions(conf, self.topic))
+        if have != self.shards:
+            raise CsmdError(f"coordination topic {self.topic!r} has {have} partitions but [cluster] shards = "
+                            f"{self.shards}: the number of shards is fixed for the life of a deployment")
+        timeout = c["session_timeout_ms"]
+        self.consumer = client(Consumer, {
+            **conf, **librdkafka_settings(daemon.cfg["kafka"]["consumer"]), "group.id": c["group"],
+            "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": timeout,
+            "heartbeat.interval.ms": max(100, timeout // 10), "enable.auto.commit": False,
+            "enable.auto.offset.store": False})
+        self.joined = self._closing = False
+        self._lock = threading.Lock()  # owned / live / gains: the main thread, the output thread, delivery reports
+        self.owned: set[int] = set()  # assigned to this instance by Kafka
+        self.live: set[int] = set()  # owned, and re-matched up to the gain: its progress may be committed
+        self._gaining: set[int] = set()  # assigned, progress not read yet
+        self._gains: dict[int, ShardChange] = {}  # shard -> its latest gain
+        self._unacked: dict[ShardChange, int] = {}  # gain -> Kafka records of its re-match not acknowledged
+        self.progress: dict[int, int] = {}  # the group's committed progress, as last read
+        self.rebalances = 0
+        self._paused_for: int | None = None  # the shard the input waits for (window full), once warned
+        m = daemon.metrics
+        for s in range(self.shards):
+            m.set("csmd_cluster_shard_lag", 0, shard=s)
+        self.sync(None, None)  # the window starts at the lowest progress before the first batch
+
+    # -- the main thread ------------------------------------------------------------------------
+    def poll(self, position: int) -> None:
+        """Serve the group protocol (rebalance callbacks run here); join once caught up to `position`."""
+        if not self.joined and position >= self.join_at:
+            self.consumer.subscribe([self.topic], on_assign=self._assigned, on_revoke=self._revoked,
+                                    on_lost=self._lost)
+            self.joined = True
+            self.d.log.info("joining the cluster", instance=self.instance, topic=self.topic, at=position)
+        msg = self.consumer.poll(0)
+        if msg is not None and msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
+            self.d._kafka_error(msg.error())
+        if self._gaining:
+            self._take_up()
+
+    def room(self, position: int) -> int:
+        """Updates the kept window may still take, the records on their way to it (below `position`,
+        the next input offset) counted too."""
+        return self.limit - self.work.retained - max(0, position - self.work.kept_to)
+
+    def _read(self, shards) -> dict[int, int]:
+        tps = self.consumer.committed([TopicPartition(self.topic, s) for s in shards], timeout=10)
+        return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
+
+    def sync(self, done: int | None, end: int | None) -> None:
+        """Commit `done` (the done prefix of the input) as the progress of the live shards it
+        advances; read every shard's progress; move the window's floor; refresh the metrics."""
+        try:
+            self.progress = self._read(range(self.shards))
+            self._commit(done)
+        except KafkaException as exc:  # the broker is away: the next interval tries again
+            self.d.log.warning("shard progress: read or commit failed, will retry", reason=str(exc))
+            return
+        slowest = self._slowest()
+        self.work.set_floor(self.progress.get(slowest, 0))
+        m = self.d.metrics
+        m.set("csmd_cluster_shards_owned", len(self.owned))
+        m.set("csmd_cluster_retained_updates", self.work.retained)
+        m.set("csmd_cluster_gc_holder", slowest)
+        if end is not None:
+            for s in range(self.shards):
+                m.set("csmd_cluster_shard_lag", end - self.progress.get(s, 0), shard=s)
+        if self.room(self.d._next_offsets.get(0, 0)) > 0:
+            self._paused_for = None
+        elif self._paused_for != slowest:
+            self._paused_for = slowest
+            self.d.log.warning("input paused: the slowest shard holds the kept window (and the GC) at its limit",
+                               shard=slowest, progress=self.progress.get(slowest, 0),
+                               retained_updates=self.work.retained, limit=self.limit)
+
+    def _slowest(self) -> int:
+        """The shard with the lowest progress; of equals, one this instance does not match (its own
+        move on as its records finish)."""
+        return min(range(self.shards), key=lambda s: (self.progress.get(s, 0), s in self.live))
+
+    def _commit(self, done: int | None) -> None:
+        """Commit `done` for the live shards whose progress (as just read) it passes."""
+        with self._lock:
+            fresh = {s: done for s in self.live if done is not None and done > self.progress.get(s, -1)}
+        if fresh:
+            self.consumer.commit(offsets=[TopicPartition(self.topic, s, o) for s, o in fresh.items()],
+                                 asynchronous=False)
+            self.progress.update(fresh)
+
+    def _assigned(self, _consumer, parts) -> None:
+        """Kafka hands shards over; they are taken up in poll, once their progress is read."""
+        gained = [p.partition for p in parts]
+        if gained and not self._closing:
+            self.rebalances += 1
+            self.d.metrics.inc("csmd_cluster_rebalances_total")
+            with self._lock:
+                self.owned.update(gained)
+            self._gaining.update(gained)
+
+    def _take_up(self) -> None:
+        """Start matching the gained shards from their committed progress (0 where none is)."""
+        try:
+            first = self._read(self._gaining)
+        except KafkaException as exc:  # the broker is away: the next poll tries again
+            self.d.log.warning("shard progress not readable yet, will retry", reason=str(exc))
+            return
+        with self._lock:
+            change = ShardChange({s: first.get(s, 0) for s in self._gaining if s in self.owned})
+            self._gains.update((s, change) for s in change.gain)
+        self._gaining.clear()
+        if not change.gain:  # all of them were taken back meanwhile
+            return
+        self.d._enqueue_marker(change)
+        self.d.log.info("shards gained", shards=sorted(change.gain), progress=change.gain,
+                        at=self.d._next_offsets.get(0, 0))
+
+    def _revoked(self, _consumer, parts) -> None:
+        """Kafka takes shards away in an orderly rebalance: their last progress first."""
+        lost = [p.partition for p in parts]
+        if not lost or self._closing:  # at shutdown the final progress was committed just before
+            return
+        try:
+            self.progress.update(self._read(lost))
+            self._commit(self._done())
+        except KafkaException as exc:  # the new owner re-matches a little more: duplicates, not losses
+            self.d.log.warning("shard progress not committed before giving shards up", reason=str(exc))
+        self._drop(lost, "revoked")
+
+    def _lost(self, _consumer, parts) -> None:
+        """This instance was silent past the session timeout: the shards may be someone else's already."""
+        self._drop([p.partition for p in parts], "lost")
+
+    def _drop(self, lost: list[int], how: str) -> None:
+        if not lost:
+            return
+        self.rebalances += 1
+        self.d.metrics.inc("csmd_cluster_rebalances_total")
+        self._gaining.difference_update(lost)
+        with self._lock:
+            self.owned.difference_update(lost)
+            self.live.difference_update(lost)
+            for s in lost:
+                self._gains.pop(s, None)
+        self.d._enqueue_marker(ShardChange({}, lost))
+        self.d.log.info(f"shards {how}", shards=sorted(lost))
+
+    def _done(self) -> int | None:
+        return self.d.tracker.committable().get((self.d.cfg["topics"]["input"], 0))
+
+    def close(self) -> None:
+        """Leave the group, after the final commit (the consumer cannot read offsets while closing)."""
+        self._closing = True
+        self.consumer.close()
+
+    # -- the output thread ------------------------------------------------------------------------
+    def changed(self, change: ShardChange) -> None:
+        """A shard change passed the executor: publish the gained shards' re-match; they become
+        live (committable) once the broker has all of it."""
+        for s, oldest in change.gaps.items():
+            self.d.metrics.inc("csmd_cluster_gaps_total")
+            self.d.log.error("gained shard's progress is older than anything this instance kept: records in "
+                             "between are not re-matched", shard=s, progress=change.gain[s], oldest_kept=oldest)
+        if not change.gain:
+            return
+        self.d.metrics.inc("csmd_cluster_rematched_updates_total", change.rematched)
+        with self._lock:
+            self._unacked[change] = 1  # the change itself, until all of it is produced
+        if change.result is not None:
+            self.d._publish(change.result, lambda _o: self._acked(change), lambda _o: self._sending(change))
+        self._acked(change)
+
+    def _sending(self, change: ShardChange) -> None:
+        with self._lock:
+            self._unacked[change] += 1
+
+    def _acked(self, change: ShardChange) -> None:
+        with self._lock:
+            self._unacked[change] -= 1
+            if self._unacked[change]:
+                return
+            del self._unacked[change]
+            self.live.update(s for s in change.gain if self._gains.get(s) is change)
+
+    def stats(self) -> dict:
+        with self._lock:
+            owned, live = sorted(self.owned), sorted(self.live)
+        slowest = self._slowest()
+        return {"instance": self.instance, "shards": self.shards, "joined": self.joined, "owned": owned,
+                "live": live, "progress": {str(s): self.progress.get(s) for s in range(self.shards)},
+                "rebalances": self.rebalances, "retained_updates": self.work.retained,
+                "max_retained_updates": self.limit, "paused_for_shard": self._paused_for,
+                "gc_held_by": {"shard": slowest, "progress": self.progress.get(slowest, 0)}}

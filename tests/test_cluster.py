@@ -1,0 +1,348 @@
+"""Scale-out: the matching split over shards, re-matches of gained shards, and several daemons through Kafka.
+
+Truth: `csmd replay` of the same stream (its own tests check it against brute force).
+The pipeline-level tests run mixed insert/delete streams in one process; the daemon
+tests run several `csmd run` processes on one embedded broker.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+
+from csmd.cli.replay import decoded_updates
+from csmd.connectors.files import FileSource
+from csmd.connectors.kafka import ensure_topics
+from csmd.engines import continuous_engine
+from csmd.errors import CsmdError
+from csmd.model.formats import read_graph, read_query
+from csmd.pipeline.deltas import DeltaEncoder
+from csmd.pipeline.shards import ShardChange, ShardWork, shard_of
+from csmd.pipeline.stages import Pipeline
+from csmd.service.config import load_config
+
+from kafka_harness import Cluster, Topics, config_text, human_lines, kill_leftovers, metric, new_admin_port
+from test_continuous import make_case, run_replay
+from test_kafka_daemon import QUERIES, dedup, reference, rows_of  # noqa: F401 (reference is a fixture)
+
+ID = ("query", "seq", "sign", "vertices", "input", "partition", "offset", "index")
+
+
+def deltas_with_ids(table: pa.Table) -> Counter:
+    return Counter(zip(*(map(tuple, v) if c == "vertices" else v
+                         for c, v in ((c, table.column(c).to_pylist()) for c in ID))))
+
+
+# ---- the pipeline: shards and re-matches, no Kafka ---------------------------------------------
+def sharded_run(tmp_path, qpaths, shards: int, plan, batch_size: int) -> Counter:
+    """The stream through one pipeline whose ShardChanges come from `plan`: (offset, change) pairs,
+    each placed before the record at that offset. Returns its deltas with their ids."""
+    g0 = read_graph(tmp_path / "g0.graph")
+    pipe = Pipeline(g0, engine=continuous_engine("cpu", g0), batch_size=batch_size, executor_lag=2, queue_depth=4)
+    for p in qpaths:
+        pipe.add_query(p.stem, read_query(p))
+    pipe.shards = ShardWork(shards, 0, 0)
+    encoder = DeltaEncoder(pipe.vertices)
+    tables = []
+
+    def source():
+        due = sorted(plan, key=lambda x: x[0])
+        for u in decoded_updates(tmp_path / "stream.txt"):
+            while due and u.origin[2] >= due[0][0]:
+                yield due.pop(0)[1]
+            yield u
+
+    def on_result(r):  # a batch's deltas, or a gain's re-match
+        r = r.result if isinstance(r, ShardChange) else r
+        if r is not None:
+            tables.extend(batch for _q, batch, _o in encoder.encode(r))
+
+    pipe.run(source(), on_result)
+    assert pipe.gc.released == 0  # the floor stayed at 0: the GC kept every version a re-match may read
+    return deltas_with_ids(pa.Table.from_batches(tables, encoder.schema)) if tables else Counter()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shards_split_the_work_and_a_gained_shard_is_re_matched_exactly(tmp_path, seed):
+    """Three owners of disjoint shards together publish exactly replay's deltas (ids included), each
+    delta once; one owner that gains the rest mid-stream, from offset 0, publishes all of them alone:
+    its re-match reads every earlier update at its own timestamp (mixed inserts and deletes)."""
+    qpaths, _ = make_case(tmp_path, seed, steps=160)
+    truth = deltas_with_ids(run_replay(tmp_path, qpaths, batch_size=7)[0])
+    assert truth
+    rng = random.Random(seed)
+    shards, bs = 5, rng.choice([1, 3, 8])
+    parts = [sharded_run(tmp_path, qpaths, shards, [(0, ShardChange({s: 0 for s in range(shards) if s % 3 == i}))],
+                         bs) for i in range(3)]
+    assert sum(parts, Counter()) == truth
+    one = sharded_run(tmp_path, qpaths, shards, [(0, ShardChange({s: 0 for s in range(shards)}))], bs)
+    assert one == truth  # one instance owning every shard publishes what a daemon without a cluster does
+    mid = rng.randrange(40, 120)
+    alone = sharded_run(tmp_path, qpaths, shards, [(0, ShardChange({0: 0, 1: 0})),
+                                                   (mid, ShardChange({2: 0, 3: 0, 4: 0}))], bs)
+    assert alone == truth
+
+
+@pytest.mark.parametrize("seed", range(6, 9))
+def test_a_shard_handed_over_is_matched_once_on_each_side_of_its_progress(tmp_path, seed):
+    """Shard 1 moves: the old owner loses it at offset `moved`; the new owner gained it earlier (at
+    `gained`, lagging) with progress `moved`, or later (at `late`) with progress `moved`, re-matching
+    the records in between. Either way the two together publish every delta exactly once."""
+    qpaths, _ = make_case(tmp_path, seed, steps=150)
+    truth = deltas_with_ids(run_replay(tmp_path, qpaths, batch_size=5)[0])
+    moved = 90
+    old = sharded_run(tmp_path, qpaths, 3, [(0, ShardChange({0: 0, 1: 0})), (moved, ShardChange({}, {1}))], 4)
+    for at in (60, 120):
+        new = sharded_run(tmp_path, qpaths, 3, [(0, ShardChange({2: 0})), (at, ShardChange({1: moved}))], 4)
+        assert old + new == truth, at
+        assert not set(old) & set(new), "no delta is published by both owners"
+
+
+def test_shard_of_spreads_records():
+    s = shard_of(0, range(12000), 12)
+    assert set(s.tolist()) == set(range(12))
+    assert Counter(s.tolist()).most_common()[-1][1] > 800  # every shard gets a fair share
+    assert (shard_of(0, [5, 6], 12) == shard_of([0, 0], [5, 6], 12)).all()
+
+
+def test_the_kept_window_follows_the_floor():
+    """Batches (and the GC's versions) are kept back to the slowest shard's progress, no further."""
+    from csmd.engine import UpdateBatch
+    from csmd.model.formats import Update
+    import numpy as np
+
+    work = ShardWork(4, 0, 0)
+    z = np.zeros(0, np.int64)
+    for k in range(10):
+        rec = Update("e", 1, 2, 0, "", ("in", 0, k))
+        work.select(UpdateBatch(k, k + 1, np.array([k]), np.array([0]), np.array([1]), np.array([0]), np.array([1]),
+                                z, z, z, np.zeros(0, np.int32), 2, {k: rec}, [], 1))
+    assert (work.retained, work.hold_seq) == (10, 0)
+    work.set_floor(6)
+    assert (work.retained, work.hold_seq, work.kept_from) == (4, 6, 6)
+    work.set_floor(3)  # the floor never goes back
+    assert (work.retained, work.hold_seq, work.kept_from) == (4, 6, 6)
+    _batch, gaps = work.gain({0: 2, 1: 7})
+    assert gaps == {0: 6}  # progress 2 is older than anything kept: reported, not silently skipped
+
+
+# ---- several daemons on one broker ------------------------------------------------------------
+SHARDS = 6
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_daemons():
+    yield
+    kill_leftovers()
+
+
+class ProgressWatch:
+    """Reads every shard's progress all along (a thread): it must never go back."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster, self.stop, self.backwards = cluster, threading.Event(), []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        last: dict[int, int] = {}
+        while not self.stop.is_set():
+            for s, o in self.cluster.progress().items():
+                if o < 0:  # none committed yet
+                    continue
+                if o < last.get(s, -1):
+                    self.backwards.append((s, last[s], o))
+                last[s] = max(last.get(s, -1), o)
+            time.sleep(0.05)
+
+    def close(self) -> list:
+        self.stop.set()
+        self.thread.join()
+        return self.backwards
+
+
+def shards_of(table: pa.Table) -> list[int]:
+    return shard_of(table.column("partition").to_numpy(), table.column("offset").to_numpy(), SHARDS).tolist()
+
+
+def test_three_instances_equal_replay_and_each_delta_comes_from_its_shards_owner(tmp_path, kafka_bootstrap,
+                                                                               reference):
+    c = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS)
+    c.start("a", "b", "c")
+    owners = c.wait_balanced(["a", "b", "c"])
+    lines = human_lines()
+    c.t.produce(c.t.input, lines)
+    c.wait_progress(len(lines))
+    assert c.owners() == owners, "no rebalance happened during the stream"
+    table, by = c.deltas()
+    deduped, dups = dedup(table)
+    assert dups == 0
+    assert rows_of(deduped) == reference
+    owner_of = {s: n for n, shards in owners.items() for s in shards}
+    assert [owner_of[s] for s in shards_of(table)] == by, "every delta is published by its shard's owner"
+    assert set(by) == {"a", "b", "c"}, "the work is shared"
+    add = urllib.request.Request(c.members["a"].url + "/queries", method="POST",
+                                 data=json.dumps({"name": "x", "query": "v 0 0\nv 1 0\ne 0 1\n"}).encode())
+    with pytest.raises(urllib.error.HTTPError) as refused:  # instances would each apply it at their own position
+        urllib.request.urlopen(add, timeout=10)
+    assert refused.value.code == 400 and "not supported with [cluster] enabled" in refused.value.read().decode()
+    for name, d in c.members.items():
+        assert d.get("/stats")["offsets"]["0"] == len(lines)  # every instance applied every update
+        metrics = d.get("/metrics")
+        assert metric(metrics, "csmd_cluster_shards_owned") == len(owners[name])
+        assert metric(metrics, "csmd_cluster_shard_lag", shard="0") == 0
+        assert metric(metrics, "csmd_cluster_rebalances_total") >= 1
+    assert c.stop("a", "b", "c") == [0, 0, 0]
+
+
+class Trickle:
+    """Produces `lines` slowly in the background (about 12 s for the human stream): a stream still
+    flowing while instances come and go; `finish()` sends the rest at once."""
+
+    def __init__(self, c: Cluster, lines, step: int = 36, pause: float = 0.1):
+        self.c, self.lines, self.sent, self.hurry = c, lines, 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(step, pause), daemon=True)
+        self.thread.start()
+
+    def _run(self, step, pause):
+        while self.sent < len(self.lines) and not self.hurry.is_set():
+            self.c.t.produce(self.c.t.input, self.lines[self.sent:self.sent + step])
+            self.sent = min(len(self.lines), self.sent + step)
+            time.sleep(pause)
+
+    def finish(self) -> int:
+        """Send the rest now; returns how many lines had been sent before."""
+        self.hurry.set()
+        self.thread.join()
+        before = self.sent
+        self.c.t.produce(self.c.t.input, self.lines[self.sent:])
+        return before
+
+
+def published_by(c: Cluster, name: str, timeout: float) -> bool:
+    """Whether a delta that instance `name` published is on the output topic within `timeout` s."""
+    def by(msgs):
+        return any(dict(m.headers())["csmd-instance"].decode() == name for m in msgs)
+    return by(c.t.read(c.t.output, timeout=timeout, until=by))
+
+
+def test_kill_9_moves_the_shards_and_a_new_instance_joins_with_nothing_lost(tmp_path, kafka_bootstrap, reference):
+    c = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS)
+    c.start("a", "b")
+    c.wait_balanced(["a", "b"])
+    watch = ProgressWatch(c)
+    lines = human_lines()
+    stream = Trickle(c, lines)
+    assert published_by(c, "b", timeout=8), "b published nothing while the stream flowed"
+    c.members["b"].stop(signal.SIGKILL)
+    killed = time.monotonic()
+    c.wait_balanced(["a"])  # its shards moved after the session timeout (2 s)
+    moved = time.monotonic() - killed
+    c.start("c")
+    c.wait_balanced(["a", "c"])
+    assert stream.finish() < len(lines), "b was killed and c joined while the stream was flowing"
+    c.wait_progress(len(lines))
+    assert watch.close() == [], "a shard's committed progress went back"
+    table, by = c.deltas()
+    deduped, dups = dedup(table)
+    assert rows_of(deduped) == reference
+    assert {"a", "b"} <= set(by)
+    assert moved < 15
+    stats = c.members["a"].get("/stats")["cluster"]
+    assert stats["rebalances"] >= 2 and stats["gc_held_by"]["progress"] == len(lines)
+    assert metric(c.members["a"].get("/metrics"), "csmd_cluster_rematched_updates_total") > 0
+    assert c.stop("a", "c") == [0, 0]
+
+
+def test_an_instance_added_mid_stream_takes_shards_with_no_loss(tmp_path, kafka_bootstrap, reference):
+    c = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS)
+    c.start("a", "b")
+    before = c.wait_balanced(["a", "b"])
+    lines = human_lines()
+    stream = Trickle(c, lines)
+    time.sleep(0.5)
+    c.start("c")
+    after = c.wait_balanced(["a", "b", "c"])
+    assert stream.finish() < len(lines), "the shards moved while the stream was flowing"
+    c.wait_progress(len(lines))
+    table, by = c.deltas()
+    deduped, dups = dedup(table)
+    assert rows_of(deduped) == reference
+    assert "c" in by
+    moved = {s for n, shards in after.items() for s in shards if s not in before.get(n, ())}
+    assert after["c"] <= moved
+    ids = list(zip(*(table.column(k).to_pylist() for k in ("offset", "query", "index"))))
+    twice = {i for i, n in Counter(ids).items() if n > 1}
+    dup_shards = set(shard_of(0, [o for o, _q, _i in twice], SHARDS).tolist()) if twice else set()
+    assert dup_shards <= moved, "duplicates only of records in flight on shards that moved"
+    assert c.stop("a", "b", "c") == [0, 0, 0]
+
+
+def test_a_stopped_instance_holds_the_window_at_its_limit_and_is_named(tmp_path, kafka_bootstrap, reference):
+    """SIGSTOP: the other instance keeps at most max_retained_updates updates, pauses its input, and
+    says which shard holds it; once Kafka moves the stopped instance's shards (session timeout)
+    everything flows again. Woken up (SIGCONT), the stopped one never moves a progress back."""
+    limit = 600
+    c = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS, max_retained_updates=limit, session_timeout_ms=3000)
+    a, b = c.start("a", "b")
+    owners = c.wait_balanced(["a", "b"])
+    lines = human_lines()
+    c.t.produce(c.t.input, lines[:1000])
+    c.wait_progress(1000)
+    b.proc.send_signal(signal.SIGSTOP)
+    try:
+        c.t.produce(c.t.input, lines[1000:])
+        held, retained = None, []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30:
+            s = a.get("/stats")
+            retained.append(s["cluster"]["retained_updates"])
+            if s["cluster"]["paused_for_shard"] is not None:
+                held = s["cluster"]
+                break
+            time.sleep(0.05)
+        assert held is not None, "the input paused at the limit"
+        assert held["paused_for_shard"] in owners["b"] and held["gc_held_by"]["shard"] in owners["b"]
+        assert max(retained) <= limit
+        assert metric(a.get("/metrics"), "csmd_cluster_gc_holder") in owners["b"]
+        assert f'"shard": {held["paused_for_shard"]}' in (tmp_path / "a.log").read_text()
+        c.wait_balanced(["a"])  # Kafka gave b's shards to a
+        c.wait_progress(len(lines))
+        assert a.get("/stats")["cluster"]["retained_updates"] <= limit
+        watch = ProgressWatch(c)
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
+    time.sleep(1.5)  # b runs again, believing for a moment that it owns its shards
+    assert c.stop("a", "b") == [0, 0]
+    assert watch.close() == [], "a shard's committed progress went back"
+    table, _by = c.deltas()
+    deduped, _dups = dedup(table)
+    assert rows_of(deduped) == reference
+
+
+def test_bad_cluster_settings_are_clear_errors(tmp_path, kafka_bootstrap):
+    with pytest.raises(CsmdError, match=r"\[cluster\] shards must be > 0"):
+        load_config(env={"CSMD_CLUSTER__SHARDS": "0"})
+    with pytest.raises(CsmdError, match="does not work with \\[kafka\\] transactions"):
+        load_config(env={"CSMD_CLUSTER__ENABLED": "true", "CSMD_KAFKA__TRANSACTIONS": "true"})
+    two = Topics(kafka_bootstrap, partitions=2)  # no single update order
+    other = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS)  # its coordination topic has 3 partitions, not 6
+    ensure_topics({"bootstrap.servers": kafka_bootstrap}, {f"{other.group}.shards": 3})
+    for t, group, reason in ((two, "g2", "needs one input partition"), (other.t, other.group, "fixed for the life")):
+        cfg = tmp_path / f"{group}.toml"
+        cfg.write_text(config_text(t, QUERIES, admin_port=new_admin_port(),
+                                   cluster={"enabled": True, "shards": SHARDS, "group": group}))
+        run = subprocess.run([sys.executable, "-m", "csmd", "run", "--config", str(cfg)], capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 2 and reason in run.stderr, run.stderr[-2000:]
