@@ -1,19 +1,24 @@
 """Scale-out: updates/s of 1, 2 and 4 daemons sharing one stream ([cluster]), and the failover time.
 
-Throughput: the human insertion stream with Q_1..Q_100 registered, count-only (every
-match would be some 10^9 delta rows); the whole stream is produced at once, and the
-time runs from the first record produced until every shard's committed progress has
+Throughput, for two workloads: the human insertion stream with Q_1..Q_100 registered,
+and the mixed insert/delete stream made from yeast (bench/replay_yeast.py's, seeded)
+with its 17 queries; count-only (every human match would be some 10^9 delta rows).
+The whole stream is produced at once, and the time runs from the first record produced until every shard's committed progress has
 passed the last record (every delta acknowledged by the broker). Each instance gets
-CSMD_THREADS = cores // instances, so that together they do not oversubscribe the
-machine; every instance still applies every update (the graph is replicated), only
-the matching is split.
+--threads matching threads (CSMD_THREADS; default: cores // the most instances
+measured), the same whatever the instance count, as if each instance had a machine
+of its own, and the most instances together do not oversubscribe this one; every
+instance still applies every update (the graph is replicated), only the matching is
+split.
 
 Failover: two instances, the stream flowing at --rate updates/s; one is killed
 (SIGKILL) and the time runs until the committed progress of every shard it owned
 moves again (Kafka noticed, the survivor re-matched the shard from its progress and
 its deltas are acknowledged), for two session timeouts.
 
-Median (and best) of --runs runs; prints a table. Embedded broker, CPU engine.
+Median (and best) of --runs runs; prints a table. Embedded broker; --backend cpu (the
+compiled engine) or numpy (its matching is some 10x slower, so the share that scales
+weighs more).
 """
 
 from __future__ import annotations
@@ -27,29 +32,53 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from kafka_harness import Cluster, kill_leftovers  # noqa: E402
+from replay_yeast import QUERIES as YEAST_QUERIES, make_stream  # noqa: E402
 
 from csmd.connectors.broker import EmbeddedBroker  # noqa: E402
 
 SHARDS = 12
 
 
-def cluster(root: Path, bootstrap: str, human: Path, tag: str, threads: int, **settings) -> Cluster:
+class Workload(NamedTuple):
+    name: str
+    graph: Path  # the initial graph
+    queries: list[Path]  # query files or folders
+    lines: list[str]  # the stream's records
+
+
+def human_workload(datasets: Path, root: Path) -> Workload:
+    human = datasets / "human"
+    lines = [ln.strip() for ln in (human / "insertion.graph").read_text().splitlines() if ln.strip()]
+    return Workload("human", human / "data.graph", [human / "queries"], lines)
+
+
+def yeast_workload(datasets: Path, root: Path) -> Workload:
+    yeast = datasets / "yeast"
+    g0, stream, _ins, _dels = make_stream(yeast / "data.graph", root, seed=1)
+    lines = [ln for ln in stream.read_text().splitlines() if ln]
+    return Workload("yeast", g0, [yeast / "queries" / f"{q}.graph" for q in YEAST_QUERIES], lines)
+
+
+def cluster(root: Path, bootstrap: str, w: Workload, tag: str, threads: int, backend: str = "cpu",
+            **settings) -> Cluster:
     work = root / tag
     work.mkdir()
-    overrides = {"graph": {"initial": str(human / "data.graph")},
-                 "queries": {"paths": [str(human / "queries")], "count_only": True},
-                 "log": {"level": "warning"}}
+    overrides = {"graph": {"initial": str(w.graph)},
+                 "queries": {"paths": [str(q) for q in w.queries], "count_only": True},
+                 "pipeline": {"backend": backend}, "log": {"level": "warning"}}
     return Cluster(work, bootstrap, [], SHARDS, overrides, {"CSMD_THREADS": str(threads)}, **settings)
 
 
-def throughput(root, human, lines, n: int, run: int) -> float:
-    tag = f"x{n}-{run}"
+def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str) -> float:
+    lines = w.lines
+    tag = f"{w.name}-x{n}-{run}"
     with broker(root, tag) as b:
-        c = cluster(root, b.bootstrap, human, tag, max(1, (os.cpu_count() or 1) // n))
+        c = cluster(root, b.bootstrap, w, tag, threads, backend)
         names = [chr(ord("a") + i) for i in range(n)]
         c.start(*names)
         c.wait_balanced(names)
@@ -58,7 +87,7 @@ def throughput(root, human, lines, n: int, run: int) -> float:
         c.wait_progress(len(lines), timeout=600, poll=0.02)
         seconds = time.monotonic() - t0
         c.stop(*names)
-    print(f"{n} instances, run {run}: {seconds:.2f} s", file=sys.stderr)
+    print(f"{w.name}: {n} instances, run {run}: {seconds:.2f} s", file=sys.stderr)
     return len(lines) / seconds
 
 
@@ -67,11 +96,11 @@ def broker(root: Path, tag: str) -> EmbeddedBroker:
     return EmbeddedBroker(log_path=root / f"broker-{tag}.log")
 
 
-def failover(root, human, lines, session_ms: int, rate: float, run: int) -> float:
+def failover(root, w: Workload, session_ms: int, rate: float, run: int) -> float:
     tag = f"f{session_ms}-{run}"
     with broker(root, tag) as b:
-        return _failover(cluster(root, b.bootstrap, human, tag, max(1, (os.cpu_count() or 1) // 2),
-                                 session_timeout_ms=session_ms), lines, rate)
+        return _failover(cluster(root, b.bootstrap, w, tag, max(1, (os.cpu_count() or 1) // 2),
+                                 session_timeout_ms=session_ms), w.lines, rate)
 
 
 def _failover(c: Cluster, lines, rate: float) -> float:
@@ -112,39 +141,49 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--instances", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--rate", type=float, default=400.0, help="updates/s offered during the failover runs")
-    ap.add_argument("--sessions", type=int, nargs="+", default=[2000, 10000], help="session timeouts (ms)")
+    ap.add_argument("--sessions", type=int, nargs="*", default=[2000, 10000], help="session timeouts (ms)")
+    ap.add_argument("--threads", type=int, help="matching threads per instance (default: cores // most instances)")
+    ap.add_argument("--backend", choices=("cpu", "numpy"), default="cpu",
+                    help="the engine of the throughput runs (numpy: slower matching, so it weighs more)")
+    ap.add_argument("--workloads", nargs="+", choices=("human", "yeast"), default=["human", "yeast"])
     args = ap.parse_args()
-    human = args.datasets / "human"
-    if not (human / "queries").is_dir():
-        sys.exit(f"bench/cluster.py: {human} not found (use --datasets DIR)")
-    lines = [ln.strip() for ln in (human / "insertion.graph").read_text().splitlines() if ln.strip()]
-    queries = len(list((human / "queries").iterdir()))
-    rates, failovers = {}, {}
+    if not (args.datasets / "human" / "queries").is_dir():
+        sys.exit(f"bench/cluster.py: {args.datasets / 'human'} not found (use --datasets DIR)")
+    args.datasets = args.datasets.resolve()  # the daemons run in their own folders
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(args.instances))
+    rates, failovers, workloads = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         try:
-            for n in args.instances:
-                rates[n] = [throughput(root, human, lines, n, r) for r in range(args.runs)]
-                print(f"done: {n} instances", file=sys.stderr)
+            for name in args.workloads:
+                w = workloads[name] = {"human": human_workload, "yeast": yeast_workload}[name](args.datasets, root)
+                for n in args.instances:
+                    rates[name, n] = [throughput(root, w, n, r, threads, args.backend) for r in range(args.runs)]
+                    print(f"done: {name}, {n} instances", file=sys.stderr)
+            human = workloads.get("human") or human_workload(args.datasets, root)
             for ms in args.sessions:
-                failovers[ms] = statistics.median(failover(root, human, lines, ms, args.rate, r)
-                                                  for r in range(args.runs))
+                failovers[ms] = statistics.median(failover(root, human, ms, args.rate, r) for r in range(args.runs))
                 print(f"done: failover, session timeout {ms} ms", file=sys.stderr)
         finally:
             kill_leftovers()
-    print(f"\nhuman insertion stream: {len(lines)} edge insertions, {queries} queries count-only; {SHARDS} shards; "
-          f"embedded Tansu broker (a fresh one per run); CPU engine; {os.cpu_count()} cores on this machine, shared by the broker and "
-          f"every instance; median of {args.runs} runs\n")
-    print(f"{'instances':>9} {'updates/s':>10} {'speed-up':>9} {'best run':>9}")
-    base = statistics.median(rates[args.instances[0]])
-    for n, runs in rates.items():
-        r = statistics.median(runs)
-        print(f"{n:>9} {r:>10.0f} {r / base:>8.2f}x {max(runs):>9.0f}")
-    print(f"\nfailover: 2 instances, {args.rate:.0f} updates/s offered; SIGKILL to the killed instance's shards "
-          f"committing progress again\n")
+    print(f"\n{SHARDS} shards; embedded Tansu broker (a fresh one per run); {args.backend} engine, {threads} matching threads per instance; "
+          f"{os.cpu_count()} cores on this machine, shared by the broker and every instance; count-only; median of {args.runs} runs\n")
+    print(f"{'workload':>34} {'instances':>9} {'updates/s':>10} {'speed-up':>9} {'best run':>9}")
+    for name, w in workloads.items():
+        what = f"{name}: {len(w.lines)} updates, {len(queries_of(w))} queries"
+        base = statistics.median(rates[name, args.instances[0]])
+        for n in args.instances:
+            r = statistics.median(rates[name, n])
+            print(f"{what:>34} {n:>9} {r:>10.0f} {r / base:>8.2f}x {max(rates[name, n]):>9.0f}")
+    print(f"\nfailover: human stream, 2 instances, {args.rate:.0f} updates/s offered; SIGKILL to the killed "
+          f"instance's shards committing progress again\n")
     print(f"{'session timeout ms':>18} {'failover s':>11}")
     for ms, s in failovers.items():
         print(f"{ms:>18} {s:>11.2f}")
+
+
+def queries_of(w: Workload) -> list[Path]:
+    return [f for q in w.queries for f in (sorted(q.iterdir()) if q.is_dir() else [q])]
 
 
 if __name__ == "__main__":
