@@ -29,8 +29,9 @@ from csmd.service.admin import _estimate
 
 RUNS = 40  # seeded runs per case for the unbiasedness check
 TOLERANCE_SE = 4.0
-GPU = pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(gpu_unavailable_reason() is not None,
-                                                                    reason=str(gpu_unavailable_reason()))])
+GPU_MARKS = [pytest.mark.gpu, pytest.mark.skipif(gpu_unavailable_reason() is not None,
+                                                 reason=str(gpu_unavailable_reason()))]
+GPU = pytest.param("gpu", marks=GPU_MARKS)
 BACKENDS = ["cpu", GPU]
 
 
@@ -78,7 +79,8 @@ def random_case(seed: int):
 
 
 @pytest.mark.parametrize("backend, method, trawl", [("cpu", "wj", 0), ("cpu", "alley", 0), ("cpu", "wj", 2),
-                                                    (GPU, "wj", 0), (GPU, "alley", 0)])
+                                                    pytest.param("gpu", "wj", 0, marks=GPU_MARKS),
+                                                    pytest.param("gpu", "alley", 0, marks=GPU_MARKS)])
 @pytest.mark.parametrize("case", range(10))
 def test_mean_of_seeded_runs_is_within_its_standard_errors_of_the_exact_count(backend, method, trawl, case):
     g, q, adj, labels = random_case(case)
