@@ -84,7 +84,7 @@ struct SamplePlan {
     int depth;            // depths walked
     int method;           // METHOD_*
     int nfirst;           // candidates of depth 0
-    int pad;
+    int inherit;          // sample inheritance within each warp (sampler.cu)
     int ebeg[MAXQ + 1];
     int ej[MAXE];
     unsigned same[MAXQ];  // earlier non-adjacent depths with the same label (injectivity)

@@ -1,7 +1,8 @@
 // Approximate counting: WanderJoin and Alley walks on the candidate graph, one sample per thread.
 //
-// The walks, the pivot choice (the shortest local list, the first on ties), the picks and
-// the random numbers are those of the numpy sampler (daemon/cpu/sampler.py) bit for bit:
+// Without inheritance, the walks, the pivot choice (the shortest local list, the first on
+// ties), the picks and the random numbers are those of the numpy sampler
+// (daemon/cpu/sampler.py) bit for bit:
 // depth i of lane l of a round reads uniform number i * lanes + l of numpy's Philox4x64-10
 // stream keyed by the seed with counter (0, 0, round, 0). A thread computes that number
 // from its index alone (a counter-based RNG needs no state), so a round's weights depend
@@ -83,8 +84,67 @@ __device__ __forceinline__ bool fits(const SamplePlan& P, const Cand& cg, const 
     return true;
 }
 
+// Depth i of one walk with uniform r: sets M[i], multiplies w by the size of the set it
+// chose from; false when the walk failed.
+__device__ __forceinline__ bool extend(const SamplePlan& P, const Cand& cg, int* M, int i, double r, double* w) {
+    int piv = -1;
+    i64 start = 0, size = 0;
+    for (int e = P.ebeg[i]; e < P.ebeg[i + 1]; ++e) {
+        i64 s, z;
+        cg.list(e, P.ej[e], M[P.ej[e]], &s, &z);
+        if (piv < 0 || z < size) piv = e, start = s, size = z;
+    }
+    if (P.method == METHOD_WJ) {
+        // pick from the pivot's list, then check the other edges: a failed check kills the walk
+        if (size == 0) return false;
+        *w *= (double)size;
+        M[i] = __ldg(cg.local + start + pick(r, size));
+        return fits(P, cg, M, i, piv, M[i]);
+    }
+    // Alley: the intersection of all lists, less the used vertices: count it, then take its k-th member
+    i64 count = 0;
+    for (i64 t = start; t < start + size; ++t) count += fits(P, cg, M, i, piv, __ldg(cg.local + t));
+    if (count == 0) return false;
+    *w *= (double)count;
+    i64 k = pick(r, count);
+    for (i64 t = start;; ++t) {
+        const int x = __ldg(cg.local + t);
+        if (fits(P, cg, M, i, piv, x) && k-- == 0) {
+            M[i] = x;
+            return true;
+        }
+    }
+}
+
+// Sample inheritance (gSWORD): after depth i, each lane of the warp whose walk died takes over
+// a living lane's prefix M[0..i], dead lanes of rank k, k + nl, k + 2 nl, ... the living lane
+// of rank k; the c lanes that then share a prefix carry its weight / c each and continue
+// independently (their own random numbers). The expected sum of their final weights is the
+// prefix's weight times its expected completion factor, as without inheritance, so the warp's
+// sum stays unbiased; its lanes are no longer independent, the warps are (blocks of the
+// statistics are whole warps).
+__device__ __forceinline__ void inherit(int* M, int i, double* w, bool* alive, bool real) {
+    const unsigned live = __ballot_sync(FULL_MASK, *alive), dead = __ballot_sync(FULL_MASK, real && !*alive);
+    if (!live || !dead) return;
+    const unsigned me = threadIdx.x & 31, below = (1u << me) - 1;
+    const int nl = __popc(live), nd = __popc(dead);
+    int src = me;
+    if (dead >> me & 1) {
+        unsigned m = live;
+        for (int k = __popc(dead & below) % nl; k; --k) m &= m - 1;
+        src = __ffs(m) - 1;
+    } else if (*alive) {
+        const int k = __popc(live & below);
+        *w /= (double)(1 + nd / nl + (k < nd % nl));
+    }
+    for (int j = 0; j <= i; ++j) M[j] = __shfl_sync(FULL_MASK, M[j], src);
+    *w = __shfl_sync(FULL_MASK, *w, src);
+    *alive = *alive || (dead >> me & 1);
+}
+
 // weights[l] = the Horvitz-Thompson weight of sample l of round `rnd` (0: the walk failed),
 // for l < lanes. plan is a SamplePlan in global memory, copied to shared memory per block.
+// A warp walks 32 consecutive lanes together (all in step, for inheritance).
 extern "C" __global__ void __launch_bounds__(256) sample(const int* __restrict__ plan, const int* __restrict__ first,
                                                          const int* __restrict__ rows, i64 n,
                                                          const i64* __restrict__ ipbase,
@@ -95,43 +155,19 @@ extern "C" __global__ void __launch_bounds__(256) sample(const int* __restrict__
     for (int t = threadIdx.x; t < (int)(sizeof(SamplePlan) / 4); t += blockDim.x) ((int*)&P)[t] = plan[t];
     __syncthreads();
     const Cand cg{rows, n, ipbase, indptr, local};
-    for (i64 l = blockIdx.x * (i64)blockDim.x + threadIdx.x; l < lanes; l += (i64)gridDim.x * blockDim.x) {
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 base = blockIdx.x * (i64)blockDim.x + (threadIdx.x & ~31); base < lanes; base += stride) {
+        const i64 l = base + (threadIdx.x & 31);
+        const bool real = l < lanes;
         int M[MAXQ];
         double w = P.nfirst;
-        M[0] = __ldg(first + pick(philox_uniform(k0, k1, rnd, l), P.nfirst));
-        for (int i = 1; i < P.depth && w != 0.0; ++i) {
-            const double r = philox_uniform(k0, k1, rnd, (u64)i * lanes + l);
-            int piv = -1;
-            i64 start = 0, size = 0;
-            for (int e = P.ebeg[i]; e < P.ebeg[i + 1]; ++e) {
-                i64 s, z;
-                cg.list(e, P.ej[e], M[P.ej[e]], &s, &z);
-                if (piv < 0 || z < size) piv = e, start = s, size = z;
-            }
-            if (P.method == METHOD_WJ) {
-                // pick from the pivot's list, then check the other edges: a failed check kills the walk
-                w *= (double)size;
-                if (size == 0) break;
-                const int x = __ldg(local + start + pick(r, size));
-                if (!fits(P, cg, M, i, piv, x)) w = 0.0;
-                M[i] = x;
-            } else {
-                // the intersection of all lists, less the used vertices: count it, then take its k-th member
-                i64 count = 0;
-                for (i64 t = start; t < start + size; ++t) count += fits(P, cg, M, i, piv, __ldg(local + t));
-                w *= (double)count;
-                if (count == 0) break;
-                i64 k = pick(r, count);
-                for (i64 t = start;; ++t) {
-                    const int x = __ldg(local + t);
-                    if (fits(P, cg, M, i, piv, x) && k-- == 0) {
-                        M[i] = x;
-                        break;
-                    }
-                }
-            }
+        bool alive = real;
+        if (real) M[0] = __ldg(first + pick(philox_uniform(k0, k1, rnd, l), P.nfirst));
+        for (int i = 1; i < P.depth && __any_sync(FULL_MASK, alive); ++i) {
+            if (alive) alive = extend(P, cg, M, i, philox_uniform(k0, k1, rnd, (u64)i * lanes + l), &w);
+            if (P.inherit && i + 1 < P.depth) inherit(M, i, &w, &alive, real);
         }
-        weights[l] = w;
+        if (real) weights[l] = alive ? w : 0.0;
     }
 }
 

@@ -3,7 +3,8 @@
 Same interface as csmd.cpu.sampler.CpuSampler (draw(round, lanes) -> weights), so the
 statistics and the stop rule of csmd.model.estimate.run_rounds serve both; the weights stay
 on the device and only the block means travel. The kernel reproduces the numpy sampler's
-random numbers and walks, so for the same seed and round both return the same weights.
+random numbers and walks, so without sample inheritance both return the same weights
+for the same seed and round.
 
 The candidate graph is the host's CandidateGraph, uploaded: building it on the host takes
 milliseconds on the benchmark graphs (bench/estimate.py prints it), less than the sampling
@@ -33,8 +34,11 @@ class GpuSampler:
     # rounds grow to 4M samples (16,384 blocks of 256): ~0.1 s at the target rate, so the
     # launch and the host's stop-rule check between rounds cost under 1%
     max_round_blocks = 1 << 14
+    block_unit = 32  # with inheritance a warp's samples depend on each other: statistics blocks are whole warps
 
-    def __init__(self, cg: CandidateGraph, method: str, seed: int):
+    def __init__(self, cg: CandidateGraph, method: str, seed: int, inherit: bool = True):
+        """inherit: sample inheritance within each warp (sampler.cu): dead walks continue living ones,
+        so more of the warp's lanes finish; off, the weights are the CPU sampler's, lane by lane."""
         if method not in METHODS:
             raise CsmdError(f"unknown method {method!r}")
         plan = cg.plan
@@ -44,7 +48,7 @@ class GpuSampler:
         self.n = len(cg.row[0])
         s = structs("sampler")
         t = np.zeros(s.sample_plan // 4, np.int32)
-        t[:3] = plan.depth, METHODS[method], len(cg.first)
+        t[:4] = plan.depth, METHODS[method], len(cg.first), inherit
         ebeg, ej, same = s.sp_ebeg // 4, s.sp_ej // 4, s.sp_same // 4
         ipbase, indptr, local = [], [], []
         at = e = 0

@@ -28,8 +28,10 @@ EXACT_TIME_LIMIT = 20.0  # yeast queries the GPU matcher cannot count in this ti
 
 
 def same_weights(g, q, method: str, seed: int, lanes: int) -> None:
+    from csmd.gpu.sampler import GpuSampler
+
     cg = CandidateGraph(g, plan_query(g, q))
-    cpu, gpu = make_sampler("cpu", g, cg, method, seed), make_sampler("gpu", g, cg, method, seed)
+    cpu, gpu = make_sampler("cpu", g, cg, method, seed), GpuSampler(cg, method, seed, inherit=False)
     for rnd in (0, 3):
         w = cpu.draw(rnd, lanes)
         assert np.count_nonzero(w), "a case whose walks all fail checks nothing"
@@ -39,7 +41,8 @@ def same_weights(g, q, method: str, seed: int, lanes: int) -> None:
 @pytest.mark.parametrize("method", ["wj", "alley"])
 @pytest.mark.parametrize("case", range(10))
 def test_gpu_weights_are_the_cpu_samplers_on_random_graphs(case, method):
-    """Same seed, same round: the same walks, so the same float64 weights, lane by lane."""
+    """Same seed, same round, no inheritance: the same walks, so the same float64 weights, lane by lane.
+    (With inheritance, the default, test_estimate's unbiasedness and coverage checks hold the GPU.)"""
     g, q, _, _ = random_case(case)
     same_weights(g, q, method, seed=case * 1000 + 17, lanes=4096)
 

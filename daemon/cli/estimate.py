@@ -71,6 +71,6 @@ def run_estimate(g: Graph, q: Graph, name: str, *, method: str = "auto", samples
     else:
         s = make_sampler(backend, g, cg, method, seed, trawl)
         est = run_rounds(s.draw, samples=samples, rel_error=rel_error, time_limit=time_limit,
-                         block=block_size(samples), max_round_blocks=s.max_round_blocks)
+                         block=block_size(samples, s.block_unit), max_round_blocks=s.max_round_blocks)
     return {"query": name, **est.as_dict(), "seconds": round(time.monotonic() - t0, 6), "method": method,
             "trawl": trawl, "backend": backend, "seed": seed}

@@ -38,6 +38,7 @@ class CpuSampler:
     """Draws rounds of WanderJoin or Alley samples of one query in one graph."""
 
     max_round_blocks = MAX_ROUND_BLOCKS  # run_rounds' default: rounds of up to 65,536 samples
+    block_unit = 1  # the samples are independent: any block size
 
     def __init__(self, g: Graph, cg: CandidateGraph, method: str, seed: int, trawl: int = 0):
         """trawl: the number of query vertices, at the end of the order, whose matches are counted

@@ -136,9 +136,10 @@ class BlockStats:
         return (high - est) / est
 
 
-def block_size(samples: int | None) -> int:
-    """BLOCK, or smaller for a small --samples so that it still makes at least 32 blocks."""
-    return BLOCK if samples is None else max(1, min(BLOCK, samples // 32))
+def block_size(samples: int | None, unit: int = 1) -> int:
+    """BLOCK, or smaller for a small --samples so that it still makes at least 32 blocks; a multiple
+    of `unit`, the sampler's group of dependent samples (a warp on the GPU)."""
+    return BLOCK if samples is None else max(unit, min(BLOCK, samples // 32) // unit * unit)
 
 
 def run_rounds(draw, *, samples: int | None = None, rel_error: float | None = None,
