@@ -21,7 +21,7 @@ from csmd.errors import CsmdError
 from csmd.model.estimate import CandidateGraph
 
 from .launch import THREADS, flat_grid, i64, u64
-from .layout import MAXE, METHOD_ALLEY, METHOD_WJ, structs
+from .layout import MAXQ, METHOD_ALLEY, METHOD_WJ, structs
 from .module import kernel
 
 METHODS = {"wj": METHOD_WJ, "alley": METHOD_ALLEY}
@@ -42,8 +42,8 @@ class GpuSampler:
         if method not in METHODS:
             raise CsmdError(f"unknown method {method!r}")
         plan = cg.plan
-        if sum(len(b) for b in cg.edges) > MAXE:
-            raise CsmdError(f"the GPU sampler takes at most {MAXE} query edges")
+        if plan.depth > MAXQ:  # then MAXE holds every backward edge too
+            raise CsmdError(f"the GPU sampler takes queries of at most {MAXQ} vertices, not {plan.depth}")
         self.seed, self.depth = seed, plan.depth
         self.n = len(cg.row[0])
         s = structs("sampler")

@@ -13,9 +13,11 @@ import pytest
 
 from conftest import dataset
 from csmd.engines import gpu_unavailable_reason
+from csmd.errors import CsmdError
 from csmd.cli.estimate import make_sampler, run_estimate
 from csmd.model.estimate import CandidateGraph
 from csmd.model.formats import read_graph, read_query
+from csmd.model.graph import Graph
 from csmd.model.plan import plan_query
 from test_estimate import hprd, host, random_case  # noqa: F401 (hprd: a fixture)
 
@@ -80,3 +82,11 @@ def test_intervals_cover_yeast_exact_counts(yeast):
         if not (res["ci_low"] is not None and res["ci_low"] <= count <= res["ci_high"]):
             missed.append((name, count, res["estimate"]))
     assert len(missed) <= 0.1 * len(cases), missed
+
+
+def test_gpu_refuses_queries_over_32_vertices():
+    def path(n):
+        return Graph.from_edges([0] * n, list(range(n - 1)), list(range(1, n)))
+
+    with pytest.raises(CsmdError, match="at most 32 vertices, not 33"):
+        run_estimate(path(40), path(33), "q", samples=64, backend="gpu")
