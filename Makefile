@@ -41,6 +41,7 @@ bench-gpu: setup
 	$(BIN)/python bench/static_gpu.py --datasets $(DATASETS)
 	$(BIN)/python bench/replay_gpu.py --datasets $(DATASETS)
 	$(BIN)/python bench/gu_gpu.py
+	$(BIN)/python bench/estimate.py --backend gpu --datasets $(DATASETS)
 	cd bench && ../$(BIN)/python scale_gpu.py
 
 clean:

@@ -71,3 +71,21 @@ struct Task {
     int q;
     int v[MAXQ];
 };
+
+// ---- approximate counting (sampler.cu) ----
+// Backward edges of all depths together: at most MAXQ * (MAXQ - 1) / 2.
+#define MAXE 496
+#define METHOD_WJ 0
+#define METHOD_ALLEY 1
+
+// One query's walk, by depth: depth i's backward edges are ebeg[i] .. ebeg[i + 1] - 1, edge e
+// leads to the earlier depth ej[e] and its local lists are list e of the candidate graph.
+struct SamplePlan {
+    int depth;            // depths walked
+    int method;           // METHOD_*
+    int nfirst;           // candidates of depth 0
+    int inherit;          // sample inheritance within each warp (sampler.cu)
+    int ebeg[MAXQ + 1];
+    int ej[MAXE];
+    unsigned same[MAXQ];  // earlier non-adjacent depths with the same label (injectivity)
+};

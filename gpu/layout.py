@@ -19,19 +19,24 @@ MAXQ = _D["MAXQ"]
 CTL_POOL, CTL_HEAD, CTL_TAIL, CTL_IDLE = _D["CTL_POOL"], _D["CTL_HEAD"], _D["CTL_TAIL"], _D["CTL_IDLE"]
 CTL_STOP, CTL_OUTN, CTL_GCOUNT, CTL_STARTED = _D["CTL_STOP"], _D["CTL_OUTN"], _D["CTL_GCOUNT"], _D["CTL_STARTED"]
 STOP_FULL, STOP_LIMIT, STOP_TIME = _D["STOP_FULL"], _D["STOP_LIMIT"], _D["STOP_TIME"]
+METHOD_WJ, METHOD_ALLEY = _D["METHOD_WJ"], _D["METHOD_ALLEY"]
 
-# what matcher.cu's `layout` kernel writes, in order (bytes)
-_FIELDS = ("query_table", "qt_outpos", "qt_label", "qt_back", "qt_same", "qt_less", "qt_greater", "level", "warp",
-           "warp_active", "warp_batches", "task", "task_q")
+# what each module's `layout` kernel writes, in order (bytes)
+_FIELDS = {
+    "matcher": ("query_table", "qt_outpos", "qt_label", "qt_back", "qt_same", "qt_less", "qt_greater", "level",
+                "warp", "warp_active", "warp_batches", "task", "task_q"),
+    "sampler": ("sample_plan", "sp_ebeg", "sp_ej", "sp_same"),
+}
 
 
 @lru_cache(maxsize=None)
-def structs() -> SimpleNamespace:
-    """Sizes and offsets of the kernel structs, in bytes, as the device compiler laid them out."""
+def structs(module: str = "matcher") -> SimpleNamespace:
+    """Sizes and offsets of a module's kernel structs, in bytes, as the device compiler laid them out."""
     import cupy as cp
 
     from .module import kernel
 
-    out = cp.zeros(len(_FIELDS), cp.int64)
-    kernel("matcher", "layout")((1,), (1,), (out,))
-    return SimpleNamespace(**dict(zip(_FIELDS, out.get().tolist())))
+    fields = _FIELDS[module]
+    out = cp.zeros(len(fields), cp.int64)
+    kernel(module, "layout")((1,), (1,), (out,))
+    return SimpleNamespace(**dict(zip(fields, out.get().tolist())))

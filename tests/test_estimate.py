@@ -1,5 +1,7 @@
 """Approximate counting against independent truth: brute-force counts and HPRD's expected counts.
 
+Each check runs on the CPU sampler and, where CuPy sees a device, on the GPU sampler (marked gpu).
+
 Every run is seeded, so each statistical check below either always passes or always
 fails; the tolerances are wide enough (4 standard errors, 90% coverage of nominal 95%
 intervals) that a correct estimator passes them for all but a vanishing share of seeds.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,8 +19,8 @@ import pytest
 from brute import embeddings
 from conftest import dataset, read_expected
 from csmd.cli import main
-from csmd.cli.estimate import run_estimate
-from csmd.cpu.sampler import CpuSampler
+from csmd.engines import gpu_unavailable_reason
+from csmd.cli.estimate import make_sampler, run_estimate
 from csmd.model.estimate import CandidateGraph
 from csmd.model.formats import read_graph, read_query
 from csmd.model.graph import Graph
@@ -26,6 +29,14 @@ from csmd.service.admin import _estimate
 
 RUNS = 40  # seeded runs per case for the unbiasedness check
 TOLERANCE_SE = 4.0
+GPU_MARKS = [pytest.mark.gpu, pytest.mark.skipif(gpu_unavailable_reason() is not None,
+                                                 reason=str(gpu_unavailable_reason()))]
+GPU = pytest.param("gpu", marks=GPU_MARKS)
+BACKENDS = ["cpu", GPU]
+
+
+def host(weights) -> np.ndarray:
+    return weights.get() if hasattr(weights, "get") else weights
 
 
 def random_case(seed: int):
@@ -67,14 +78,16 @@ def random_case(seed: int):
     return g, q, adj, labels
 
 
-@pytest.mark.parametrize("method, trawl", [("wj", 0), ("alley", 0), ("wj", 2)])
+@pytest.mark.parametrize("backend, method, trawl", [("cpu", "wj", 0), ("cpu", "alley", 0), ("cpu", "wj", 2),
+                                                    pytest.param("gpu", "wj", 0, marks=GPU_MARKS),
+                                                    pytest.param("gpu", "alley", 0, marks=GPU_MARKS)])
 @pytest.mark.parametrize("case", range(10))
-def test_mean_of_seeded_runs_is_within_its_standard_errors_of_the_exact_count(method, trawl, case):
+def test_mean_of_seeded_runs_is_within_its_standard_errors_of_the_exact_count(backend, method, trawl, case):
     g, q, adj, labels = random_case(case)
     exact = sum(1 for _ in embeddings(adj, labels, q))
     assert exact > 0
-    runs = np.array([run_estimate(g, q, "q", method=method, samples=1024, seed=s, trawl=trawl)["estimate"]
-                     for s in range(RUNS)])
+    runs = np.array([run_estimate(g, q, "q", method=method, samples=1024, seed=s, trawl=trawl,
+                                  backend=backend)["estimate"] for s in range(RUNS)])
     se = runs.std(ddof=1) / np.sqrt(RUNS)
     assert abs(runs.mean() - exact) <= TOLERANCE_SE * se + 1e-9 * exact, (runs.mean(), se, exact)
 
@@ -87,41 +100,44 @@ def hprd():
     return g, {name: (read_query(root / "queries" / f"{name}.graph"), count) for name, count in expected.items()}
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("method", ["wj", "alley"])
-def test_intervals_cover_hprd_expected_counts(hprd, method):
+def test_intervals_cover_hprd_expected_counts(hprd, method, backend):
     """All 200 HPRD queries, 8,192 samples each (32 blocks); each query its own seed, so the
     200 coverage events are independent."""
     g, queries = hprd
     covered = 0
     for seed, (name, (q, exact)) in enumerate(sorted(queries.items())):
-        res = run_estimate(g, q, name, method=method, samples=8192, seed=seed)
+        res = run_estimate(g, q, name, method=method, samples=8192, seed=seed, backend=backend)
         covered += res["ci_low"] <= exact <= res["ci_high"]
     assert covered >= 0.9 * len(queries), covered
 
 
-def test_same_seed_same_estimate(hprd):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_same_seed_same_estimate(hprd, backend):
     g, queries = hprd
     q, _ = queries["query_dense_16_11"]  # one whose walks have different weights
-    runs = [run_estimate(g, q, "q", method="wj", samples=4096, seed=s) for s in (7, 7, 8)]
+    runs = [run_estimate(g, q, "q", method="wj", samples=4096, seed=s, backend=backend) for s in (7, 7, 8)]
     for r in runs:
         r.pop("seconds")
     assert runs[0] == runs[1]
     assert runs[0]["estimate"] != runs[2]["estimate"]
     # a round's samples depend on (seed, round) alone, not on what was drawn before
-    sampler = CpuSampler(g, CandidateGraph(g, plan_query(g, q)), "alley", 3)
-    later = sampler.draw(5, 2048)
-    sampler.draw(0, 4096)
-    assert np.array_equal(sampler.draw(5, 2048), later)
+    s = make_sampler(backend, g, CandidateGraph(g, plan_query(g, q)), "alley", 3)
+    later = host(s.draw(5, 2048))
+    s.draw(0, 4096)
+    assert np.array_equal(host(s.draw(5, 2048)), later)
 
 
 def cycle_graph(n: int) -> Graph:
     return Graph.from_edges([0] * n, list(range(n)), [(i + 1) % n for i in range(n)])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("method", ["wj", "alley"])
-def test_no_valid_sample_is_no_information(method):
+def test_no_valid_sample_is_no_information(method, backend):
     """A triangle in a hexagon: every vertex passes the filters, every walk fails."""
-    res = run_estimate(cycle_graph(6), cycle_graph(3), "triangle", method=method, samples=2048)
+    res = run_estimate(cycle_graph(6), cycle_graph(3), "triangle", method=method, samples=2048, backend=backend)
     assert res["valid_samples"] == 0 and res["samples"] >= 2048
     assert res["estimate"] is None and res["ci_low"] is None and res["ci_high"] is None
     assert res["exact"] is False
@@ -162,7 +178,8 @@ def test_cli_json_lines(tmp_path, capsys):
     r = rows[0]
     assert {"query", "estimate", "ci_low", "ci_high", "confidence", "samples", "valid_samples", "seconds",
             "method", "backend"} <= set(r)
-    assert r["query"] == "q" and r["method"] == "wj" and r["backend"] == "cpu" and r["confidence"] == 0.95
+    assert r["query"] == "q" and r["method"] == "wj" and r["confidence"] == 0.95
+    assert r["backend"] == ("cpu" if gpu_unavailable_reason() else "gpu")  # auto
     assert r["samples"] >= 20000 and 0 < r["valid_samples"] <= r["samples"]
     assert r["ci_low"] <= exact <= r["ci_high"]
 
@@ -175,7 +192,7 @@ def test_cli_table_says_no_information(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--backend", "gpu", "the GPU sampler is not part of this build yet"),
+    ("--trawl", "2", "--trawl runs on the CPU sampler only"),
     ("--query", "BAD.graph", "BAD.graph:2: "),
     ("--data", "MISSING.graph", "MISSING.graph: No such file or directory"),
     ("--seed", str(2**128), "seed must be in 0 .. 2**128 - 1"),
@@ -183,7 +200,9 @@ def test_cli_table_says_no_information(tmp_path, capsys):
 def test_cli_errors_exit_2(tmp_path, capsys, flag, value, message):
     (tmp_path / "BAD.graph").write_text("v 0 0\nv 1 x\n")
     opts = {"--data": write_graph(tmp_path / "g.graph", cycle_graph(6)),
-            "--query": write_graph(tmp_path / "q.graph", cycle_graph(3)), "--backend": "auto", "--seed": "0"}
+            "--query": write_graph(tmp_path / "q.graph", cycle_graph(3)), "--backend": "gpu", "--seed": "0"}
+    if flag != "--trawl" and gpu_unavailable_reason() is not None:
+        opts["--backend"] = "auto"
     opts[flag] = str(tmp_path / value) if flag in ("--data", "--query") else value
     assert main(["estimate", *[x for kv in opts.items() for x in kv]]) == 2
     assert message in capsys.readouterr().err
@@ -199,21 +218,23 @@ def test_cli_bad_options_exit_2(tmp_path, args):
 
 # ---- the admin endpoint --------------------------------------------------------------------------------
 class LiveGraph:
-    """What the admin endpoint reads of a daemon: the live graph and its timestamp."""
+    """What the admin endpoint reads of a daemon: the live graph, its timestamp and the engine's name."""
 
-    def __init__(self, g: Graph, seq: int):
+    def __init__(self, g: Graph, seq: int, engine: str = "cpu"):
         self.g, self.seq = g, seq
+        self.pipe = SimpleNamespace(engine=SimpleNamespace(name=engine))
 
     def live_graph(self):
         return self.g, self.seq
 
 
-def test_admin_estimate_reads_the_live_graph_at_its_timestamp(tmp_path):
+@pytest.mark.parametrize("engine", BACKENDS)
+def test_admin_estimate_reads_the_live_graph_at_its_timestamp(tmp_path, engine):
     g, q, adj, labels = random_case(5)
     exact = sum(1 for _ in embeddings(adj, labels, q))
     text = open(write_graph(tmp_path / "q.graph", q)).read()
-    res = _estimate(LiveGraph(g, 1234), {"query": text, "name": "q", "samples": 20000, "seed": 2})
-    assert res["seq"] == 1234 and res["edges"] == g.num_edges
+    res = _estimate(LiveGraph(g, 1234, engine), {"query": text, "name": "q", "samples": 20000, "seed": 2})
+    assert res["seq"] == 1234 and res["edges"] == g.num_edges and res["backend"] == engine
     assert res["ci_low"] <= exact <= res["ci_high"]
     with pytest.raises(Exception, match="samples"):
         _estimate(LiveGraph(g, 0), {"query": text, "samples": -5})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from csmd.engines import resolve_backend
 from csmd.errors import CsmdError
 from csmd.model.estimate import CONFIDENCE, CandidateGraph, Estimate, block_size, run_rounds
 from csmd.model.graph import Graph
@@ -15,11 +16,24 @@ DEFAULT_TIME_LIMIT = 10.0
 MAX_SEED = 2**128
 
 
-def sampler_backend(name: str) -> str:
-    """The sampler for `--backend name`: only the numpy one exists in this build (auto takes it)."""
-    if name == "gpu":
-        raise CsmdError("--backend gpu: the GPU sampler is not part of this build yet; use --backend cpu or auto")
-    return "cpu"
+def sampler_backend(name: str, trawl: int = 0) -> str:
+    """The sampler for `--backend name`: "cpu" or "gpu" (auto: the GPU where CuPy sees one).
+    Trawling counts completions with the CPU matcher, so it runs on the CPU sampler only."""
+    if trawl and name == "gpu":
+        raise CsmdError("--trawl runs on the CPU sampler only; use --backend cpu or auto")
+    return "gpu" if not trawl and resolve_backend(name) == "gpu" else "cpu"
+
+
+def make_sampler(backend: str, g: Graph, cg: CandidateGraph, method: str, seed: int, trawl: int = 0):
+    """The CpuSampler or GpuSampler ("cpu" / "gpu") of one query; trawling on the CPU only."""
+    if backend == "gpu":
+        from csmd.gpu.sampler import GpuSampler
+
+        assert not trawl, "trawling runs on the CPU sampler (sampler_backend refuses it)"
+        return GpuSampler(cg, method, seed)
+    from csmd.cpu.sampler import CpuSampler
+
+    return CpuSampler(g, cg, method, seed, trawl)
 
 
 def stop_rule(samples, rel_error, time_limit) -> tuple:
@@ -42,9 +56,8 @@ def run_estimate(g: Graph, q: Graph, name: str, *, method: str = "auto", samples
     method auto takes Alley: on a tree query both walks draw from the same sets, and on
     a cyclic one Alley's intersected sets fail far less often. `seconds` covers the
     filtering and the sampling; time_limit only the sampling (filtering is not cut short).
+    backend is "cpu" or "gpu" (sampler_backend's answer).
     """
-    from csmd.cpu.sampler import CpuSampler
-
     if method not in METHODS:
         raise CsmdError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
     if not 0 <= seed < MAX_SEED:
@@ -56,7 +69,8 @@ def run_estimate(g: Graph, q: Graph, name: str, *, method: str = "auto", samples
     if cg.empty:
         est = Estimate(0.0, 0.0, 0.0, CONFIDENCE, 0, 0, 0, 0.0, exact=True)
     else:
-        est = run_rounds(CpuSampler(g, cg, method, seed, trawl).draw, samples=samples, rel_error=rel_error,
-                         time_limit=time_limit, block=block_size(samples))
+        s = make_sampler(backend, g, cg, method, seed, trawl)
+        est = run_rounds(s.draw, samples=samples, rel_error=rel_error, time_limit=time_limit,
+                         block=block_size(samples, s.block_unit), max_round_blocks=s.max_round_blocks)
     return {"query": name, **est.as_dict(), "seconds": round(time.monotonic() - t0, 6), "method": method,
             "trawl": trawl, "backend": backend, "seed": seed}

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from csmd.cpu.matcher import search
-from csmd.model.estimate import CandidateGraph
+from csmd.model.estimate import MAX_ROUND_BLOCKS, CandidateGraph
 from csmd.model.graph import Graph, gather_ranges
 
 METHODS = ("wj", "alley")
@@ -36,6 +36,9 @@ CHUNK = 1 << 22  # Alley gathers at most this many list entries at once (memory 
 
 class CpuSampler:
     """Draws rounds of WanderJoin or Alley samples of one query in one graph."""
+
+    max_round_blocks = MAX_ROUND_BLOCKS  # run_rounds' default: rounds of up to 65,536 samples
+    block_unit = 1  # the samples are independent: any block size
 
     def __init__(self, g: Graph, cg: CandidateGraph, method: str, seed: int, trawl: int = 0):
         """trawl: the number of query vertices, at the end of the order, whose matches are counted

@@ -1,6 +1,6 @@
 """Approximate counting, the engine-neutral half: the candidate graph, the statistics and the stop rule.
 
-A sampler (numpy in csmd.cpu.sampler; a GPU one would plug in the same way) draws
+A sampler (numpy in csmd.cpu.sampler, CUDA in csmd.gpu.sampler) draws
 rounds of independent samples. Each sample walks the query's matching order and
 returns a Horvitz-Thompson weight: the product of the sizes of the sets it chose
 from, 0 when the walk failed. Every embedding is reached with probability the
@@ -25,7 +25,7 @@ from csmd.model.plan import Plan
 
 CONFIDENCE = 0.95
 Z = 1.959963984540054  # the two-sided 95% normal quantile
-BLOCK = 256  # samples per block (a GPU warp's sums would be one block each)
+BLOCK = 256  # samples per block (on the GPU, one thread block's samples)
 FIRST_ROUND_BLOCKS = 32  # a short first round answers easy queries fast ...
 MAX_ROUND_BLOCKS = 256  # ... later rounds double up to this, for throughput
 # the rel-error stop waits for this many blocks and valid samples: fewer make the
@@ -109,10 +109,12 @@ class BlockStats:
         self.samples = 0
         self.valid = 0
 
-    def add(self, weights: np.ndarray) -> None:
-        self.means.append(weights.reshape(-1, self.block).mean(1))
+    def add(self, weights) -> None:
+        """weights: a numpy array, or a CuPy one (reduced where it lies; only the block means travel)."""
+        means = weights.reshape(-1, self.block).mean(1)
+        self.means.append(means.get() if hasattr(means, "get") else means)
         self.samples += len(weights)
-        self.valid += int(np.count_nonzero(weights))
+        self.valid += int((weights != 0).sum())
 
     @property
     def blocks(self) -> int:
@@ -134,20 +136,24 @@ class BlockStats:
         return (high - est) / est
 
 
-def block_size(samples: int | None) -> int:
-    """BLOCK, or smaller for a small --samples so that it still makes at least 32 blocks."""
-    return BLOCK if samples is None else max(1, min(BLOCK, samples // 32))
+def block_size(samples: int | None, unit: int = 1) -> int:
+    """BLOCK, or smaller for a small --samples so that it still makes at least 32 blocks; a multiple
+    of `unit`, the sampler's group of dependent samples (a warp on the GPU)."""
+    return BLOCK if samples is None else max(unit, min(BLOCK, samples // 32) // unit * unit)
 
 
 def run_rounds(draw, *, samples: int | None = None, rel_error: float | None = None,
-               time_limit: float | None = None, block: int = BLOCK) -> Estimate:
+               time_limit: float | None = None, block: int = BLOCK,
+               max_round_blocks: int = MAX_ROUND_BLOCKS) -> Estimate:
     """Draw rounds until a stop rule holds and return the estimate.
 
     draw(round, lanes) -> float64 weights of `lanes` fresh samples; round numbers the
     counter-based random streams, so a round's samples depend on the seed and its number
     only. Stops after `samples` samples (rounded up to whole blocks), once the interval's
     half-width relative to the estimate is at most `rel_error`, or after `time_limit`
-    seconds, whichever comes first; the rules are checked between rounds.
+    seconds, whichever comes first; the rules are checked between rounds. Rounds double
+    up to max_round_blocks blocks (a GPU wants millions of lanes a launch), but not once
+    a round takes a tenth of the time limit, so the limit is not overrun by much.
     """
     if samples is None and time_limit is None:
         raise ValueError("a relative error alone may never be reached: give samples or a time limit too")
@@ -157,9 +163,11 @@ def run_rounds(draw, *, samples: int | None = None, rel_error: float | None = No
     while True:
         if samples is not None:
             nblocks = min(nblocks, -(-(samples - stats.samples) // block))
+        t1 = time.monotonic()
         stats.add(draw(rnd, nblocks * block))
         rnd += 1
-        nblocks = min(2 * nblocks, MAX_ROUND_BLOCKS)
+        if time_limit is None or time.monotonic() - t1 < time_limit / 10:
+            nblocks = min(2 * nblocks, max_round_blocks)
         if samples is not None and stats.samples >= samples:
             break
         if rel_error is not None and stats.rel_error() <= rel_error:

@@ -158,17 +158,19 @@ def _match(daemon, body: dict) -> dict:
 
 
 def _estimate(daemon, body: dict) -> dict:
-    """The sampler runs on the CPU whatever the daemon's engine (the GPU sampler is not in this build)."""
-    from csmd.cli.estimate import run_estimate
+    """The sampler runs where the daemon's engine runs (trawling on the CPU): the candidate graph is
+    built from the host copy of the live graph at `seq` and, on the GPU engine, uploaded."""
+    from csmd.cli.estimate import run_estimate, sampler_backend
 
     name, q = _query(body)
     if body.get("samples") is not None and body.get("rel_error") is not None:
         raise CsmdError("give \"samples\" or \"rel_error\", not both")
+    trawl = _number(body, "trawl", int, zero_ok=True) or 0
     g, seq = daemon.live_graph()
     res = run_estimate(g, q, name, method=body.get("method", "auto"), samples=_number(body, "samples", int),
                        rel_error=_number(body, "rel_error", float), time_limit=_number(body, "time_limit", float),
                        seed=_number(body, "seed", int, zero_ok=True) or 0,
-                       trawl=_number(body, "trawl", int, zero_ok=True) or 0)
+                       trawl=trawl, backend=sampler_backend(daemon.pipe.engine.name, trawl))
     return {**res, "seq": seq, "vertices": g.n, "edges": g.num_edges}
 
 
