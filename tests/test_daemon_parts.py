@@ -142,7 +142,7 @@ def test_bad_arrow_records():
 # ---- delivery -------------------------------------------------------------------------------------------
 def test_offsets_commit_only_past_records_whose_deltas_are_all_acknowledged():
     done = []
-    t = DeliveryTracker(on_done=done.append)
+    t = DeliveryTracker(on_done=done.extend)
     o = [("in", 0, i) for i in range(5)]
     t.submitted(o[0], 2, arrived=0.0)
     t.submitted(o[1], 1, arrived=1.0)

@@ -26,6 +26,8 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 from csmd.connectors.kafka import KafkaSink, KafkaSource, client_config, ensure_topics
 from csmd.engines import continuous_engine
 from csmd.model.graph import Graph
@@ -113,7 +115,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self.metrics.bind("csmd_gc_released_total", lambda: {(): self.pipe.gc.released})
         self.totals = {s.name: [0, 0] for s in specs}
         self.encoder = DeltaEncoder(self.pipe.vertices)
-        self.tracker = DeliveryTracker(on_done=lambda t0: self.metrics.latency.observe([time.monotonic() - t0]))
+        self.tracker = DeliveryTracker(on_done=lambda t0: self.metrics.latency.observe(time.monotonic() - np.asarray(t0)))
         k = self.cfg["kafka"]
         self.sink = KafkaSink(conf, t["output"], t["max_message_bytes"], self._fail, self.cfg["delivery"]["timeout_s"],
                               k["transactional_id"] if k["transactions"] else None, k["producer"])

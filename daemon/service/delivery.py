@@ -39,7 +39,7 @@ class DeliveryTracker:
         self._by_partition: dict[tuple[str, int], deque[_Entry]] = {}
         self._unexecuted: deque[_Entry] = deque()  # entries with updates still in the pipeline, in order
         self._committable: dict[tuple[str, int], int] = {}
-        self._on_done = on_done  # called with each finished entry's arrival time (latency metric)
+        self._on_done = on_done  # called with the finished entries' arrival times (latency metric)
 
     def submitted(self, origin: tuple, updates: int, sends: int = 0, arrived: float | None = None) -> None:
         """An input record entered the daemon holding `updates` updates, and `sends` Kafka records
@@ -54,7 +54,7 @@ class DeliveryTracker:
             if updates:
                 self._unexecuted.append(e)
             else:
-                self._advance(origin[:2])
+                self._advance([origin[:2]])
 
     def sending(self, origins) -> None:
         """A Kafka record covering these input records was produced."""
@@ -66,11 +66,13 @@ class DeliveryTracker:
         """The broker has a Kafka record covering these input records. A failed delivery is
         never reported here: its records stay pending, so their offsets are never committed."""
         with self._lock:
+            touched = set()
             for o in origins:
                 e = self._entries[o]
                 e.acks -= 1
                 if e.done:
-                    self._advance(o[:2])
+                    touched.add(o[:2])
+            self._advance(touched)
 
     def executed(self, records: int) -> None:
         """The pipeline finished the next `records` updates (in submission order)."""
@@ -84,17 +86,21 @@ class DeliveryTracker:
                 if e.records == 0:
                     self._unexecuted.popleft()
                     touched.add(e.origin[:2])
-            for key in touched:
-                self._advance(key)
+            self._advance(touched)
 
-    def _advance(self, key) -> None:
-        q = self._by_partition[key]
-        while q and q[0].done:
-            e = q.popleft()
-            del self._entries[e.origin]
-            self._committable[key] = e.origin[2] + 1
-            if self._on_done is not None:
-                self._on_done(e.arrived)
+    def _advance(self, keys) -> None:
+        """Move the done prefix of each (input, partition) in `keys`; on_done gets the arrival
+        times of all the records it passed at once (one metric update, not one per record)."""
+        arrived = []
+        for key in keys:
+            q = self._by_partition[key]
+            while q and q[0].done:
+                e = q.popleft()
+                del self._entries[e.origin]
+                self._committable[key] = e.origin[2] + 1
+                arrived.append(e.arrived)
+        if arrived and self._on_done is not None:
+            self._on_done(arrived)
 
     def committable(self) -> dict[tuple[str, int], int]:
         """(input, partition) -> next offset, for every partition with a done prefix so far."""
