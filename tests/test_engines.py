@@ -7,8 +7,9 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import ENGINES
 
-from csmd.engines import continuous_engine, gpu_unavailable_reason
+from csmd.engines import continuous_engine, gpu_unavailable_reason, warm_up
 from csmd.errors import CsmdError
 from csmd.model.graph import Graph
 
@@ -67,3 +68,14 @@ def test_cpu_is_the_compiled_engine_and_numpy_names_the_fallback():
 
     assert continuous_engine("cpu", G).name == "cpu" and engines.static_matcher("cpu").name == "cpu"
     assert continuous_engine("numpy", G).name == "numpy" and engines.static_matcher("numpy").name == "numpy"
+
+
+@pytest.mark.parametrize("backend", ENGINES)
+def test_warm_up_runs_every_kind_of_batch_through_a_throwaway_engine(backend):
+    """The daemon's warm-up (compiled code loads before the first record) matches inserts and deletes
+    of edges and vertices, counted and materialized: every delta of its tiny stream, by hand."""
+    seconds, deltas = warm_up(backend)
+    # on the path 0-1-2-3: e 0 2 closes 0-1-2 (+6 embeddings), e 1 3 closes 1-2-3 (+6); e 9 0 and
+    # e 9 1 close nothing (9-1 has edge label 1); -e 0 2 opens 0-1-2 (-6); -v 9 takes no triangle;
+    # e 0 3 closes 0-1-3 (+6); e 2 3 is a repeat (ignored)
+    assert deltas == {"count": 24, "rows": 24} and seconds > 0

@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from csmd.connectors.kafka import KafkaSink, KafkaSource, client_config, ensure_topics
-from csmd.engines import continuous_engine
+from csmd.engines import continuous_engine, warm_up
 from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.sequencer import IGNORED_REASONS
@@ -102,6 +102,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self._str_ids = getattr(ext, "dtype", None) is not None and ext.dtype.kind in "OUS"
         bs = self.cfg["pipeline"]
         engine = continuous_engine(bs["backend"], g0, "[pipeline] backend", threads=bs["threads"] or None)
+        warm, _ = warm_up(engine.name)  # the first record does not wait for compiled code to load
         self.pipe = Pipeline(g0, engine=engine, batch_size=bs["batch_size"], batch_wait=bs["batch_wait_ms"] / 1000,
                              queue_depth=bs["queue_depth"], first_seq=seq0,
                              retired=st.retired)  # deleted vertices keep their ids
@@ -139,7 +140,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         admin = self._start_admin()
         self.status = "running"
         self.log.info("running", input=t["input"], output=t["output"], seq=seq0,
-                      admin=self.cfg["admin"]["listen"] or None)
+                      admin=self.cfg["admin"]["listen"] or None, engine=engine.name, warm_up_s=round(warm, 3))
         try:
             self._loop(out)
         finally:
