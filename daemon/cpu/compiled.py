@@ -13,12 +13,12 @@ import weakref
 
 import numpy as np
 
-from csmd.cpu.arena import edge_labels, graph_view
+from csmd.cpu.arena import graph_view
 from csmd.cpu.dfs import DONE, LIMIT, match_edges, seeded_ops, static_step
 from csmd.cpu.plans import Memo, new_state, plan_set
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
-from csmd.cpu.mvg import INF, MultiVersionGraph
+from csmd.cpu.mvg import MultiVersionGraph
 from csmd.cpu.updater import CompiledGraph
 from csmd.cpu.workers import chunks, run_chunks, thread_count
 from csmd.engine import ContinuousQuery, Done, Matches, SearchResult, StaticMatcher, UpdateBatch
@@ -123,10 +123,6 @@ class CompiledEngine(CpuEngine):
         self._registered = None  # the last query list submitted and its flattened plans
         self._memos = threading.local()  # per thread: its Memo and the memo's last search id
         self._last = 0.0  # seconds the last batch's search took
-
-    def live_edge_labels(self, a, b):
-        with self._writing:
-            return edge_labels(graph_view(self.mvg), np.asarray(a, np.int64), np.asarray(b, np.int64), INF - 1)
 
     def prepare(self, query: ContinuousQuery) -> CompiledQuery:
         return CompiledQuery(query)
