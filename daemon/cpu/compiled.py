@@ -15,7 +15,7 @@ import numpy as np
 
 from csmd.cpu.arena import graph_view
 from csmd.cpu.dfs import DONE, LIMIT, match_edges, seeded_ops, static_step
-from csmd.cpu.plans import Memo, new_state, plan_set
+from csmd.cpu.plans import Memo, branch_order, new_state, plan_set
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import MultiVersionGraph
@@ -99,11 +99,14 @@ class CompiledMatcher(StaticMatcher):
 
 
 class CompiledQuery:
-    """A registered query as the kernel takes it: one flattened plan per anchor edge."""
+    """A registered query as the kernel takes it: one plan per anchor edge, in the anchor's
+    order (the other engines' order); a count-only query's with its independent parts made
+    contiguous (branch_order), whose counts the search then multiplies."""
 
     def __init__(self, query: ContinuousQuery):
         self.name, self.q, self.count_only = query.name, query.q, query.count_only
-        self.plans = [make_plan(query.q, None, a.order) for a in query.anchors]
+        self.plans = [make_plan(query.q, None, branch_order(query.q, a.order, 2) if query.count_only else a.order)
+                      for a in query.anchors]
 
 
 class CompiledEngine(CpuEngine):

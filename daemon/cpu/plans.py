@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from csmd.model.graph import Graph
 from csmd.model.plan import Plan
 
 MAX_DEPTH = 32  # query vertices (GUIDE 1)
@@ -75,6 +76,32 @@ def _tail(plan: Plan) -> int:
     while t > 1 and all(j < t - 1 for x in range(t - 1, plan.depth) for j in refers[x]):
         t -= 1
     return t
+
+
+def branch_order(q: Graph, order: list[int], fixed: int) -> list[int]:
+    """`order` with its first `fixed` vertices kept and the rest regrouped: where the vertices
+    left fall into parts that no query edge joins, each part is matched whole before the next
+    (parts in the order their first vertices had, each part's vertices in their own order),
+    and so on within each part. A counting search then finds each part as an independent
+    segment and multiplies the counts; interleaved (a tree query's branches, say), the parts
+    make one segment, searched as a product. Every vertex still follows a neighbour."""
+    out = list(order[:fixed])
+
+    def place(rest: list[int]) -> None:
+        while rest:
+            part, todo, left = {rest[0]}, [rest[0]], set(rest)
+            while todo:
+                for w in q.neighbors(todo.pop()).tolist():
+                    if w in left and w not in part:
+                        part.add(w)
+                        todo.append(w)
+            mine = [u for u in rest if u in part]
+            out.append(mine[0])
+            place(mine[1:])
+            rest = [u for u in rest if u not in part]
+
+    place([int(u) for u in order[fixed:]])
+    return out
 
 
 def plan_set(plans: list[Plan], query_of: list[int]) -> PlanSet:
