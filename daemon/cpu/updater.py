@@ -244,8 +244,18 @@ class CompiledGraph(MultiVersionGraph):
 
     keyed = False
 
+    _ar: Arena | None = None
+
     def _arena(self) -> Arena:
-        return Arena(self.labels.a, self.cur.a, *(buf.a for buf in self._entries + self._versions))
+        """The arrays as the kernels take them, kept until a buffer is reallocated (add_vertices,
+        apply's growth): building the tuple costs more than a small batch's kernel call."""
+        if self._ar is None:
+            self._ar = Arena(self.labels.a, self.cur.a, *(buf.a for buf in self._entries + self._versions))
+        return self._ar
+
+    def add_vertices(self, labels: np.ndarray) -> None:
+        super().add_vertices(labels)
+        self._ar = None
 
     @property
     def _entries(self):
@@ -259,12 +269,13 @@ class CompiledGraph(MultiVersionGraph):
         return np.array([self.e_nbr.n, self.g_key.n, self.v_vertex.n], np.int64)
 
     def _set_used(self, used: np.ndarray) -> None:
+        entries, groups, versions = used.tolist()
         for buf in self._entries[:4]:
-            buf.n = int(used[0])
+            buf.n = entries
         for buf in self._entries[4:]:
-            buf.n = int(used[1])
+            buf.n = groups
         for buf in self._versions:
-            buf.n = int(used[2])
+            buf.n = versions
 
     def apply(self, seq, a, b, label, sign):
         if not len(seq):
@@ -275,6 +286,7 @@ class CompiledGraph(MultiVersionGraph):
             done, ok, n_e, n_g, n_v, old, at = _apply(self._arena(), used, *ops)
             if done:
                 break
+            self._ar = None
             for buf in self._entries[:4]:
                 buf.reserve(n_e)
             for buf in self._entries[4:]:
