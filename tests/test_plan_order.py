@@ -98,3 +98,20 @@ def test_branch_order_makes_independent_parts_contiguous(seed):
                     todo.append(w)
         assert set(order[i:i + len(part)]) == part
         assert order[i] == next(u for u in base if u in part)
+
+
+def test_joined_plan_sets_equal_one_flattening():
+    """The compiled engine flattens each query's plans at registration and joins the registered
+    ones: the same arrays as flattening every plan at once."""
+    from csmd.cpu.plans import joined, plan_set
+    from csmd.model.plan import make_plan
+
+    per_query = []
+    for seed in range(12):
+        q, sizes = random_query(seed)
+        per_query.append([make_plan(q, None, anchor_order(q, sizes, 0, int(w))) for w in q.neighbors(0).tolist()])
+    one = plan_set([p for plans in per_query for p in plans], [i for i, plans in enumerate(per_query) for _ in plans])
+    both = joined([plan_set(plans, [0] * len(plans)) for plans in per_query])
+    for field in one._fields:
+        assert getattr(one, field).dtype == getattr(both, field).dtype
+        assert getattr(one, field).tolist() == getattr(both, field).tolist(), field

@@ -15,7 +15,7 @@ import numpy as np
 
 from csmd.cpu.arena import graph_view
 from csmd.cpu.dfs import DONE, LIMIT, match_edges, seeded_ops, static_step
-from csmd.cpu.plans import Memo, branch_order, new_state, plan_set
+from csmd.cpu.plans import Memo, branch_order, joined, new_state, plan_set
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import MultiVersionGraph
@@ -107,6 +107,7 @@ class CompiledQuery:
         self.name, self.q, self.count_only = query.name, query.q, query.count_only
         self.plans = [make_plan(query.q, None, branch_order(query.q, a.order, 2) if query.count_only else a.order)
                       for a in query.anchors]
+        self.ps = plan_set(self.plans, [0] * len(self.plans))  # flattened at registration, not in a batch
 
 
 class CompiledEngine(CpuEngine):
@@ -135,8 +136,7 @@ class CompiledEngine(CpuEngine):
         (label << 32 | label) of every plan's anchor edge, in both orientations."""
         last = self._registered
         if last is None or len(last[0]) != len(queries) or any(a is not b for a, b in zip(last[0], queries)):
-            plans = [(i, p) for i, cq in enumerate(queries) for p in cq.plans]
-            ps = plan_set([p for _, p in plans], [i for i, _ in plans])
+            ps = joined([cq.ps for cq in queries])
             materialize = np.array([not cq.count_only for cq in queries], np.bool_)
             width = max(cq.q.n for cq in queries)
             lx, ly = ps.qlab[ps.off].astype(np.int64), ps.qlab[ps.off + 1].astype(np.int64)

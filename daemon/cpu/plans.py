@@ -134,6 +134,22 @@ def plan_set(plans: list[Plan], query_of: list[int]) -> PlanSet:
                    np.array(seg, np.int64), np.array(memo, np.int64))
 
 
+def joined(sets: list[PlanSet]) -> PlanSet:
+    """Plan sets of one query each as one set, the plans of sets[i] belonging to query i (only
+    the row and check offsets move: the rest refers to depths)."""
+    if len(sets) == 1:
+        return sets[0]
+    rows = np.cumsum([0] + [len(s.order) for s in sets[:-1]])
+    checks = np.cumsum([0] + [len(s.chk_j) for s in sets[:-1]])
+
+    def cat(field, shift=None):
+        return np.concatenate([getattr(s, field) + (0 if shift is None else shift[i]) for i, s in enumerate(sets)])
+
+    query = np.concatenate([np.full(len(s.off), i, np.int64) for i, s in enumerate(sets)])
+    return PlanSet(cat("off", rows), cat("depth"), query, cat("tail"), cat("order"), cat("qlab"), cat("chk", checks),
+                   cat("chk_j"), cat("chk_el"), cat("seg"), cat("memo"))
+
+
 class State(NamedTuple):
     """A search's stack: images, the candidate range being walked and the backward ranges, per depth."""
 
