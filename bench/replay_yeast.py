@@ -3,9 +3,9 @@
 The stream (seeded): 8% of yeast's edges are held back and inserted, 4% of the rest are
 deleted, in one shuffled order; the graph before it is yeast without the held-back edges.
 Prints, per query registered alone and for all queries at once (count-only, median of
---runs runs), csmd replay's seconds on the compiled engine (at 1 thread and at the
-default thread count) and on the numpy engine. No RapidFlow figure exists for this
-stream on this machine.
+--runs runs), replay's seconds over the stream decoded beforehand (what replay.py's
+docstring details) on the compiled engine (at 1 thread and at the default thread count)
+and on the numpy engine. No RapidFlow figure exists for this stream on this machine.
 
     python bench/replay_yeast.py [--datasets DIR] [--runs 3] [--batch-size 64] [--seed 1]
 """

@@ -73,3 +73,45 @@ def test_batch_equals_one_at_a_time():
     got = greedy_orders(adj, sizes, np.array([q.n for q, _ in cases]))
     for i, (q, s) in enumerate(cases):
         assert got[i, :q.n].tolist() == order_from_sizes(q, s) and (got[i, q.n:] == -1).all()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_branch_order_makes_independent_parts_contiguous(seed):
+    """The compiled engine's counting order: a connected permutation that keeps the prefix, and
+    at every depth the vertices that its connected part (of the query without the vertices
+    before) holds come as one run, led by the one of them the order had first."""
+    from csmd.cpu.plans import branch_order
+
+    q, sizes = random_query(seed)
+    fixed = 1 + seed % 2
+    base = anchor_order(q, sizes, 0, int(q.indices[0])) if fixed == 2 else order_from_sizes(q, sizes)
+    order = branch_order(q, base, fixed)
+    assert sorted(order) == list(range(q.n)) and order[:fixed] == base[:fixed]
+    for i in range(1, q.n):
+        assert set(q.neighbors(order[i]).tolist()) & set(order[:i])
+    for i in range(fixed, q.n):  # the part of order[i] among the vertices from i on
+        left, part, todo = set(order[i:]), {order[i]}, [order[i]]
+        while todo:
+            for w in q.neighbors(todo.pop()).tolist():
+                if w in left and w not in part:
+                    part.add(w)
+                    todo.append(w)
+        assert set(order[i:i + len(part)]) == part
+        assert order[i] == next(u for u in base if u in part)
+
+
+def test_joined_plan_sets_equal_one_flattening():
+    """The compiled engine flattens each query's plans at registration and joins the registered
+    ones: the same arrays as flattening every plan at once."""
+    from csmd.cpu.plans import joined, plan_set
+    from csmd.model.plan import make_plan
+
+    per_query = []
+    for seed in range(12):
+        q, sizes = random_query(seed)
+        per_query.append([make_plan(q, None, anchor_order(q, sizes, 0, int(w))) for w in q.neighbors(0).tolist()])
+    one = plan_set([p for plans in per_query for p in plans], [i for i, plans in enumerate(per_query) for _ in plans])
+    both = joined([plan_set(plans, [0] * len(plans)) for plans in per_query])
+    for field in one._fields:
+        assert getattr(one, field).dtype == getattr(both, field).dtype
+        assert getattr(one, field).tolist() == getattr(both, field).tolist(), field

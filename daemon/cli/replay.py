@@ -28,22 +28,31 @@ def file_updates(source: FileSource):
             raise InputError(item.input, item.offset, str(exc)) from None
 
 
-def decoded_updates(path):
-    """The updates of a stream file one Update each (blocks expanded): for callers that pace
-    or interleave single records (benchmarks, tests)."""
+def read_stream(path) -> list:
+    """The whole stream file decoded, in memory (UpdateBlocks and Updates), for replay to time
+    the pipeline alone: RapidFlow, the reference, loads its stream before its clock starts."""
     source = FileSource(path)
     try:
-        for item in file_updates(source):
-            yield from item.updates() if isinstance(item, UpdateBlock) else (item,)
+        return list(file_updates(source))
     finally:
         source.close()
 
 
-def replay(g0: Graph, stream_path, queries: list[tuple[str, Graph]], *, batch_size: int, count_only: bool,
+def decoded_updates(path):
+    """The updates of a stream file one Update each (blocks expanded): for callers that pace
+    or interleave single records (benchmarks, tests)."""
+    for item in read_stream(path):
+        yield from item.updates() if isinstance(item, UpdateBlock) else (item,)
+
+
+def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: int, count_only: bool,
            output=None, threaded: bool | None = None, show_progress: bool | None = None, backend: str = "cpu",
            executor_lag: int = 0) -> tuple[list[dict], "Pipeline"]:
     """Run the stream through the pipeline on `backend`; returns one result dict per query and the pipeline.
-    threaded: the pipeline's stages in threads (None: as the engine prefers, staged_threads)."""
+    stream: a stream file's path (read as the pipeline goes: `seconds` includes reading it), or
+    what read_stream made of one (`seconds`: the pipeline alone). threaded: the pipeline's
+    stages in threads (None: as the engine prefers, staged_threads). `seconds` never includes
+    loading g0 into the engine or planning the queries."""
     engine = continuous_engine(backend, g0)
     pipe = Pipeline(g0, engine=engine, batch_size=batch_size,
                     threaded=engine.staged_threads if threaded is None else threaded, executor_lag=executor_lag)
@@ -51,10 +60,14 @@ def replay(g0: Graph, stream_path, queries: list[tuple[str, Graph]], *, batch_si
         pipe.add_query(name, q, count_only)
     totals = {name: [0, 0] for name, _ in queries}
     progress = Progress(0, "updates", enabled=show_progress)
+    in_memory = isinstance(stream, list)
     if progress.enabled:  # the bar's total costs a read of the whole stream: only when it is drawn
-        with open(stream_path, "rb") as f:
-            progress.total = sum(1 for _ in f)
-    source = FileSource(stream_path)
+        if in_memory:
+            progress.total = sum(len(x) if isinstance(x, UpdateBlock) else 1 for x in stream)
+        else:
+            with open(stream, "rb") as f:
+                progress.total = sum(1 for _ in f)
+    source = None if in_memory else FileSource(stream)
     encoder = DeltaEncoder(pipe.vertices)
     sink = FileSink(output, encoder.schema) if output else None
 
@@ -68,10 +81,11 @@ def replay(g0: Graph, stream_path, queries: list[tuple[str, Graph]], *, batch_si
 
     t0 = time.monotonic()
     try:
-        stats = pipe.run(file_updates(source), on_result)
+        stats = pipe.run(iter(stream) if in_memory else file_updates(source), on_result)
     finally:
         progress.close()
-        source.close()
+        if source is not None:
+            source.close()
         if sink is not None:
             sink.close()
         pipe.engine.close()

@@ -33,6 +33,8 @@ class GraphView(NamedTuple):
     e_dt: np.ndarray
     v_es: np.ndarray  # int64 per version: its entries (the updater copies them)
     v_ee: np.ndarray
+    v_gs: np.ndarray  # int64 per version: its groups
+    v_ge: np.ndarray
 
 
 def graph_view(mvg, cur: np.ndarray | None = None) -> GraphView:
@@ -40,7 +42,7 @@ def graph_view(mvg, cur: np.ndarray | None = None) -> GraphView:
     but `cur` is updated in place: a search that may overlap the updater passes a copy."""
     return GraphView(mvg.labels.view(), mvg.cur.a if cur is None else cur, mvg.v_ct_min.a, mvg.v_prev.a,
                      mvg.g_key.view(), mvg.g_start.a, mvg.g_end.a, mvg.e_nbr.a, mvg.e_el.a, mvg.e_ct.a, mvg.e_dt.a,
-                     mvg.v_es.a, mvg.v_ee.a)
+                     mvg.v_es.a, mvg.v_ee.a, mvg.v_gs.a, mvg.v_ge.a)
 
 
 @hot
@@ -56,7 +58,7 @@ def lower_bound(a, lo, hi, x):
 
 
 @hot
-def group_range(cur, ct_min, prev, g_key, g_start, g_end, v, label, t):
+def group_range(cur, ct_min, prev, v_gs, v_ge, g_key, g_start, g_end, v, label, t):
     """Entry range of v's neighbours with `label` in v's version at t (GraphView's arrays)."""
     vid = cur[v]
     while vid >= 0 and ct_min[vid] >= t:
@@ -64,8 +66,8 @@ def group_range(cur, ct_min, prev, g_key, g_start, g_end, v, label, t):
     if vid < 0:
         return 0, 0
     key = (vid << 31) | label
-    lo = lower_bound(g_key, 0, len(g_key), key)
-    if lo < len(g_key) and g_key[lo] == key:
+    lo = lower_bound(g_key, v_gs[vid], v_ge[vid], key)
+    if lo < v_ge[vid] and g_key[lo] == key:
         return g_start[lo], g_end[lo]
     return 0, 0
 
@@ -84,11 +86,12 @@ def find_entry(e_nbr, e_ct, e_dt, s, e, c, t):
 
 @njit(cache=True, nogil=True)
 def edge_labels(gv, a, b, t):
-    """The label of the edge {a[i], b[i]} visible at t, -1 where there is none."""
+    """The label of the edge {a[i], b[i]} visible at t[i], -1 where there is none."""
     out = np.full(len(a), -1, np.int32)
     for i in range(len(a)):
-        s, e = group_range(gv.cur, gv.ct_min, gv.prev, gv.g_key, gv.g_start, gv.g_end, a[i], gv.labels[b[i]], t)
-        j = find_entry(gv.e_nbr, gv.e_ct, gv.e_dt, s, e, b[i], t)
+        s, e = group_range(gv.cur, gv.ct_min, gv.prev, gv.v_gs, gv.v_ge, gv.g_key, gv.g_start, gv.g_end, a[i],
+                           gv.labels[b[i]], t[i])
+        j = find_entry(gv.e_nbr, gv.e_ct, gv.e_dt, s, e, b[i], t[i])
         if j >= 0:
             out[i] = gv.e_el[j]
     return out

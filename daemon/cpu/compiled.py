@@ -13,12 +13,12 @@ import weakref
 
 import numpy as np
 
-from csmd.cpu.arena import edge_labels, graph_view
+from csmd.cpu.arena import graph_view
 from csmd.cpu.dfs import DONE, LIMIT, match_edges, seeded_ops, static_step
-from csmd.cpu.plans import Memo, new_state, plan_set
+from csmd.cpu.plans import Memo, branch_order, joined, new_state, plan_set
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
-from csmd.cpu.mvg import INF, MultiVersionGraph
+from csmd.cpu.mvg import MultiVersionGraph
 from csmd.cpu.updater import CompiledGraph
 from csmd.cpu.workers import chunks, run_chunks, thread_count
 from csmd.engine import ContinuousQuery, Done, Matches, SearchResult, StaticMatcher, UpdateBatch
@@ -99,11 +99,15 @@ class CompiledMatcher(StaticMatcher):
 
 
 class CompiledQuery:
-    """A registered query as the kernel takes it: one flattened plan per anchor edge."""
+    """A registered query as the kernel takes it: one plan per anchor edge, in the anchor's
+    order (the other engines' order); a count-only query's with its independent parts made
+    contiguous (branch_order), whose counts the search then multiplies."""
 
     def __init__(self, query: ContinuousQuery):
         self.name, self.q, self.count_only = query.name, query.q, query.count_only
-        self.plans = [make_plan(query.q, None, a.order) for a in query.anchors]
+        self.plans = [make_plan(query.q, None, branch_order(query.q, a.order, 2) if query.count_only else a.order)
+                      for a in query.anchors]
+        self.ps = plan_set(self.plans, [0] * len(self.plans))  # flattened at registration, not in a batch
 
 
 class CompiledEngine(CpuEngine):
@@ -124,10 +128,6 @@ class CompiledEngine(CpuEngine):
         self._memos = threading.local()  # per thread: its Memo and the memo's last search id
         self._last = 0.0  # seconds the last batch's search took
 
-    def live_edge_labels(self, a, b):
-        with self._writing:
-            return edge_labels(graph_view(self.mvg), np.asarray(a, np.int64), np.asarray(b, np.int64), INF - 1)
-
     def prepare(self, query: ContinuousQuery) -> CompiledQuery:
         return CompiledQuery(query)
 
@@ -136,8 +136,7 @@ class CompiledEngine(CpuEngine):
         (label << 32 | label) of every plan's anchor edge, in both orientations."""
         last = self._registered
         if last is None or len(last[0]) != len(queries) or any(a is not b for a, b in zip(last[0], queries)):
-            plans = [(i, p) for i, cq in enumerate(queries) for p in cq.plans]
-            ps = plan_set([p for _, p in plans], [i for i, _ in plans])
+            ps = joined([cq.ps for cq in queries])
             materialize = np.array([not cq.count_only for cq in queries], np.bool_)
             width = max(cq.q.n for cq in queries)
             lx, ly = ps.qlab[ps.off].astype(np.int64), ps.qlab[ps.off + 1].astype(np.int64)

@@ -30,8 +30,8 @@ def _open(gv, ps, r, d, t, st):
     lo, hi = ps.chk[r, BACKWARD], ps.chk[r, BACKWARD + 1]
     best, size = 0, -1
     for k in range(hi - lo):
-        s, e = group_range(gv.cur, gv.ct_min, gv.prev, gv.g_key, gv.g_start, gv.g_end, st.m[ps.chk_j[lo + k]],
-                           ps.qlab[r], t)
+        s, e = group_range(gv.cur, gv.ct_min, gv.prev, gv.v_gs, gv.v_ge, gv.g_key, gv.g_start, gv.g_end,
+                           st.m[ps.chk_j[lo + k]], ps.qlab[r], t)
         st.rs[d, k], st.re[d, k] = s, e
         if size < 0 or e - s < size:
             best, size = k, e - s

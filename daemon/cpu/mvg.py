@@ -17,7 +17,9 @@ Storage is one arena, like the GPU's memory pool: entries (neighbor, edge label,
 ct, dt) of every version laid out version after version, each version's entries
 sorted by (neighbor label, neighbor). `e_key = group << 31 | neighbor` and
 `g_key = version << 31 | label` are then globally sorted, so "neighbors of v with
-label l at T" and "edge {a, b} at T" are vectorized searchsorted calls. Freed
+label l at T" and "edge {a, b} at T" are vectorized searchsorted calls. A version's
+groups are contiguous, [v_gs, v_ge): compiled reads search those few, not all of g_key
+(a search over the whole table costs a cache miss a step, many times per update). Freed
 versions leave holes that a compaction removes once they outweigh live data.
 """
 
@@ -77,6 +79,8 @@ class _Buf:
 class MultiVersionGraph:
     """Vertex labels and the versioned adjacency (external ids live in the sequencer's vertex table)."""
 
+    keyed = True  # keeps e_key (the numpy reads' searchsorted needs it)
+
     def __init__(self, g: Graph):
         n = g.n
         self.labels = _Buf(np.int32, g.labels)
@@ -98,12 +102,15 @@ class MultiVersionGraph:
         self.g_key = _Buf(np.int64, key[starts])
         self.g_start = _Buf(np.int64, starts)
         self.g_end = _Buf(np.int64, ends)
-        group_of = np.repeat(np.arange(len(starts)), ends - starts)
+        self.v_gs = _Buf(np.int64, np.searchsorted(owner[starts], np.arange(n), "left"))
+        self.v_ge = _Buf(np.int64, np.searchsorted(owner[starts], np.arange(n), "right"))
         self.e_nbr = _Buf(np.int32, nbrs)
         self.e_el = _Buf(np.int32, els)
         self.e_ct = _Buf(np.int64, np.full(len(nbrs), -1))
         self.e_dt = _Buf(np.int64, np.full(len(nbrs), INF))
-        self.e_key = _Buf(np.int64, (group_of.astype(np.int64) << SHIFT) | nbrs)
+        if self.keyed:
+            group_of = np.repeat(np.arange(len(starts)), ends - starts)
+            self.e_key = _Buf(np.int64, (group_of.astype(np.int64) << SHIFT) | nbrs)
         self.freed_entries = 0
         self.compactions = 0
 
@@ -278,6 +285,9 @@ class MultiVersionGraph:
         gkey = (vids[n_owner] << SHIFT) | lab_of.astype(np.int64)
         starts, ends = _runs(gkey)
         g0 = self.g_key.extend(gkey[starts])
+        g_vid = gkey[starts] >> SHIFT
+        self.v_gs.extend(g0 + np.searchsorted(g_vid, vids, "left"))
+        self.v_ge.extend(g0 + np.searchsorted(g_vid, vids, "right"))
         self.g_start.extend(base + starts)
         self.g_end.extend(base + ends)
         group_of = g0 + np.repeat(np.arange(len(starts)), ends - starts)
@@ -347,5 +357,7 @@ class MultiVersionGraph:
         self.g_end = _Buf(np.int64, g_end)
         self.v_es.a[live] = new_es
         self.v_ee.a[live] = new_es + (ee - es)
+        self.v_gs.a[live] = np.searchsorted(gvid[gkeep], live, "left")
+        self.v_ge.a[live] = np.searchsorted(gvid[gkeep], live, "right")
         self.freed_entries = 0
         self.compactions += 1

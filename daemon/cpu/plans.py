@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from csmd.model.graph import Graph
 from csmd.model.plan import Plan
 
 MAX_DEPTH = 32  # query vertices (GUIDE 1)
@@ -77,6 +78,32 @@ def _tail(plan: Plan) -> int:
     return t
 
 
+def branch_order(q: Graph, order: list[int], fixed: int) -> list[int]:
+    """`order` with its first `fixed` vertices kept and the rest regrouped: where the vertices
+    left fall into parts that no query edge joins, each part is matched whole before the next
+    (parts in the order their first vertices had, each part's vertices in their own order),
+    and so on within each part. A counting search then finds each part as an independent
+    segment and multiplies the counts; interleaved (a tree query's branches, say), the parts
+    make one segment, searched as a product. Every vertex still follows a neighbour."""
+    out = list(order[:fixed])
+
+    def place(rest: list[int]) -> None:
+        while rest:
+            part, todo, left = {rest[0]}, [rest[0]], set(rest)
+            while todo:
+                for w in q.neighbors(todo.pop()).tolist():
+                    if w in left and w not in part:
+                        part.add(w)
+                        todo.append(w)
+            mine = [u for u in rest if u in part]
+            out.append(mine[0])
+            place(mine[1:])
+            rest = [u for u in rest if u not in part]
+
+    place([int(u) for u in order[fixed:]])
+    return out
+
+
 def plan_set(plans: list[Plan], query_of: list[int]) -> PlanSet:
     """Flatten plans (plans[i] belongs to query query_of[i])."""
     depth = np.array([p.depth for p in plans], np.int64)
@@ -105,6 +132,22 @@ def plan_set(plans: list[Plan], query_of: list[int]) -> PlanSet:
     return PlanSet(off, depth, np.array(query_of, np.int64), tail, np.array(order, np.int64), np.array(qlab, np.int32),
                    np.array(chk, np.int64).reshape(-1, 5), np.array(chk_j, np.int64), np.array(chk_el, np.int32),
                    np.array(seg, np.int64), np.array(memo, np.int64))
+
+
+def joined(sets: list[PlanSet]) -> PlanSet:
+    """Plan sets of one query each as one set, the plans of sets[i] belonging to query i (only
+    the row and check offsets move: the rest refers to depths)."""
+    if len(sets) == 1:
+        return sets[0]
+    rows = np.cumsum([0] + [len(s.order) for s in sets[:-1]])
+    checks = np.cumsum([0] + [len(s.chk_j) for s in sets[:-1]])
+
+    def cat(field, shift=None):
+        return np.concatenate([getattr(s, field) + (0 if shift is None else shift[i]) for i, s in enumerate(sets)])
+
+    query = np.concatenate([np.full(len(s.off), i, np.int64) for i, s in enumerate(sets)])
+    return PlanSet(cat("off", rows), cat("depth"), query, cat("tail"), cat("order"), cat("qlab"), cat("chk", checks),
+                   cat("chk_j"), cat("chk_el"), cat("seg"), cat("memo"))
 
 
 class State(NamedTuple):

@@ -1,12 +1,14 @@
 """The compiled engine's graph updater: MultiVersionGraph.apply as one numba call per batch.
 
-Same rules and same arena layout as mvg.py (whose numpy apply is the fallback): per
+Same rules and same arena layout as mvg.py (whose numpy apply is the fallback), less e_key: per
 touched vertex, the deletions before its first insertion of the batch set dt in place;
 from that insertion on, the live entries of its newest version and the batch's later ops
 on it are merged, in (neighbour label, neighbour, ct) order, straight into a new version
 at the end of the arena: an insertion adds an entry, a deletion closes the open one. The
 numpy version pays tens of array calls per batch whatever its size; here a batch is one
-kernel pass over the touched versions, with no temporary copy or sort per vertex.
+kernel pass over the touched versions, with no temporary copy or sort per vertex. The merge
+walks the old version group by group ([v_gs, v_ge)), so no entry's label is looked up; the
+cost left is mostly memory: the old versions' entries are scattered over the arena.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from csmd.cpu.arena import find_entry, group_range, lower_bound
+from csmd.cpu.arena import edge_labels, find_entry, graph_view, group_range
 from csmd.cpu.mvg import INF, MultiVersionGraph
 
 
 class Arena(NamedTuple):
-    """The arena's arrays, with their spare room (mvg.py names them)."""
+    """The arena's arrays, with their spare room (mvg.py names them; no e_key: compiled reads
+    search a group's neighbours directly)."""
 
     labels: np.ndarray
     cur: np.ndarray
@@ -29,7 +32,6 @@ class Arena(NamedTuple):
     e_el: np.ndarray
     e_ct: np.ndarray
     e_dt: np.ndarray
-    e_key: np.ndarray
     g_key: np.ndarray
     g_start: np.ndarray
     g_end: np.ndarray
@@ -38,7 +40,12 @@ class Arena(NamedTuple):
     v_prev: np.ndarray
     v_es: np.ndarray
     v_ee: np.ndarray
+    v_gs: np.ndarray
+    v_ge: np.ndarray
     v_live: np.ndarray
+
+
+_NONE = np.int64(1) << 62  # a label or neighbour beyond every real one
 
 
 @njit(cache=True, nogil=True)
@@ -51,33 +58,88 @@ def _by_vertex(labels, a, b):
     for i in range(len(a)):
         own[2 * i], nbr[2 * i], own[2 * i + 1], nbr[2 * i + 1] = a[i], b[i], b[i], a[i]
     key = (labels[nbr].astype(np.int64) << 32) | nbr
-    order = np.argsort(key, kind="mergesort")
-    return order[np.argsort(own[order], kind="mergesort")], own, nbr, key
+    order = np.argsort(own, kind="mergesort")
+    lo = 0
+    for x in range(1, m + 1):  # each endpoint's run by key, stably
+        if x < m and own[order[x]] == own[order[lo]]:
+            continue
+        if x - lo > 16:
+            run = order[lo:x].copy()
+            order[lo:x] = run[np.argsort(key[run], kind="mergesort")]
+        else:  # a few ops (the rule): insertion
+            for y in range(lo + 1, x):
+                o = order[y]
+                while y > lo and key[order[y - 1]] > key[o]:
+                    order[y] = order[y - 1]
+                    y -= 1
+                order[y] = o
+        lo = x
+    return order, own, nbr, key
 
 
 @njit(cache=True, nogil=True)
-def _put(ar, e, g, v, glab, w, el, ct, dt, lab):
-    """Write entry e of version v (neighbour w, whose label is lab), opening group g when the
-    label differs from the open group's (glab; -1: none yet). Returns the groups used and the
-    open group's label."""
-    if lab != glab:
-        if glab >= 0:
-            ar.g_end[g - 1] = e
-        ar.g_key[g] = (np.int64(v) << 31) | lab
-        ar.g_start[g] = e
-        g += 1
-    ar.e_nbr[e], ar.e_el[e], ar.e_ct[e], ar.e_dt[e] = w, el, ct, dt
-    ar.e_key[e] = (np.int64(g - 1) << 31) | w
-    return g, lab
+def _copy(ar, i, e, dt):
+    """Entry i to position e, closed at dt."""
+    ar.e_nbr[e], ar.e_el[e], ar.e_ct[e], ar.e_dt[e] = ar.e_nbr[i], ar.e_el[i], ar.e_ct[i], dt
+
+
+@njit(cache=True, nogil=True)
+def _version(ar, old, v, e, g, first, order, nbr, key, seq, label, x, xe):
+    """Write a vertex's new version v from entry e and group g: the live entries of its old
+    version merged, label group by label group, with the ops order[x:xe] at or after `first`
+    (sorted by key = neighbour label << 32 | neighbour, then time). Returns (e, g)."""
+    gi, ge = (ar.v_gs[old], ar.v_ge[old]) if old >= 0 else (0, 0)  # the old version's groups
+    while True:
+        while x < xe and seq[order[x] >> 1] < first:
+            x += 1  # applied in place
+        olab = ar.g_key[gi] & 0x7FFFFFFF if gi < ge else _NONE
+        xlab = key[order[x]] >> 32 if x < xe else _NONE
+        lab = min(olab, xlab)
+        if lab == _NONE:
+            return e, g
+        i, t = 0, 0
+        if olab == lab:
+            i, t = ar.g_start[gi], ar.g_end[gi]
+            gi += 1
+        gs = e
+        while True:  # the group: old entries [i, t) and the ops on neighbours with this label
+            while x < xe and seq[order[x] >> 1] < first:
+                x += 1
+            w = nbr[order[x]] if x < xe and key[order[x]] >> 32 == lab else _NONE
+            while i < t and ar.e_nbr[i] < w:  # old entries before the op's neighbour: copied if live
+                if ar.e_dt[i] == INF:
+                    _copy(ar, i, e, INF)
+                    e += 1
+                i += 1
+            if w == _NONE:
+                break
+            live = -1
+            while i < t and ar.e_nbr[i] == w:  # that neighbour's entries: the live one is the last
+                if ar.e_dt[i] == INF:
+                    live = i
+                i += 1
+            op = order[x] >> 1
+            if live >= 0:  # the live entry, closed by the op (a deletion)
+                _copy(ar, live, e, seq[op])
+                x += 1
+            else:  # an insertion, closed by the next op if that is on the same neighbour
+                closed = x + 1 < xe and key[order[x + 1]] == key[order[x]]
+                ar.e_nbr[e], ar.e_el[e], ar.e_ct[e] = w, label[op], seq[op]
+                ar.e_dt[e] = seq[order[x + 1] >> 1] if closed else INF
+                x += 2 if closed else 1
+            e += 1
+        if e > gs:
+            ar.g_key[g], ar.g_start[g], ar.g_end[g] = (np.int64(v) << 31) | lab, gs, e
+            g += 1
 
 
 @njit(cache=True, nogil=True)
 def _apply(ar, used, seq, a, b, label, sign):
     """Apply a batch of edge ops (in time order, each valid where it stands) to the arena, whose
     first used[0] entries, used[1] groups and used[2] versions are in use (used is advanced).
-    Returns (done, ok, entries, groups, versions, replaced versions, replaced_at): done is False,
-    with nothing changed, when the arrays lack room for that many more entries, groups and
-    versions; ok is False when a deletion finds no live entry."""
+    Returns (done, ok, entries, groups, versions, replaced versions, the last replaced_at):
+    done is False, with nothing changed, when the arrays lack room for that many more entries,
+    groups and versions; ok is False when a deletion finds no live entry."""
     order, own, nbr, key = _by_vertex(ar.labels, a, b)
     m = len(order)
     starts = [0]  # runs of one endpoint in `order`
@@ -99,100 +161,64 @@ def _apply(ar, used, seq, a, b, label, sign):
             n_g += starts[r + 1] - starts[r]
             if old >= 0:
                 n_e += ar.v_ee[old] - ar.v_es[old]
-                n_g += lower_bound(ar.g_key, 0, used[1], old + 1 << 31) - lower_bound(ar.g_key, 0, used[1], old << 31)
+                n_g += ar.v_ge[old] - ar.v_gs[old]
             n_v += 1
     none = np.zeros(0, np.int64)
     if used[0] + n_e > len(ar.e_nbr) or used[1] + n_g > len(ar.g_key) or used[2] + n_v > len(ar.v_vertex):
-        return False, True, n_e, n_g, n_v, none, none
+        return False, True, n_e, n_g, n_v, none, 0
     for r in range(runs):  # the deletions before the first insertion, in place
         for x in range(starts[r], starts[r + 1]):
             i = order[x] >> 1
             if seq[i] < first[r]:
                 u, w = own[order[x]], nbr[order[x]]
-                s, e = group_range(ar.cur, ar.v_ct_min, ar.v_prev, ar.g_key[:used[1]], ar.g_start, ar.g_end, u,
+                s, e = group_range(ar.cur, ar.v_ct_min, ar.v_prev, ar.v_gs, ar.v_ge, ar.g_key, ar.g_start, ar.g_end, u,
                                    ar.labels[w], INF - 1)
                 j = find_entry(ar.e_nbr, ar.e_ct, ar.e_dt, s, e, w, INF - 1)  # the live entry: dt == INF
                 if j < 0:
-                    return True, False, 0, 0, 0, none, none
+                    return True, False, 0, 0, 0, none, 0
                 ar.e_dt[j] = seq[i]
     replaced = np.empty(n_v, np.int64)
-    replaced_at = np.empty(n_v, np.int64)
-    n_old = 0
+    n_old, last_at = 0, np.int64(-1)
     e, g, v = used[0], used[1], used[2]
     for r in range(runs):
         if first[r] == INF:
             continue
         u = own[order[starts[r]]]
         old = ar.cur[u]
-        i, ie = (ar.v_es[old], ar.v_ee[old]) if old >= 0 else (0, 0)
-        x, xe = starts[r], starts[r + 1]
-        es, glab, okey = e, np.int64(-1), INF  # glab: the label of the version's last group
-        while True:
-            while x < xe and seq[order[x] >> 1] < first[r]:
-                x += 1  # applied in place
-            xkey = key[order[x]] if x < xe else INF
-            while i < ie:  # the old version's live entries before the next op's neighbour: copied
-                if ar.e_dt[i] != INF:
-                    i += 1
-                    continue
-                w = ar.e_nbr[i]
-                okey = (np.int64(ar.labels[w]) << 32) | w
-                if okey >= xkey:
-                    break
-                g, glab = _put(ar, e, g, v, glab, w, ar.e_el[i], ar.e_ct[i], INF, okey >> 32)
-                e += 1
-                i += 1
-            if x == xe:
-                break
-            op = order[x] >> 1
-            if i < ie and okey == xkey:  # that neighbour's old entry, closed by the op
-                g, glab = _put(ar, e, g, v, glab, ar.e_nbr[i], ar.e_el[i], ar.e_ct[i], seq[op], xkey >> 32)
-                i += 1
-                x += 1
-            else:  # an insertion, closed by the next op if that is on the same neighbour
-                closed = x + 1 < xe and key[order[x + 1]] == xkey
-                g, glab = _put(ar, e, g, v, glab, nbr[order[x]], label[op], seq[op],
-                               seq[order[x + 1] >> 1] if closed else INF, xkey >> 32)
-                x += 2 if closed else 1
-            e += 1
-        if glab >= 0:
-            ar.g_end[g - 1] = e
+        es, gs = e, g
+        e, g = _version(ar, old, v, e, g, first[r], order, nbr, key, seq, label, starts[r], starts[r + 1])
         ar.v_vertex[v], ar.v_ct_min[v], ar.v_prev[v], ar.v_es[v], ar.v_ee[v] = u, first[r], old, es, e
+        ar.v_gs[v], ar.v_ge[v] = gs, g
         ar.v_live[v] = True
         ar.cur[u] = v
         v += 1
         if old >= 0:
-            replaced[n_old], replaced_at[n_old] = old, first[r]
+            replaced[n_old] = old
             n_old += 1
+            last_at = max(last_at, first[r])
     used[0], used[1], used[2] = e, g, v
-    return True, True, 0, 0, 0, replaced[:n_old], replaced_at[:n_old]
+    return True, True, 0, 0, 0, replaced[:n_old], last_at
 
 
 @njit(cache=True, nogil=True)
 def _compact(ar, used):
-    """Move the live versions' entries down over the freed ones, in place: versions' entries lie
-    in version order, so every move goes to a lower offset. Versions keep their ids, groups
-    and entries move (e_key then names the group's new number). Advances used to what is kept."""
-    e = 0
-    shift = np.zeros(used[2], np.int64)
+    """Move the live versions' entries and groups down over the freed ones, in place: both lie
+    in version order, so every move goes to a lower offset. Versions keep their ids. Advances
+    used to what is kept."""
+    e, g = 0, 0
     for v in range(used[2]):
         if not ar.v_live[v]:
             continue
         s, t = ar.v_es[v], ar.v_ee[v]
-        shift[v] = s - e
         for j in range(s, t):
-            ar.e_nbr[e], ar.e_el[e], ar.e_ct[e], ar.e_dt[e] = ar.e_nbr[j], ar.e_el[j], ar.e_ct[j], ar.e_dt[j]
-            e += 1
-        ar.v_es[v], ar.v_ee[v] = s - shift[v], t - shift[v]
-    g = 0
-    for x in range(used[1]):
-        v = ar.g_key[x] >> 31
-        if not ar.v_live[v]:
-            continue
-        ar.g_key[g], ar.g_start[g], ar.g_end[g] = ar.g_key[x], ar.g_start[x] - shift[v], ar.g_end[x] - shift[v]
-        for j in range(ar.g_start[g], ar.g_end[g]):
-            ar.e_key[j] = (np.int64(g) << 31) | ar.e_nbr[j]
-        g += 1
+            ar.e_nbr[e + j - s], ar.e_el[e + j - s], ar.e_ct[e + j - s], ar.e_dt[e + j - s] = (
+                ar.e_nbr[j], ar.e_el[j], ar.e_ct[j], ar.e_dt[j])
+        gs, gt = ar.v_gs[v], ar.v_ge[v]
+        for x in range(gs, gt):
+            ar.g_key[g + x - gs] = ar.g_key[x]
+            ar.g_start[g + x - gs], ar.g_end[g + x - gs] = ar.g_start[x] - s + e, ar.g_end[x] - s + e
+        ar.v_es[v], ar.v_ee[v], ar.v_gs[v], ar.v_ge[v] = e, e + t - s, g, g + gt - gs
+        e, g = e + t - s, g + gt - gs
     used[0], used[1] = e, g
 
 
@@ -208,29 +234,48 @@ def _free(v_live, v_es, v_ee, versions):
 
 
 class CompiledGraph(MultiVersionGraph):
-    """The multi-version graph with its batch apply and its compaction compiled (same results)."""
+    """The multi-version graph with its batch apply, its compaction and its edge reads compiled
+    (same results). Its reads search a group's neighbours directly, so it keeps no e_key.
+
+    apply returns one (token, replaced_at) pair per batch, as the GPU engine does: the token is
+    the array of the versions it replaced, replaced_at the latest of their replacements (a
+    version is released at most one batch later than its own replacement allows, and the GC
+    and the release handle one item per batch instead of one per touched vertex)."""
+
+    keyed = False
+
+    _ar: Arena | None = None
 
     def _arena(self) -> Arena:
-        return Arena(self.labels.a, self.cur.a, *(buf.a for buf in self._entries + self._versions))
+        """The arrays as the kernels take them, kept until a buffer is reallocated (add_vertices,
+        apply's growth): building the tuple costs more than a small batch's kernel call."""
+        if self._ar is None:
+            self._ar = Arena(self.labels.a, self.cur.a, *(buf.a for buf in self._entries + self._versions))
+        return self._ar
+
+    def add_vertices(self, labels: np.ndarray) -> None:
+        super().add_vertices(labels)
+        self._ar = None
 
     @property
     def _entries(self):
-        return self.e_nbr, self.e_el, self.e_ct, self.e_dt, self.e_key, self.g_key, self.g_start, self.g_end
+        return self.e_nbr, self.e_el, self.e_ct, self.e_dt, self.g_key, self.g_start, self.g_end
 
     @property
     def _versions(self):
-        return self.v_vertex, self.v_ct_min, self.v_prev, self.v_es, self.v_ee, self.v_live
+        return self.v_vertex, self.v_ct_min, self.v_prev, self.v_es, self.v_ee, self.v_gs, self.v_ge, self.v_live
 
     def _used(self) -> np.ndarray:
         return np.array([self.e_nbr.n, self.g_key.n, self.v_vertex.n], np.int64)
 
     def _set_used(self, used: np.ndarray) -> None:
-        for buf in self._entries[:5]:
-            buf.n = int(used[0])
-        for buf in self._entries[5:]:
-            buf.n = int(used[1])
+        entries, groups, versions = used.tolist()
+        for buf in self._entries[:4]:
+            buf.n = entries
+        for buf in self._entries[4:]:
+            buf.n = groups
         for buf in self._versions:
-            buf.n = int(used[2])
+            buf.n = versions
 
     def apply(self, seq, a, b, label, sign):
         if not len(seq):
@@ -241,19 +286,25 @@ class CompiledGraph(MultiVersionGraph):
             done, ok, n_e, n_g, n_v, old, at = _apply(self._arena(), used, *ops)
             if done:
                 break
-            for buf in self._entries[:5]:
+            self._ar = None
+            for buf in self._entries[:4]:
                 buf.reserve(n_e)
-            for buf in self._entries[5:]:
+            for buf in self._entries[4:]:
                 buf.reserve(n_g)
             for buf in self._versions:
                 buf.reserve(n_v)
         if not ok:  # the sequencer only passes deletions of live edges
             raise RuntimeError("multi-version graph: deleting an edge that is not live")
         self._set_used(used)
-        return list(zip(old.tolist(), at.tolist()))
+        return [(old, int(at))] if len(old) else []
 
-    def _free(self, versions) -> int:
-        return int(_free(self.v_live.a, self.v_es.a, self.v_ee.a, np.asarray(versions, np.int64)))
+    def _free(self, tokens) -> int:
+        versions = np.concatenate(tokens) if len(tokens) else np.zeros(0, np.int64)
+        return int(_free(self.v_live.a, self.v_es.a, self.v_ee.a, versions))
+
+    def edge_label_between(self, a: np.ndarray, b: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        return edge_labels(graph_view(self), np.asarray(a, np.int64), np.asarray(b, np.int64),
+                           np.asarray(ts, np.int64))
 
     def _compact(self) -> None:
         used = self._used()

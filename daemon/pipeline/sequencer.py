@@ -98,6 +98,7 @@ class _Checked(NamedTuple):
     sign: np.ndarray
     valid: np.ndarray
     reason: np.ndarray
+    invalid: np.ndarray  # invalid[i]: how many of the first i records are not valid
 
 
 class Sequencer:
@@ -180,24 +181,25 @@ class Sequencer:
         for r, rows in enumerate((insert & ~pair, insert & pair & ~valid, ~insert & ~valid)):  # IGNORED_REASONS
             reason[rows] = r
         # an insertion carries its record's label, a deletion the stored edge's: it is what vanishes
-        return _Checked(a, b, np.where(insert, label[:stop], live), insert * np.int64(2) - 1, valid, reason)
+        return _Checked(a, b, np.where(insert, label[:stop], live), insert * np.int64(2) - 1, valid, reason,
+                        np.r_[0, np.cumsum(~valid)])
 
     def _batch(self, checked: _Checked, lo: int, k: int, record_of, arrived) -> UpdateBatch:
         """The batch of the checked records lo .. lo + k - 1, numbered from next_seq."""
         rows = slice(lo, lo + k)
-        valid = checked.valid[rows]
-        if valid.all():
-            valid = slice(None)
-        else:
-            for r, n in enumerate(np.bincount(checked.reason[rows][~valid], minlength=3)):
-                if n:
-                    self.ignored[IGNORED_REASONS[r]] += int(n)
         first = self.next_seq
         self.next_seq += k
         seq = np.arange(first, self.next_seq, dtype=np.int64)
+        cols = [x[rows] for x in checked[:4]]
+        if checked.invalid[lo + k] > checked.invalid[lo]:
+            valid = checked.valid[rows]
+            for r, n in enumerate(np.bincount(checked.reason[rows][~valid], minlength=3)):
+                if n:
+                    self.ignored[IGNORED_REASONS[r]] += int(n)
+            seq, cols = seq[valid], [x[valid] for x in cols]
         z = np.zeros(0, np.int64)
-        return UpdateBatch(first, self.next_seq, seq[valid], *(x[rows][valid] for x in checked[:4]), z, z, z,
-                           np.zeros(0, np.int32), self.vertices.n, record_of, arrived, k)
+        return UpdateBatch(first, self.next_seq, seq, *cols, z, z, z, np.zeros(0, np.int32), self.vertices.n, record_of,
+                           arrived, k)
 
     def _general(self, records: list[Update], arrived: list[float]) -> UpdateBatch:
         """Any batch, one record at a time (vertex records, new vertices, a pair named twice)."""

@@ -32,11 +32,17 @@ EXPORT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 
 
 class LatencyHistogram:
-    """Latencies in seconds; thread-safe."""
+    """Latencies in seconds; thread-safe. Observations are binned in bulk, FOLD of them at a
+    time or when read: binning costs about ten array calls whatever the number of values, and
+    the pipeline observes one small batch at a time."""
+
+    FOLD = 4096
 
     def __init__(self):
         self.counts = np.zeros(_NB + 1, np.int64)
         self.total = 0.0
+        self._pending: list[np.ndarray] = []
+        self._held = 0
         self._lock = threading.Lock()
 
     @staticmethod
@@ -52,24 +58,33 @@ class LatencyHistogram:
         x = np.asarray(values, np.float64)
         if not len(x):
             return
-        idx = self._bucket(x)
         with self._lock:
-            np.add.at(self.counts, idx, 1)
+            self._pending.append(x)
+            self._held += len(x)
+            if self._held >= self.FOLD:
+                self._fold()
+
+    def _fold(self) -> None:
+        """Bin the pending observations (under the lock)."""
+        if self._pending:
+            x = np.concatenate(self._pending)
+            self._pending, self._held = [], 0
+            np.add.at(self.counts, self._bucket(x), 1)
             self.total += float(x.sum())
 
     def snapshot(self) -> tuple[np.ndarray, float]:
         """The fine bucket counts and the sum, consistent with each other."""
         with self._lock:
+            self._fold()
             return self.counts.copy(), self.total
 
     @property
     def count(self) -> int:
-        return int(self.counts.sum())
+        return int(self.snapshot()[0].sum())
 
     def quantile(self, q: float) -> float:
         """The q-quantile (0..1), read as the upper edge of its bucket; nan when empty."""
-        with self._lock:
-            cum = np.cumsum(self.counts)
+        cum = np.cumsum(self.snapshot()[0])
         if not cum[-1]:
             return math.nan
         b = int(np.searchsorted(cum, q * cum[-1], "left"))
