@@ -17,8 +17,10 @@ Prints plain-text tables on stdout (progress goes to stderr):
    entries the build looks at, which picks between them).
    With --backend gpu, then: Alley samples per second by warp-streaming threshold
    (refine sets of at least that many entries scanned by the whole warp; off: one lane
-   each), and with --rmat SCALE the candidate-graph build times on an R-MAT graph of
-   2^SCALE vertices (16 edges a vertex drawn, 4 labels) for queries cut out of it.
+   each), and with --rmat SCALE the candidate-graph build times (and the graph's upload)
+   on an R-MAT graph of 2^SCALE vertices (16 edges a vertex drawn, 4 labels) for queries
+   cut out of it, with Alley's samples/s there by warp-streaming threshold (hubs: long
+   refine sets).
 2. q-error = max(estimate / exact, exact / estimate) with --budget seconds of
    sampling per query (a time limit, no rel-error stop): HPRD's first K queries
    against expected_counts.txt; yeast's first K dense and sparse 8- and 16-vertex
@@ -69,16 +71,16 @@ def first_queries(qdir: Path, prefix: str, k: int) -> list[Path]:
     return sorted((p for p in qdir.iterdir() if pat.match(p.name)), key=natural_key)[:k]
 
 
-def throughput(g, plan, method: str, seed: int, backend: str, stream=None) -> tuple[float, float]:
-    """(samples per second, valid share) of ROUNDS rounds of LANES samples (stream: the GPU
-    sampler's warp-streaming threshold, None its default)."""
+def throughput(g, plan, method: str, seed: int, backend: str, stream=None, lanes=None) -> tuple[float, float]:
+    """(samples per second, valid share) of ROUNDS rounds of `lanes` samples (default LANES; stream:
+    the GPU sampler's warp-streaming threshold, None its default)."""
     if backend == "gpu":
         from csmd.gpu.sampler import GpuSampler, candidates
 
         sampler = GpuSampler(plan, candidates(g, plan), method, seed, stream=stream)
     else:
         sampler = make_sampler(backend, g, plan, method, seed)
-    lanes = LANES[backend]
+    lanes = lanes or LANES[backend]
     sampler.draw(ROUNDS, lanes)  # warm-up: numpy's first calls, the kernel's compilation
     sync()
     t0 = time.perf_counter()
@@ -226,49 +228,65 @@ def accuracy_sets(ds: Path, graphs: dict, k: int, backend: str, exact_limit: flo
 STREAM_THRESHOLDS = (0, 16, 32, 64, 128, 256)
 
 
-def streaming_table(graphs: dict, plans: dict, seed: int) -> None:
+def streaming_table(graphs: dict, plans: dict, seed: int, lanes=None) -> None:
     """Alley samples/s (median over each class's queries) by warp-streaming threshold (0: off)."""
     print()
     print("Alley samples/s by warp-streaming threshold (refine-set entries; off: one lane scans each set)")
     print(f"{'dataset':<8} {'class':<16} " + " ".join(f"{t or 'off':>13}" for t in STREAM_THRESHOLDS))
     for (dsname, cls), ps in plans.items():
         log(f"streaming: {dsname} {cls}")
-        rates = [statistics.median(throughput(graphs[dsname], p, "alley", seed, "gpu", stream=t)[0] for p in ps)
+        rates = [statistics.median(throughput(graphs[dsname], p, "alley", seed, "gpu", t, lanes)[0] for p in ps)
                  for t in STREAM_THRESHOLDS]
         print(f"{dsname:<8} {cls:<16} " + " ".join(f"{r:>13,.0f}" for r in rates), flush=True)
 
 
 def rmat_table(scale: int, k: int, seed: int) -> None:
     """Candidate-graph build times on an R-MAT graph (built on the device, copied to the host) for
-    k queries of 4 and of 8 vertices grown from random vertices (every edge among them kept)."""
+    k queries of 4 and of 8 vertices grown from random vertices (every edge among them kept), and
+    Alley's samples/s on them by warp-streaming threshold."""
     import numpy as np
 
+    from csmd.gpu.device_graph import device_graph
     from csmd.gpu.rmat import rmat_graph
     from csmd.model.graph import Graph
 
     dg = rmat_graph(scale, 16 << scale, num_labels=4, seed=seed + 1)
     g = Graph(dg.labels.get(), dg.indptr.get(), dg.adj.get(), np.zeros(int(dg.indptr[-1].get()), np.int32))
+    del dg
     rnd = np.random.default_rng(seed)
-    print()
-    print(f"candidate graph on R-MAT 2^{scale} ({g.n:,} vertices, {g.num_edges:,} edges, 4 labels): median ms")
-    print(f"{'|V(q)|':>6} {'queries':>7} {'host ms':>8} {'dev ms':>8} {'host+up':>8} {'volume':>12} {'plan ms':>8}")
-    for size in (4, 8):
-        rows = []  # (host, device, host + upload, volume, plan) per query
-        for _ in range(k):
+    queries = {size: [] for size in (4, 8)}
+    for size, qs in queries.items():
+        while len(qs) < k:
             picked = [int(rnd.choice(np.flatnonzero(g.degrees >= 2)))]
             while len(picked) < size:
                 nb = np.setdiff1d(np.concatenate([g.neighbors(v) for v in picked]), picked)
                 picked.append(int(rnd.choice(nb)))
             pos = {v: i for i, v in enumerate(picked)}
             src, dst = zip(*[(pos[v], pos[w]) for v in picked for w in g.neighbors(v).tolist() if w in pos and v < w])
-            q = Graph.from_edges(g.labels[picked], src, dst)
+            qs.append(Graph.from_edges(g.labels[picked], src, dst))
+    copy = Graph(g.labels, g.indptr, g.indices, g.elabels)
+    copy.grouped  # the host computes the label-grouped order for planning anyway: not the upload's cost
+    t0 = time.perf_counter()
+    device_graph(copy)
+    sync()
+    upload_ms = (time.perf_counter() - t0) * 1e3
+    print()
+    print(f"candidate graph on R-MAT 2^{scale} ({g.n:,} vertices, {g.num_edges:,} edges, 4 labels; the graph's "
+          f"upload {upload_ms:.1f} ms): median ms")
+    print(f"{'|V(q)|':>6} {'queries':>7} {'host ms':>8} {'dev ms':>8} {'host+up':>8} {'volume':>12} {'plan ms':>8}")
+    plans = {}
+    for size, qs in queries.items():
+        rows = []  # (host, device, host + upload, volume, plan) per query
+        for q in qs:
             t0 = time.perf_counter()
             plan = plan_query(g, q)
             plan_ms = (time.perf_counter() - t0) * 1e3
+            plans.setdefault(("rmat", f"{size} vertices"), []).append(plan)
             rows.append((*build_ms(g, plan, "gpu"), plan_ms))
         med = [statistics.median(col) for col in zip(*rows)]
         print(f"{size:>6} {k:>7} {med[0]:>8.1f} {med[1]:>8.1f} {med[2]:>8.1f} {med[3]:>12,.0f} {med[4]:>8.1f}",
               flush=True)
+    streaming_table({"rmat": g}, plans, seed, lanes=1 << 18)  # hub refine sets: far slower walks
 
 
 def counted(g, files: list[Path], backend: str, limit: float) -> list:

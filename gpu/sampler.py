@@ -7,8 +7,9 @@ random numbers and walks, so without sample inheritance and warp streaming both 
 same weights for the same seed and round (trawling included: its completion counts are exact).
 
 The candidate graph is built on the device (build) where that is faster than building the
-host's CandidateGraph and uploading it (upload): on graphs whose candidates have many
-neighbours to scan. Both give the same arrays (tests/test_gpu_estimate.py).
+host's CandidateGraph and uploading it (upload): wherever the data graph is on the device
+already, and where the build scans many neighbour entries for the graph's size. Both give
+the same arrays (tests/test_gpu_estimate.py).
 """
 
 from __future__ import annotations
@@ -23,19 +24,25 @@ from csmd.model.estimate import CandidateGraph
 from csmd.model.graph import Graph
 from csmd.model.plan import Plan
 
-from .device_graph import device_graph
+from .device_graph import device_graph, uploaded
 from .launch import THREADS, flat_grid, i32, i64, or_dummy, u64
 from .layout import MAXQ, METHOD_ALLEY, METHOD_WJ, structs
 from .module import kernel
 
 METHODS = {"wj": METHOD_WJ, "alley": METHOD_ALLEY}
 MASK64 = (1 << 64) - 1
-# Alley refine sets of at least this many entries are scanned by the whole warp (warp streaming);
-# bench/estimate.py's streaming table measured the threshold on an H100
+# Alley refine sets of at least this many entries are scanned by the whole warp (warp streaming).
+# bench/estimate.py's streaming tables, H100: on R-MAT 2^18 (hubs, long refine sets) Alley goes from
+# 111M to 438M samples/s on 4-vertex queries at 64 (377M at 16, 395M at 256) and from 19M to 49M on
+# 8-vertex ones (47-50M from 16 to 128); yeast, HPRD and github refine sets are short: within -8%..+6%
+# of off at any threshold, noise-sized
 STREAM_MIN = 64
-# neighbour entries the candidate graph's construction scans (scan_volume) from which the device
-# builds it faster than the host (bench/estimate.py's CG columns, H100)
-DEVICE_BUILD_MIN = 1 << 22
+# The device builds the candidate graph faster than the host wherever measured, given the graph on the
+# device (bench/estimate.py, H100: 1.1-1.2 ms against 1.5-1.7 ms on yeast, HPRD and github, 2.2-3.9 ms
+# against 84-206 ms on R-MAT 2^18). Uploading the graph first costs ~19 ns an edge (R-MAT: 74 ms for
+# 3.8M edges), the host's build ~15 ns a scanned entry (scan_volume): so the device builds it where
+# the graph is there already or the scan volume is at least 1.25 times the graph's edges.
+DEVICE_BUILD_SHARE = 1.25
 
 
 @dataclass
@@ -108,10 +115,10 @@ def scan_volume(g: Graph, plan: Plan) -> int:
 
 
 def candidates(g: Graph, plan: Plan, on_device: bool | None = None) -> Candidates:
-    """The candidate graph on the device, built where that is faster (on_device None: by
-    scan_volume), else on the host and uploaded."""
+    """The candidate graph on the device, built there where that is faster (on_device None: see
+    DEVICE_BUILD_SHARE), else on the host and uploaded."""
     if on_device is None:
-        on_device = scan_volume(g, plan) >= DEVICE_BUILD_MIN
+        on_device = uploaded(g) or scan_volume(g, plan) >= DEVICE_BUILD_SHARE * g.num_edges
     return build(g, plan) if on_device else upload(CandidateGraph(g, plan))
 
 
