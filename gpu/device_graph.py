@@ -97,6 +97,11 @@ class DeviceGraph:
 _UPLOADED: "weakref.WeakKeyDictionary[Graph, DeviceGraph]" = weakref.WeakKeyDictionary()
 
 
+def uploaded(g: Graph) -> bool:
+    """Whether g has been uploaded (device_graph(g) costs nothing more)."""
+    return g in _UPLOADED
+
+
 def device_graph(g: Graph) -> DeviceGraph:
     """g on the device, uploaded once per Graph object."""
     dg = _UPLOADED.get(g)

@@ -85,6 +85,8 @@ struct SamplePlan {
     int method;           // METHOD_*
     int nfirst;           // candidates of depth 0
     int inherit;          // sample inheritance within each warp (sampler.cu)
+    int walk;             // depths sampled; the rest (trawling) are counted exactly per sampled prefix
+    int stream;           // Alley refine sets of at least this many entries are scanned by the whole warp (0: never)
     int ebeg[MAXQ + 1];
     int ej[MAXE];
     unsigned same[MAXQ];  // earlier non-adjacent depths with the same label (injectivity)

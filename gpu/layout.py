@@ -25,7 +25,8 @@ METHOD_WJ, METHOD_ALLEY = _D["METHOD_WJ"], _D["METHOD_ALLEY"]
 _FIELDS = {
     "matcher": ("query_table", "qt_outpos", "qt_label", "qt_back", "qt_same", "qt_less", "qt_greater", "level",
                 "warp", "warp_active", "warp_batches", "task", "task_q"),
-    "sampler": ("sample_plan", "sp_ebeg", "sp_ej", "sp_same"),
+    "sampler": ("sample_plan", "sp_depth", "sp_method", "sp_nfirst", "sp_inherit", "sp_walk", "sp_stream", "sp_ebeg",
+                "sp_ej", "sp_same"),
 }
 
 

@@ -21,7 +21,6 @@ from conftest import dataset, read_expected
 from csmd.cli import main
 from csmd.engines import gpu_unavailable_reason
 from csmd.cli.estimate import make_sampler, run_estimate
-from csmd.model.estimate import CandidateGraph
 from csmd.model.formats import read_graph, read_query
 from csmd.model.graph import Graph
 from csmd.model.plan import plan_query
@@ -78,11 +77,27 @@ def random_case(seed: int):
     return g, q, adj, labels
 
 
-@pytest.mark.parametrize("backend, method, trawl", [("cpu", "wj", 0), ("cpu", "alley", 0), ("cpu", "wj", 2),
-                                                    pytest.param("gpu", "wj", 0, marks=GPU_MARKS),
-                                                    pytest.param("gpu", "alley", 0, marks=GPU_MARKS)])
+def gpu_case(method, trawl=0, stream=None):
+    return pytest.param("gpu", method, trawl, stream, marks=GPU_MARKS)
+
+
+def force_streaming(monkeypatch, stream) -> None:
+    """Run the GPU sampler's warp streaming from refine sets of `stream` entries on (None: its default)."""
+    if stream is not None:
+        import csmd.gpu.sampler
+
+        monkeypatch.setattr(csmd.gpu.sampler, "STREAM_MIN", stream)
+
+
+@pytest.mark.parametrize("backend, method, trawl, stream", [
+    ("cpu", "wj", 0, None), ("cpu", "alley", 0, None), ("cpu", "wj", 2, None),
+    gpu_case("wj"), gpu_case("alley"), gpu_case("alley", stream=1), gpu_case("wj", 2), gpu_case("alley", 2),
+    gpu_case("alley", 1, stream=1)])
 @pytest.mark.parametrize("case", range(10))
-def test_mean_of_seeded_runs_is_within_its_standard_errors_of_the_exact_count(backend, method, trawl, case):
+def test_mean_of_seeded_runs_is_within_its_standard_errors_of_the_exact_count(backend, method, trawl, stream, case,
+                                                                             monkeypatch):
+    """stream=1: every Alley refine set is scanned by the whole warp (warp streaming)."""
+    force_streaming(monkeypatch, stream)
     g, q, adj, labels = random_case(case)
     exact = sum(1 for _ in embeddings(adj, labels, q))
     assert exact > 0
@@ -90,6 +105,29 @@ def test_mean_of_seeded_runs_is_within_its_standard_errors_of_the_exact_count(ba
                                   backend=backend)["estimate"] for s in range(RUNS)])
     se = runs.std(ddof=1) / np.sqrt(RUNS)
     assert abs(runs.mean() - exact) <= TOLERANCE_SE * se + 1e-9 * exact, (runs.mean(), se, exact)
+
+
+def dense_graph(n: int, p: float, seed: int) -> Graph:
+    rnd = np.random.default_rng(seed)
+    a, b = np.triu_indices(n, 1)
+    keep = rnd.random(len(a)) < p
+    return Graph.from_edges([0] * n, a[keep], b[keep])
+
+
+@pytest.mark.parametrize("backend, stream", [("cpu", None), pytest.param("gpu", None, marks=GPU_MARKS),
+                                             pytest.param("gpu", 1, marks=GPU_MARKS)])
+def test_triangles_in_a_dense_graph(backend, stream, monkeypatch):
+    """Alley's refine sets of ~50 members out of ~100 entries: several steps of warp streaming's
+    reservoir sampling. Exact: the ordered triangles, trace(A^3)."""
+    force_streaming(monkeypatch, stream)
+    g = dense_graph(200, 0.5, seed=3)
+    a = np.zeros((g.n, g.n), np.int64)
+    a[np.repeat(np.arange(g.n), np.diff(g.indptr)), g.indices] = 1
+    exact = int(np.trace(a @ a @ a))
+    runs = np.array([run_estimate(g, cycle_graph(3), "q", method="alley", samples=1024, seed=s,
+                                  backend=backend)["estimate"] for s in range(RUNS)])
+    se = runs.std(ddof=1) / np.sqrt(RUNS)
+    assert abs(runs.mean() - exact) <= TOLERANCE_SE * se, (runs.mean(), se, exact)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +161,7 @@ def test_same_seed_same_estimate(hprd, backend):
     assert runs[0] == runs[1]
     assert runs[0]["estimate"] != runs[2]["estimate"]
     # a round's samples depend on (seed, round) alone, not on what was drawn before
-    s = make_sampler(backend, g, CandidateGraph(g, plan_query(g, q)), "alley", 3)
+    s = make_sampler(backend, g, plan_query(g, q), "alley", 3)
     later = host(s.draw(5, 2048))
     s.draw(0, 4096)
     assert np.array_equal(host(s.draw(5, 2048)), later)
@@ -192,7 +230,6 @@ def test_cli_table_says_no_information(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--trawl", "2", "--trawl runs on the CPU sampler only"),
     ("--query", "BAD.graph", "BAD.graph:2: "),
     ("--data", "MISSING.graph", "MISSING.graph: No such file or directory"),
     ("--seed", str(2**128), "seed must be in 0 .. 2**128 - 1"),
@@ -201,7 +238,7 @@ def test_cli_errors_exit_2(tmp_path, capsys, flag, value, message):
     (tmp_path / "BAD.graph").write_text("v 0 0\nv 1 x\n")
     opts = {"--data": write_graph(tmp_path / "g.graph", cycle_graph(6)),
             "--query": write_graph(tmp_path / "q.graph", cycle_graph(3)), "--backend": "gpu", "--seed": "0"}
-    if flag != "--trawl" and gpu_unavailable_reason() is not None:
+    if gpu_unavailable_reason() is not None:
         opts["--backend"] = "auto"
     opts[flag] = str(tmp_path / value) if flag in ("--data", "--query") else value
     assert main(["estimate", *[x for kv in opts.items() for x in kv]]) == 2

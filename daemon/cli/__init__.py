@@ -91,7 +91,7 @@ def cmd_estimate(args) -> int:
     from csmd.model.formats import query_files, read_graph, read_query
     from csmd.cli.estimate import run_estimate, sampler_backend
 
-    backend = sampler_backend(args.backend, args.trawl)
+    backend = sampler_backend(args.backend)
     g = read_graph(args.data)
     queries = [(p.stem, read_query(p)) for p in query_files(args.query)]  # refuse bad queries before any work
     if not args.json:
@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data", required=True, type=Path, help="data graph (text format, .arrow or .parquet)")
     e.add_argument("--query", required=True, nargs="+", type=Path, help="query files or directories of them")
     _estimate_options(e)
-    e.add_argument("--backend", choices=BACKENDS, default="auto", help="sampler (default auto: GPU if CuPy sees one; trawling runs on the CPU)")
+    e.add_argument("--backend", choices=BACKENDS, default="auto", help="sampler (default auto: GPU if CuPy sees one)")
     e.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
     e.set_defaults(func=cmd_estimate)
 

@@ -6,9 +6,9 @@ import time
 
 from csmd.engines import resolve_backend
 from csmd.errors import CsmdError
-from csmd.model.estimate import CONFIDENCE, CandidateGraph, Estimate, block_size, run_rounds
+from csmd.model.estimate import CONFIDENCE, CandidateGraph, Estimate, block_size, no_candidates, run_rounds
 from csmd.model.graph import Graph
-from csmd.model.plan import plan_query
+from csmd.model.plan import Plan, plan_query
 
 METHODS = ("wj", "alley", "auto")
 DEFAULT_REL_ERROR = 0.05
@@ -16,24 +16,21 @@ DEFAULT_TIME_LIMIT = 10.0
 MAX_SEED = 2**128
 
 
-def sampler_backend(name: str, trawl: int = 0) -> str:
-    """The sampler for `--backend name`: "cpu" or "gpu" (auto: the GPU where CuPy sees one).
-    Trawling counts completions with the CPU matcher, so it runs on the CPU sampler only."""
-    if trawl and name == "gpu":
-        raise CsmdError("--trawl runs on the CPU sampler only; use --backend cpu or auto")
-    return "gpu" if not trawl and resolve_backend(name) == "gpu" else "cpu"
+def sampler_backend(name: str) -> str:
+    """The sampler for `--backend name`: "cpu" or "gpu" (auto: the GPU where CuPy sees one)."""
+    return "gpu" if resolve_backend(name) == "gpu" else "cpu"
 
 
-def make_sampler(backend: str, g: Graph, cg: CandidateGraph, method: str, seed: int, trawl: int = 0):
-    """The CpuSampler or GpuSampler ("cpu" / "gpu") of one query; trawling on the CPU only."""
+def make_sampler(backend: str, g: Graph, plan: Plan, method: str, seed: int, trawl: int = 0):
+    """The CpuSampler or GpuSampler ("cpu" / "gpu") of one planned query, with its candidate graph
+    (the GPU's built on the device or uploaded, whichever is faster for this graph and plan)."""
     if backend == "gpu":
-        from csmd.gpu.sampler import GpuSampler
+        from csmd.gpu.sampler import GpuSampler, candidates
 
-        assert not trawl, "trawling runs on the CPU sampler (sampler_backend refuses it)"
-        return GpuSampler(cg, method, seed)
+        return GpuSampler(plan, candidates(g, plan), method, seed, trawl=trawl)
     from csmd.cpu.sampler import CpuSampler
 
-    return CpuSampler(g, cg, method, seed, trawl)
+    return CpuSampler(g, CandidateGraph(g, plan), method, seed, trawl)
 
 
 def stop_rule(samples, rel_error, time_limit) -> tuple:
@@ -65,11 +62,11 @@ def run_estimate(g: Graph, q: Graph, name: str, *, method: str = "auto", samples
     t0 = time.monotonic()
     method = "alley" if method == "auto" else method
     samples, rel_error, time_limit = stop_rule(samples, rel_error, time_limit)
-    cg = CandidateGraph(g, plan_query(g, q))
-    if cg.empty:
+    plan = plan_query(g, q)
+    if no_candidates(plan):
         est = Estimate(0.0, 0.0, 0.0, CONFIDENCE, 0, 0, 0, 0.0, exact=True)
     else:
-        s = make_sampler(backend, g, cg, method, seed, trawl)
+        s = make_sampler(backend, g, plan, method, seed, trawl)
         est = run_rounds(s.draw, samples=samples, rel_error=rel_error, time_limit=time_limit,
                          block=block_size(samples, s.block_unit), max_round_blocks=s.max_round_blocks)
     return {"query": name, **est.as_dict(), "seconds": round(time.monotonic() - t0, 6), "method": method,

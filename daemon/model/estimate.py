@@ -65,16 +65,16 @@ class CandidateGraph:
                 lists.append((j, el, indptr, g.nbrs[idx[keep]]))
             self.edges.append(lists)
 
-    @property
-    def empty(self) -> bool:
-        """Whether filtering alone proves there is no match (some query vertex has no candidate)."""
-        return not all(c.any() for c in self.plan.cand)
-
     def local(self, i: int, k: int, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Start (into the k-th backward list of depth i) and size of the local lists of `images`."""
         j, _, indptr, _ = self.edges[i][k]
         r = self.row[self.plan.order[j]][images]
         return indptr[r], indptr[r + 1] - indptr[r]
+
+
+def no_candidates(plan: Plan) -> bool:
+    """Whether filtering alone proves there is no match (some query vertex has no candidate)."""
+    return not all(c.any() for c in plan.cand)
 
 
 @dataclass

@@ -158,8 +158,8 @@ def _match(daemon, body: dict) -> dict:
 
 
 def _estimate(daemon, body: dict) -> dict:
-    """The sampler runs where the daemon's engine runs (trawling on the CPU): the candidate graph is
-    built from the host copy of the live graph at `seq` and, on the GPU engine, uploaded."""
+    """The sampler runs where the daemon's engine runs, on the host copy of the live graph at `seq`
+    (on the GPU engine, its candidate graph built on the device or uploaded, whichever is faster)."""
     from csmd.cli.estimate import run_estimate, sampler_backend
 
     name, q = _query(body)
@@ -170,7 +170,7 @@ def _estimate(daemon, body: dict) -> dict:
     res = run_estimate(g, q, name, method=body.get("method", "auto"), samples=_number(body, "samples", int),
                        rel_error=_number(body, "rel_error", float), time_limit=_number(body, "time_limit", float),
                        seed=_number(body, "seed", int, zero_ok=True) or 0,
-                       trawl=trawl, backend=sampler_backend(daemon.pipe.engine.name, trawl))
+                       trawl=trawl, backend=sampler_backend(daemon.pipe.engine.name))
     return {**res, "seq": seq, "vertices": g.n, "edges": g.num_edges}
 
 
