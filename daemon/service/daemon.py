@@ -102,7 +102,9 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self._str_ids = getattr(ext, "dtype", None) is not None and ext.dtype.kind in "OUS"
         bs = self.cfg["pipeline"]
         engine = continuous_engine(bs["backend"], g0, "[pipeline] backend", threads=bs["threads"] or None)
-        warm, _ = warm_up(engine.name)  # the first record does not wait for compiled code to load
+        # the first record does not wait for numba's compiled code to load; not on the GPU, where a
+        # second engine would take device memory (task queue, pools) that the live one may need
+        warm = warm_up(engine.name)[0] if engine.name == "cpu" else 0.0
         self.pipe = Pipeline(g0, engine=engine, batch_size=bs["batch_size"], batch_wait=bs["batch_wait_ms"] / 1000,
                              queue_depth=bs["queue_depth"], first_seq=seq0,
                              retired=st.retired)  # deleted vertices keep their ids
