@@ -224,7 +224,13 @@ class DaemonProcess:
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 60.0) -> int:
         self.proc.send_signal(sig)
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:  # a stuck daemon: its thread stacks go to its log (SIGUSR1)
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            raise AssertionError(f"daemon did not stop within {timeout} s of {signal.Signals(sig).name}; "
+                                 f"its log and threads:\n{self.log.read_text()[-12000:]}") from None
 
 
 def new_admin_port() -> int:

@@ -280,3 +280,23 @@ def test_checkpoint_round_trip_keeps_ids_and_falls_back_when_damaged(tmp_path):
     (second / "edges.arrow").write_bytes(b"damaged")
     assert read_checkpoint(tmp_path).state["seq"] == 100  # the one before it
     assert first.exists() and read_checkpoint(tmp_path / "none") is None
+
+
+# ---- signals --------------------------------------------------------------------------------------
+def test_the_stop_signal_handler_neither_logs_nor_locks():
+    """SIGTERM's handler runs on the main thread between two bytecodes, maybe inside a log call holding
+    the (non-reentrant) write lock: logging from it deadlocked a daemon that was logging dead letters.
+    It only records the signal and sets the event; the drain logs it."""
+    import signal
+    import threading
+    from types import SimpleNamespace
+
+    from csmd.service.daemon import on_stop_signal
+
+    class NoLog:
+        def __getattr__(self, name):
+            raise AssertionError(f"the signal handler called log.{name}")
+
+    d = SimpleNamespace(stopping=threading.Event(), stop_signal=None, log=NoLog())
+    on_stop_signal(d, signal.SIGTERM)
+    assert d.stopping.is_set() and d.stop_signal == "SIGTERM"

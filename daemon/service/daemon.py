@@ -53,6 +53,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self.log = log or get_logger()
         self.metrics = Metrics()
         self.stopping = threading.Event()
+        self.stop_signal: str | None = None  # SIGTERM or SIGINT, once one arrived
         self.status = "starting"
         self.fatal: str | None = None
         self.paused = False  # backpressure: the consumer takes no records
@@ -169,7 +170,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
     def _shutdown(self, out: threading.Thread) -> int:
         """Drain in-flight batches, flush, commit, checkpoint, close; 0 unless something failed."""
         self.status = "stopping"
-        self.log.info("draining")
+        self.log.info("draining", signal=self.stop_signal)
         self._inq.put(STOP)
         while out.is_alive():
             self.sink.poll(0.01)
@@ -223,6 +224,15 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         }
 
 
+def on_stop_signal(daemon: Daemon, signum: int) -> None:
+    """SIGTERM or SIGINT: drain and stop. Nothing here may log or take a lock: the handler runs on
+    the main thread between two of its bytecodes, maybe while that thread holds the log's
+    non-reentrant write lock (a dead letter being logged), which deadlocked the daemon; the
+    drain logs the signal instead."""
+    daemon.stop_signal = signal.Signals(signum).name
+    daemon.stopping.set()
+
+
 def run_daemon(cfg: dict) -> int:
     """Run until SIGTERM or SIGINT (which drain and commit) or a fatal error.
 
@@ -233,12 +243,8 @@ def run_daemon(cfg: dict) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     daemon = Daemon(cfg)
 
-    def stop(signum, _frame):
-        daemon.log.info("signal received, draining", signal=signal.Signals(signum).name)
-        daemon.stopping.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, lambda signum, _frame: on_stop_signal(daemon, signum))
+    signal.signal(signal.SIGINT, lambda signum, _frame: on_stop_signal(daemon, signum))
     code = daemon.run()
     if daemon.fatal is not None:
         # librdkafka's consumer close (also run when a consumer is freed) waits for requests
