@@ -6,9 +6,10 @@ neighbour range of every backward neighbour's image is found once; the smallest 
 gives the candidates and the others are binary searched for each candidate (the
 ranges are sorted by neighbour), so a backward check costs one search, never a label
 test or a scan. Count-only searches multiply the counts of independent segments and
-memoise them (plans.py). The search is an explicit stack in a `State`, so a static
-search can stop (output buffer full, candidate budget spent for a time-limit check,
---limit reached) and resume where it stopped.
+memoise them (plans.py); a segment of one depth with one backward edge is counted from
+that edge's range, not candidate by candidate (_direct). The search is an explicit stack
+in a `State`, so a static search can stop (output buffer full, candidate budget spent
+for a time-limit check, --limit reached) and resume where it stopped.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from csmd.cpu.plans import BACKWARD, GREATER, LESS, SAME_LABEL, new_state
 
 # why a search stopped
 DONE, FULL, BUDGET, LIMIT = range(4)
+
+# A hot kernel inlined where it is called: a count found without a search costs a few loads, and
+# a call (its NamedTuples of arrays passed member by member) cost more than that (sparse_16_7:
+# 2.5 s -> 1.8 s). Not for the per-candidate kernels: inlining those made the search slower.
+inline = njit(cache=True, nogil=True, _nrt=False, inline="always")
 
 
 # ---- the search ----------------------------------------------------------------------------------
@@ -71,7 +77,7 @@ def _accept(e_nbr, e_el, e_ct, e_dt, chk, chk_j, chk_el, cand, m, rs, re, piv, r
     return True
 
 
-@hot
+@inline
 def _recall(bound, stamp, count, m, y, sid):
     """(whether known, count) of the segment at depth y; bound is y's row of PlanSet.memo."""
     if bound < 0 or stamp.shape[0] == 0:
@@ -82,21 +88,69 @@ def _recall(bound, stamp, count, m, y, sid):
     return True, count[y, v]
 
 
+@inline
+def _direct(gv, ps, r, d, t, st, cand, memo, sid):
+    """(whether countable, count) of the one-depth segment at depth d (plan row r) without testing
+    its candidates one by one: with one backward edge and no symmetry check, its images are the
+    backward image's range entries that pass the edge-label, lifetime and candidate tests (their
+    number depends on that image alone, so memo row d keeps it by that image) less the earlier
+    same-label images among them: a few binary searches instead of a test per candidate."""
+    lo = ps.chk[r, BACKWARD]
+    if (ps.seg[r] != d + 1 or ps.chk[r, BACKWARD + 1] - lo != 1 or ps.chk[r, LESS] != ps.chk[r, LESS + 1]
+            or ps.chk[r, GREATER] != ps.chk[r, GREATER + 1]):
+        return False, 0
+    m, stamp, count = st.m, memo.stamp, memo.count
+    e_nbr, e_el, e_ct, e_dt = gv.e_nbr, gv.e_el, gv.e_ct, gv.e_dt
+    v, el = m[ps.chk_j[lo]], ps.chk_el[lo]
+    same, same_end = ps.chk[r, SAME_LABEL], ps.chk[r, SAME_LABEL + 1]
+    remembered = stamp.shape[0] > 0 and stamp[d, v] == sid
+    if remembered and same == same_end:
+        return True, count[d, v]
+    s, e = group_range(gv.cur, gv.ct_min, gv.prev, gv.v_gs, gv.v_ge, gv.g_key, gv.g_start, gv.g_end, v, ps.qlab[r], t)
+    if remembered:
+        n = count[d, v]
+    else:
+        n = 0
+        for i in range(s, e):
+            if e_ct[i] < t and t <= e_dt[i] and e_el[i] == el and (cand.shape[0] == 0 or cand[r, e_nbr[i]]):
+                n += 1
+        st.at[2] += e - s
+        if stamp.shape[0]:
+            stamp[d, v], count[d, v] = sid, n
+    for x in range(same, same_end):
+        c = m[ps.chk_j[x]]
+        if cand.shape[0] == 0 or cand[r, c]:
+            j = find_entry(e_nbr, e_ct, e_dt, s, e, c, t)
+            if j >= 0 and e_el[j] == el:
+                n -= 1
+    return True, n
+
+
+@inline
+def _known(gv, ps, off, y, t, st, cand, memo, sid):
+    """(whether known without a search, count) of the segment at depth y: memoised, or counted directly."""
+    known, v = _recall(ps.memo[off + y], memo.stamp, memo.count, st.m, y, sid)
+    if known:
+        return known, v
+    return _direct(gv, ps, off + y, y, t, st, cand, memo, sid)
+
+
 @hot
-def _chain(seg, bound, stamp, count, m, prod, acc, off, p, y, sid):
+def _chain(gv, ps, off, p, y, t, st, cand, memo, sid):
     """Go on along depth p's current candidate: the segments y, seg[y], ... up to p's segment end
     multiply. Returns the first segment that must be searched, or -1 when the chain is done
-    (its product then added to p's count). seg, bound: PlanSet.seg and .memo."""
+    (its product then added to p's count)."""
+    seg, prod = ps.seg, st.prod
     e = seg[off + p]
     while y < e:
-        known, v = _recall(bound[off + y], stamp, count, m, y, sid)
+        known, v = _known(gv, ps, off, y, t, st, cand, memo, sid)
         if not known:
             return y
         prod[p] *= v
         if v == 0:
             return -1
         y = seg[off + y]
-    acc[p] += prod[p]
+    st.acc[p] += prod[p]
     return -1
 
 
@@ -107,7 +161,7 @@ def _segment_count(gv, ps, off, y0, t, st, cand, memo, sid):
     segment)."""
     seg, bound, stamp, count = ps.seg, ps.memo, memo.stamp, memo.count
     m, pos, end, acc, prod, stack = st.m, st.pos, st.end, st.acc, st.prod, st.stack
-    known, v = _recall(bound[off + y0], stamp, count, m, y0, sid)
+    known, v = _known(gv, ps, off, y0, t, st, cand, memo, sid)
     if known:
         return v
     sp = 0
@@ -129,7 +183,7 @@ def _segment_count(gv, ps, off, y0, t, st, cand, memo, sid):
                     acc[d] += 1
                 else:
                     prod[d] = 1
-                    nxt = _chain(seg, bound, stamp, count, m, prod, acc, off, d, d + 1, sid)
+                    nxt = _chain(gv, ps, off, d, d + 1, t, st, cand, memo, sid)
         if nxt < 0:  # d's candidates are exhausted: its segment's count is known
             v = acc[d]
             if bound[r] >= 0 and stamp.shape[0]:
@@ -140,7 +194,7 @@ def _segment_count(gv, ps, off, y0, t, st, cand, memo, sid):
             sp -= 1
             p = stack[sp]
             prod[p] *= v
-            nxt = _chain(seg, bound, stamp, count, m, prod, acc, off, p, seg[r], sid) if v else -1
+            nxt = _chain(gv, ps, off, p, seg[r], t, st, cand, memo, sid) if v else -1
             if nxt < 0:
                 continue
         # open the next segment of the current candidate
