@@ -18,7 +18,7 @@ the last line prints that end-to-end figure for all queries at once. RapidFlow r
 thread; csmd's compiled engine splits a batch's searches over its threads (CSMD_THREADS,
 default the cores; the header says how many) once a batch searches for over 0.5 ms.
 
-    python bench/replay.py [--datasets DIR] [--runs 3] [--batch-size 64] [--queries 100] [--backend cpu]
+    python bench/replay.py [--datasets DIR] [--runs 3] [--batch-size 4096] [--queries 100] [--backend cpu]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from first_use import first_use
 
+from csmd.cli import COUNT_ONLY_REPLAY_BATCH
 from csmd.cli.replay import read_stream, replay
 from csmd.cpu.workers import thread_count
 from csmd.model.formats import read_graph, read_query
@@ -68,7 +69,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--datasets", type=Path, default=Path(__file__).resolve().parents[1].parent / "shared" / "datasets")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=COUNT_ONLY_REPLAY_BATCH,
+                    help="updates per batch (default: what `csmd replay --count-only` takes)")
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--backend", default="cpu", help="cpu (compiled) or numpy")
     ap.add_argument("--no-compile-time", action="store_true", help="skip the fresh-cache compile measurement")
