@@ -13,13 +13,14 @@ Parts (--parts, comma-separated):
           p99) of Q_1..Q_40 registered together, the updates paced at --rate per second
           and at the maximum rate (all available at once), per batch size; the
           throughput at the maximum rate; and the GPU busy share (nvidia-smi's utilization:
-          the share of time a kernel ran, sampled every 50 ms).
+          the share of time a kernel ran, sampled every 50 ms). Each run again with batches
+          that grow up to --max-batch while the executor is behind (the daemon's default).
   floor   the fixed cost: a query whose labels match nothing (no candidates, no search)
           and a one-edge query (every seed a match, no search), per update and per batch,
           for several batch sizes.
 
     python bench/replay_gpu.py [--datasets DIR] [--parts human,latency,floor] [--runs 3] [--queries 100]
-                               [--batch-size 64] [--rate 1000] [--backend gpu]
+                               [--batch-size 4096] [--rate 1000] [--max-batch 4096] [--backend gpu]
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from csmd.cli.replay import decoded_updates, replay
+from csmd.cli import COUNT_ONLY_REPLAY_BATCH
+from csmd.cli.replay import decoded_updates, read_stream, replay
 from csmd.engines import continuous_engine
-from csmd.model.formats import read_graph, read_query
+from csmd.model.formats import UpdateBlock, read_graph, read_query
 from csmd.model.graph import Graph
 from csmd.pipeline.stages import Pipeline
 
@@ -43,7 +45,15 @@ from replay import DEVICE_CPU, read_rapidflow
 
 
 def decoded(stream: Path) -> list:
+    """The stream one Update a record: what a paced source hands the batcher."""
     return list(decoded_updates(stream))
+
+
+def blocks(stream: Path) -> tuple[list, int]:
+    """The stream as `csmd replay` reads it (column blocks, cut into batches without a step
+    per record), decoded beforehand, and its number of updates."""
+    items = read_stream(stream)
+    return items, sum(len(x) if isinstance(x, UpdateBlock) else 1 for x in items)
 
 
 def paced(updates: list, rate: float):
@@ -58,11 +68,11 @@ def paced(updates: list, rate: float):
         yield u
 
 
-def timed(g0, updates: list, queries, batch_size, runs, backend="gpu", rate=0.0):
+def timed(g0, updates: list, queries, batch_size, runs, backend="gpu", rate=0.0, max_batch=None):
     """(median seconds, {query: positive}, stats) of `runs` pipeline runs over decoded updates."""
     out = []
     for _ in range(runs):
-        pipe = Pipeline(g0, engine=continuous_engine(backend, g0), batch_size=batch_size)
+        pipe = Pipeline(g0, engine=continuous_engine(backend, g0), batch_size=batch_size, max_batch=max_batch)
         for name, q in queries:
             pipe.add_query(name, q, True)
         totals = dict.fromkeys((n for n, _ in queries), 0)
@@ -107,8 +117,7 @@ def expected_counts(path: Path) -> dict[str, int]:
 def part_human(args, root: Path) -> None:
     g0 = read_graph(root / "data.graph")
     stream = root / "insertion.graph"
-    upd = decoded(stream)
-    updates = len(upd)
+    upd, updates = blocks(stream)
     rf = read_rapidflow(root / "rapidflow_query_times.txt", DEVICE_CPU)
     expected = expected_counts(root / "expected_insert_counts.txt")
     names = [f"Q_{i}" for i in range(1, args.queries + 1)]
@@ -148,8 +157,7 @@ def part_human(args, root: Path) -> None:
 
 def part_floor(args, root: Path) -> None:
     g0 = read_graph(root / "data.graph")
-    upd = decoded(root / "insertion.graph")
-    updates = len(upd)
+    upd, updates = blocks(root / "insertion.graph")
     absent = int(np.max(g0.labels)) + 1
     none = Graph.from_edges(np.array([absent, absent, absent]), np.array([0, 1]), np.array([1, 2]))
     edge_labels = np.bincount(g0.labels).argsort()[-1:]
@@ -169,16 +177,19 @@ def part_latency(args, root: Path) -> None:
     g0 = read_graph(root / "data.graph")
     upd = decoded(root / "insertion.graph")
     queries = [(f"Q_{i}", read_query(root / "queries" / f"Q_{i}.graph")) for i in range(1, 41)]
-    print(f"\nresponse time: {len(upd)} insertions, Q_1..Q_40 count-only, one run each")
-    print(f"{'rate':>10} {'batch':>6} {'seconds':>8} {'updates/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'GPU busy':>8}")
-    for rate in (args.rate, 0.0):
-        for b in (1, 8, 64, 512):
-            with gpu_busy() as busy:
-                sec, _, stats = timed(g0, upd, queries, b, 1, args.backend, rate)
-            lat = stats.latency
-            share = f"{busy[0]:.0f}%" if busy else "-"
-            print(f"{rate or 'max':>10} {b:>6} {sec:>8.3f} {len(upd) / sec:>10,.0f} {lat.quantile(0.5) * 1e3:>8.2f} "
-                  f"{lat.quantile(0.99) * 1e3:>8.2f} {share:>8}", flush=True)
+    print(f"\nresponse time: {len(upd)} insertions, Q_1..Q_40 count-only, one run each; max batch: the most records "
+          f"a batch takes while the executor is behind ([pipeline] max_batch; '-': batches stay at the batch size)")
+    print(f"{'rate':>10} {'batch':>6} {'max batch':>9} {'largest':>7} {'seconds':>8} {'updates/s':>10} {'p50 ms':>8} "
+          f"{'p99 ms':>8} {'GPU busy':>8}")
+    runs = [(rate, b, None) for rate in (args.rate, 0.0) for b in (1, 8, 64, 512)]
+    runs += [(rate, b, args.max_batch) for rate in (args.rate, 0.0) for b in (1, 8, 64, 512)]
+    for rate, b, grow in runs:
+        with gpu_busy() as busy:
+            sec, _, stats = timed(g0, upd, queries, b, 1, args.backend, rate, grow)
+        lat = stats.latency
+        share = f"{busy[0]:.0f}%" if busy else "-"
+        print(f"{rate or 'max':>10} {b:>6} {grow or '-':>9} {stats.largest:>7} {sec:>8.3f} {len(upd) / sec:>10,.0f} "
+              f"{lat.quantile(0.5) * 1e3:>8.2f} {lat.quantile(0.99) * 1e3:>8.2f} {share:>8}", flush=True)
 
 
 def main() -> None:
@@ -186,10 +197,11 @@ def main() -> None:
     ap.add_argument("--datasets", type=Path, default=Path(__file__).resolve().parents[1].parent / "shared" / "datasets")
     ap.add_argument("--parts", default="human,latency,floor")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=COUNT_ONLY_REPLAY_BATCH, help="the human part's (csmd replay --count-only's default)")
     ap.add_argument("--backend", default="gpu", help="the engine timed (cpu: the same table on the CPU engine)")
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--rate", type=float, default=1000.0, help="paced updates a second (latency)")
+    ap.add_argument("--max-batch", type=int, default=4096, help="the grown batches' limit of the latency part's second half")
     ap.add_argument("--check-cpu", action="store_true", help="check counts without an expected value on the CPU engine")
     args = ap.parse_args()
     root = args.datasets / "human"

@@ -129,12 +129,13 @@ def make_case(tmp_path, seed: int, steps: int = 50, labels: int | None = None):
     return qpaths, truth
 
 
-def run_replay(tmp_path, qpaths, batch_size, threaded=True, name="out.arrow", backend="cpu", executor_lag=0):
+def run_replay(tmp_path, qpaths, batch_size, threaded=True, name="out.arrow", backend="cpu", executor_lag=0,
+               max_batch=None):
     g0 = read_graph(tmp_path / "g0.graph")
     out = tmp_path / name
     results, pipe = replay(g0, tmp_path / "stream.txt", [(p.stem, read_query(p)) for p in qpaths],
                            batch_size=batch_size, count_only=False, output=out, threaded=threaded, show_progress=False,
-                           backend=backend, executor_lag=executor_lag)
+                           backend=backend, executor_lag=executor_lag, max_batch=max_batch)
     return ipc.open_file(out).read_all(), results, pipe
 
 
@@ -177,6 +178,18 @@ def test_deltas_do_not_depend_on_batching_or_scheduling(tmp_path, seed, backend)
         table, _, _ = run_replay(tmp_path, qpaths, batch_size=b, threaded=threaded, name=f"b{b}{threaded}{lag}.arrow",
                                  backend=backend, executor_lag=lag)
         assert table.equals(reference), (b, threaded, lag)
+
+
+@pytest.mark.parametrize("seed", range(120, 126))
+def test_batches_grow_while_the_executor_is_behind_and_deltas_stay_the_same(tmp_path, seed, backend):
+    """The executor held back: the batches formed meanwhile grow past batch_size up to max_batch;
+    the delta file (ids included) is the one of batches of one."""
+    qpaths, _ = make_case(tmp_path, seed, steps=80)
+    reference, _, _ = run_replay(tmp_path, qpaths, batch_size=1, threaded=False, name="ref.arrow")
+    table, _, pipe = run_replay(tmp_path, qpaths, batch_size=2, name="grown.arrow", backend=backend, executor_lag=3,
+                                max_batch=9)
+    assert table.equals(reference)
+    assert pipe.stats.largest == 9 and pipe.stats.batches < pipe.stats.records / 2
 
 
 @pytest.mark.parametrize("seed", range(300, 316))

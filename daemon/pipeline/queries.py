@@ -8,6 +8,8 @@ and the batching.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from csmd.engine import Anchor, ContinuousQuery, Matches, QueryDeltas, UpdateBatch
@@ -35,12 +37,26 @@ def vertex_matches(cq: ContinuousQuery, batch: UpdateBatch, labels: np.ndarray) 
     return Matches(seq, rows=batch.vertex_id[hit].astype(np.int32)[:, None])
 
 
+def _empty(shape, dtype) -> np.ndarray:
+    a = np.zeros(shape, dtype)
+    a.flags.writeable = False  # shared by every query and batch without matches
+    return a
+
+
+_NO_SEQ, _NO_SIGN, _NO_COUNT = _empty(0, np.int64), _empty(0, np.int8), _empty(0, np.int64)
+
+
+@functools.cache
+def _no_rows(n: int) -> np.ndarray:
+    return _empty((0, n), np.int32)
+
+
 def canonical(cq: ContinuousQuery, m: Matches | None, batch: UpdateBatch) -> QueryDeltas:
     """The query's deltas for the batch: sorted by update, then by the match; signed by the update."""
-    if m is None:
-        rows = None if cq.count_only else np.zeros((0, cq.q.n), np.int32)
-        return QueryDeltas(cq.name, np.zeros(0, np.int64), np.zeros(0, np.int8), rows, 0, 0,
-                           np.zeros(0, np.int64) if cq.count_only else None)
+    if m is None:  # most queries in most small batches: no array work
+        if cq.count_only:
+            return QueryDeltas(cq.name, _NO_SEQ, _NO_SIGN, None, 0, 0, _NO_COUNT)
+        return QueryDeltas(cq.name, _NO_SEQ, _NO_SIGN, _no_rows(cq.q.n), 0, 0)
     seq, rows, counts = np.asarray(m.seq, np.int64), m.rows, m.counts
     if rows is not None:
         order = np.lexsort(tuple(rows[:, c] for c in range(rows.shape[1] - 1, -1, -1)) + (seq,))

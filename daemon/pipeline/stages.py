@@ -61,6 +61,7 @@ class Stats:
     records: int = 0
     updates: int = 0  # sequence numbers used
     batches: int = 0
+    largest: int = 0  # records of the largest batch (grown past batch_size while the executor was behind)
     max_ahead: int = 0  # most batches applied beyond the one the executor took (GU/EX overlap)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # per record: arrival to result
 
@@ -104,11 +105,19 @@ class Pipeline:
     vertices of g0 that were deleted (a restored checkpoint). executor_lag holds the
     executor back until that many later batches were applied (a test switch that forces
     GU/EX overlap; queue_depth must exceed it).
+
+    max_batch (default batch_size): while the executor has a batch waiting (it is behind),
+    the batch being formed takes up to this many records instead of batch_size. Every
+    batch costs the same host work whatever its size (sequencing, launches, one result per
+    query), so small batches cannot keep up at high rates; grown batches can, and the
+    deltas and their ids do not depend on the batching. When the executor keeps up,
+    batches stay at batch_size and a record waits for no other.
     """
 
     def __init__(self, g0: Graph, *, engine: ContinuousEngine | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
                  batch_wait: float = DEFAULT_BATCH_WAIT, queue_depth: int = 4, threaded: bool = True,
-                 first_seq: int = 0, retired: np.ndarray | None = None, executor_lag: int = 0):
+                 first_seq: int = 0, retired: np.ndarray | None = None, executor_lag: int = 0,
+                 max_batch: int | None = None):
         if engine is None:
             from csmd.cpu.engine import CpuEngine
 
@@ -118,6 +127,7 @@ class Pipeline:
         self.sequencer = Sequencer(self.vertices, engine, first_seq)
         self.gc = GarbageCollector(first_seq)
         self.batch_size, self.batch_wait = batch_size, batch_wait
+        self.max_batch = max(batch_size, max_batch or batch_size)
         self.queue_depth, self.threaded = max(queue_depth, executor_lag + 1), threaded
         self.executor_lag = executor_lag
         self.queries: dict[str, tuple] = {}  # name -> (ContinuousQuery, the engine's form); executor stage
@@ -164,8 +174,9 @@ class Pipeline:
                 "released": self.gc.released}
 
     # -- stages ------------------------------------------------------------------------------
-    def _batches(self, source):
-        """Group records: up to batch_size, or what arrived within batch_wait of the first.
+    def _batches(self, source, backlog=lambda: False):
+        """Group records: up to batch_size (max_batch while backlog() says the executor is
+        behind), or what arrived within batch_wait of the first.
 
         The source yields Update records, or UpdateBlocks (runs of updates in columns, cut
         into batches here without a step per update), or None when nothing is available
@@ -173,6 +184,11 @@ class Pipeline:
         which close the batch before them and pass on alone. A batch is a list of Updates,
         or an UpdateBlock when it was cut from blocks alone.
         """
+        grow = self.max_batch > self.batch_size
+
+        def limit() -> int:
+            return self.max_batch if grow and backlog() else self.batch_size
+
         parts, blocks, count, arrived, opened = [], 0, 0, [], 0.0
         for rec in source:
             if isinstance(rec, Marker):
@@ -187,11 +203,13 @@ class Pipeline:
                 while lo < len(rec):
                     if not count:
                         opened = now
-                    hi = min(len(rec), lo + self.batch_size - count)
-                    parts.append(rec.rows(lo, hi))
-                    arrived += [now] * (hi - lo)
-                    blocks, count, lo = blocks + 1, count + hi - lo, hi
-                    if count == self.batch_size:
+                    cap = limit()
+                    if count < cap:
+                        hi = min(len(rec), lo + cap - count)
+                        parts.append(rec.rows(lo, hi))
+                        arrived += [now] * (hi - lo)
+                        blocks, count, lo = blocks + 1, count + hi - lo, hi
+                    if count >= cap:
                         yield _joined(parts, blocks), arrived
                         parts, blocks, count, arrived = [], 0, 0, []
                 continue
@@ -201,7 +219,8 @@ class Pipeline:
                 parts.append(rec)
                 arrived.append(now)
                 count += 1
-            if count and (count >= self.batch_size or now - opened >= self.batch_wait and rec is None):
+            full = count >= self.batch_size and count >= limit()  # the queue is asked only when it matters
+            if count and (full or now - opened >= self.batch_wait and rec is None):
                 yield _joined(parts, blocks), arrived
                 parts, blocks, count, arrived = [], 0, 0, []
         if count:
@@ -265,6 +284,7 @@ class Pipeline:
         self.stats.records += b.records
         self.stats.updates += b.end_seq - b.first_seq
         self.stats.batches += 1
+        self.stats.largest = max(self.stats.largest, b.records)
         self.stats.latency.observe(now - np.asarray(b.arrived))
         free = self.gc.finished(b.first_seq, b.end_seq)
         if free:
@@ -307,7 +327,7 @@ class Pipeline:
 
         def gu():
             try:
-                for records, arrived in self._batches(source):
+                for records, arrived in self._batches(source, lambda: to_ex.qsize() > 0):
                     if stop.is_set():
                         break
                     put(to_ex, self._update(records, arrived))

@@ -58,6 +58,9 @@ DEFAULTS: dict[str, dict] = {
         "backend": "auto",
         "batch_size": 64,
         "batch_wait_ms": 0.125,
+        # while the executor is behind, a batch takes up to this many records (never fewer than
+        # batch_size): high rates are matched in large batches, low ones in small batches
+        "max_batch": 4096,
         "queue_depth": 4,
         "max_pending_records": 20_000,  # the consumer pauses above this many records in flight
         "threads": 0,  # the compiled CPU engine's threads; 0: CSMD_THREADS, else the cores
@@ -99,7 +102,8 @@ _CHOICES = {("input", "format"): ("auto", "arrow", "json", "text"), ("kafka", "o
             ("log", "format"): ("auto", "json", "console"),
             ("checkpoint", "on_mismatch"): ("fail", "rebuild"), ("log", "level"): ("debug", "info", "warning", "error")}
 _POSITIVE = {("topics", "partitions"), ("topics", "replication"), ("topics", "max_message_bytes"),
-             ("input", "max_poll_records"), ("pipeline", "batch_size"), ("pipeline", "queue_depth"),
+             ("input", "max_poll_records"), ("pipeline", "batch_size"), ("pipeline", "max_batch"),
+             ("pipeline", "queue_depth"),
              ("pipeline", "max_pending_records"), ("delivery", "commit_interval_ms"), ("delivery", "timeout_s"), ("checkpoint", "interval_s"),
              ("checkpoint", "keep"), ("pipeline", "batch_wait_ms"), ("cluster", "shards"),
              ("cluster", "session_timeout_ms"), ("cluster", "max_retained_updates")}

@@ -107,7 +107,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         # second engine would take device memory (task queue, pools) that the live one may need
         warm = warm_up(engine.name)[0] if engine.name == "cpu" else 0.0
         self.pipe = Pipeline(g0, engine=engine, batch_size=bs["batch_size"], batch_wait=bs["batch_wait_ms"] / 1000,
-                             queue_depth=bs["queue_depth"], first_seq=seq0,
+                             queue_depth=bs["queue_depth"], max_batch=bs["max_batch"], first_seq=seq0,
                              retired=st.retired)  # deleted vertices keep their ids
         for s in specs:
             s.register(self.pipe)
@@ -212,6 +212,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
             "deltas_per_s": round(self.metrics.deltas_rate.per_second(), 3),
             "latency_p50_s": lat.quantile(0.5), "latency_p99_s": lat.quantile(0.99),
             "pending_records": self.tracker.pending(), "paused": self.paused,
+            "batches": self.pipe.stats.batches, "largest_batch": self.pipe.stats.largest,  # grown when behind
             "dead_letters": self.metrics.get("csmd_dead_letters_total"),
             "lag": self.metrics.series("csmd_consumer_lag"),
             "ignored": dict(self.pipe.ignored), "gc_live_versions": self.pipe.engine_stats()["live_versions"],

@@ -69,7 +69,7 @@ class LatencyHistogram:
         if self._pending:
             x = np.concatenate(self._pending)
             self._pending, self._held = [], 0
-            np.add.at(self.counts, self._bucket(x), 1)
+            self.counts += np.bincount(self._bucket(x), minlength=len(self.counts))
             self.total += float(x.sum())
 
     def snapshot(self) -> tuple[np.ndarray, float]:
