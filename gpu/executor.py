@@ -73,7 +73,7 @@ class _Group:
         self.nmax = int(self.size.max())
         self.width = self.nmax + 1  # the seed in the last column
         tables[:, 1] = self.width
-        tables[:, 2] = 0  # no count_last on the MVG
+        tables[:, 2] = _fast(tables, self.size - 1)
         self.tables, self.el = cp.asarray(tables), cp.asarray(cat([pq.el for pq in queries]))
         lx, ly, ael = cat([pq.lx for pq in queries]), cat([pq.ly for pq in queries]), cat([pq.anchor_el for pq in queries])
         self.labels, self.elabels = np.unique(cat([lx, ly])), np.unique(ael)
@@ -204,9 +204,10 @@ class Executor:
             while True:
                 with mvg.swap:  # the view stays valid until the launch is enqueued
                     fn((blocks,), (WARPS_PER_BLOCK * 32,), (
-                        mvg.view(), i32(grp.nmax), grp.tables, grp.el, seed_tab, seed_T, pool.reshape(-1), chunk_q,
-                        i64(S * 32), ctl, self._queue, self._ready, i64(tn.queue_tasks), state, counts, i32(resume),
-                        i32(emit), out, i64(out_cap), i64(0), i64(int(tn.offload_us * 1e3))), shared_mem=smem)
+                        mvg.view(), i32(not mvg.has_edge_labels), i32(grp.nmax), grp.tables, grp.el, seed_tab,
+                        seed_T, pool.reshape(-1), chunk_q, i64(S * 32), ctl, self._queue, self._ready,
+                        i64(tn.queue_tasks), state, counts, i32(resume), i32(emit), out, i64(out_cap), i64(0),
+                        i64(int(tn.offload_us * 1e3))), shared_mem=smem)
                 if not emit:
                     host = buf.get()
                     if host[CTL_STOP]:
@@ -224,6 +225,14 @@ class Executor:
                 ctl[CTL_IDLE:CTL_OUTN + 1] = 0
                 ctl[CTL_STARTED] = 0
                 resume = True
+
+
+def _fast(tables: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """Tables whose last depth match_at may count at once (count_last_at, count-only searches):
+    one backward edge and no symmetry constraints."""
+    s, r = structs(), np.arange(len(tables))
+    back, less, greater = (tables[r, off // 4 + last].view(np.uint32) for off in (s.qt_back, s.qt_less, s.qt_greater))
+    return (np.bitwise_count(back) == 1) & (less == 0) & (greater == 0)
 
 
 def _by_query(query: np.ndarray):

@@ -68,11 +68,14 @@ struct StaticView {
     }
 };
 
-// Edge labels are always compared (the MVG stores 0 where the graph has none).
+// Edge labels are always compared (the MVG stores 0 where the graph has none); plain: no
+// edge of the graph has a label yet (DeviceMVG.has_edge_labels), so that a query asking for
+// label 0 may count a clean range without reading them (count_last_at).
 struct VersionedView {
     static constexpr bool versioned = true;
     static constexpr int check_el = 1;
     MVGView m;
+    int plain;
 
     __device__ __forceinline__ void range(const Query& qc, int v, int lab, i64* start, int* size) const {
         label_range_at(m, v, lab, qc.T, start, size);
@@ -249,6 +252,65 @@ __device__ i64 count_last(const StaticView& g, const Query& qc, const Level* lv,
     return n;
 }
 
+// count_last on the MVG, for the whole level d - 1 at once (lane s: node s), which the
+// warp consumes in one step: the matches of each node's range after the cursor when depth d
+// is the last and its one backward edge is the pivot's (no symmetry constraints). A range
+// of a version clean at T (every entry visible) without edge labels to test counts whole,
+// less the earlier same-label images found in it by binary search (its neighbours are
+// distinct: a pair's older entry is closed, which makes the version unclean). The entries
+// of the other ranges are one virtual list that the warp checks 32 at a time as the
+// general path does, without its per-batch overhead. Returns each lane's part.
+__device__ i64 count_last_at(const VersionedView& g, const Query& qc, const Level* lv, int d, i64 cursor, int lane) {
+    const QueryTable* Q = qc.t;
+    const Level* L = &lv[d - 1];
+    const unsigned same = Q->same[d];
+    i64 st = 0, n = 0;
+    int len = 0, piv = 0, el = 0;
+    bool clean = false;
+    if (lane < L->cnt) {
+        const i64 used = max(cursor - L->off[lane], 0ll);
+        len = (int)max((i64)L->size[lane] - used, 0ll);
+        st = L->start[lane] + used;
+        piv = L->piv[lane];
+        el = qc.el[d * MAXQ + piv];
+        if (len > 0 && g.plain && el == 0) {
+            int slot = lane;
+            for (int j = d - 1; j > piv; --j) slot = lv[j].parent[slot];
+            clean = clean_at(g.m, version_at(g.m, lv[piv].v[slot], qc.T), qc.T);
+        }
+    }
+    if (clean) {
+        n = len;
+        for (int j = d - 1, slot = lane; j >= 0; slot = lv[j].parent[slot], --j) {
+            if (!((same >> j) & 1u)) continue;
+            const int v = lv[j].v[slot];
+            const i64 p = lower_bound(g.m.e_nbr, st, st + len, v);
+            if (p < st + len && MVG_ENTRY(g.m.e_nbr + p) == v) --n;
+        }
+    }
+    // exclusive offsets of the ranges left to check, lane by lane
+    i64 off = clean ? 0 : len;
+    for (int o = 1; o < 32; o <<= 1) {
+        const i64 y = __shfl_up_sync(FULL_MASK, off, o);
+        if (lane >= o) off += y;
+    }
+    const i64 total = __shfl_sync(FULL_MASK, off, 31);
+    off -= clean ? 0 : len;
+    for (i64 base = 0; base < total; base += 32) {
+        const i64 idx = base + lane;
+        int s = 0;  // the last node whose offset is <= idx: it has entries left (the ones after share its end)
+        for (int step = 16; step > 0; step >>= 1)
+            if (__shfl_sync(FULL_MASK, off, s + step) <= idx) s += step;
+        const i64 pos = __shfl_sync(FULL_MASK, st, s) + idx - __shfl_sync(FULL_MASK, off, s);
+        const int p = __shfl_sync(FULL_MASK, piv, s), e = __shfl_sync(FULL_MASK, el, s);
+        if (idx < total) {
+            const int c = MVG_ENTRY(g.m.e_nbr + pos);
+            n += visible(g.m, pos, qc.T) && MVG_ENTRY(g.m.e_el + pos) == e && check_path(g, qc, lv, d, c, s, p);
+        }
+    }
+    return n;
+}
+
 // Flags of the prefix sums of count_last, one row of m2 per query of the list `which`
 // (blockIdx.y): entry p of the label-grouped adjacency is a candidate of the query's last
 // depth bit[i] reached over an edge labelled el[i].
@@ -415,8 +477,10 @@ __device__ __forceinline__ void search(const View& g, const Batch& b, const Run&
         }
         if (lane == 0) ws->batches++;
         const int d = top + 1;
-        if constexpr (!View::versioned) if (d == last && Q->fast && !emit) {  // count the whole level at once (counting only)
-            i64 part = lane < L->cnt ? count_last(g, qc, lv, d, lane, cursor) : 0;
+        if (d == last && Q->fast && !emit) {  // count the whole level at once (counting only)
+            i64 part;
+            if constexpr (View::versioned) part = count_last_at(g, qc, lv, d, cursor, lane);
+            else part = lane < L->cnt ? count_last(g, qc, lv, d, lane, cursor) : 0;
             for (int o = 16; o > 0; o >>= 1) part += __shfl_down_sync(FULL_MASK, part, o);
             if (lane == 0) {
                 if (count_limit) {
@@ -511,13 +575,14 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
 
 // Incremental matching on the MVG: work id i is seed i (root-pool chunk i holds its prefix
 // (a, b)), with table seed_tab[i] and timestamp seed_T[i]; counts[i] its matches. Emitted
-// rows end with the seed (column width - 1 of every table).
-extern "C" __global__ void match_at(MVGView mvg, int nmax, const QueryTable* __restrict__ qtabs, const int* qel,
+// rows end with the seed (column width - 1 of every table). A table's `fast` asks for
+// count_last_at (count-only searches), plain says that no edge has a label.
+extern "C" __global__ void match_at(MVGView mvg, int plain, int nmax, const QueryTable* __restrict__ qtabs, const int* qel,
                                     const int* seed_tab, const i64* seed_T, const int* __restrict__ pool,
                                     const int* __restrict__ chunk_q, i64 pool_n, u64* ctl, Task* queue, int* ready,
                                     i64 queue_cap, u64* state, u64* counts, int resume, int emit, int* out,
                                     i64 out_cap, i64 budget_ns, i64 offload_ns) {
-    const VersionedView g{mvg};
+    const VersionedView g{mvg, plain};
     const Batch b{qtabs, nullptr, qel, nullptr, nullptr, chunk_q, seed_tab, seed_T, 0};
     search(g, b, Run{nmax, pool, pool_n, 2, ctl, queue, ready, queue_cap, state, counts, resume, emit, out, out_cap,
                      (i64)1 << 62, 0, budget_ns, offload_ns});
