@@ -1,9 +1,10 @@
 """Time of the GPU executor's device search (Executor._search: upload, launch, read-back) and of
 its whole run per batch, on the inline pipeline over a dataset's insertion stream, for query
-sets and executor tunings (blocks per SM : offload us). Count-only queries.
+sets and executor tunings (blocks per SM : offload us; "default": the executor's own).
+Count-only queries.
 
     python bench/ex_search.py --datasets .data --part human --batch-sizes 4096 \\
-        --sets all,72,74,38,56,99,18 --tunings 2:200,4:200,8:200
+        --sets all,72,74,38,56,99,18 --tunings default,2:200,1:150
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from csmd.model.formats import read_graph, read_query  # noqa: E402
 from csmd.pipeline.stages import Pipeline  # noqa: E402
 
 
-def run(g0, upd, queries, b: int, tuning: Tuning):
+def run(g0, upd, queries, b: int, tuning: Tuning | None):
     """(search s, executor s, total s, batches, matches) of one inline replay."""
     eng = continuous_engine("gpu", g0)
     ex = eng.executor
-    ex.tuning, ex._shapes = tuning, {}
+    if tuning:
+        ex.tuning, ex._shapes = tuning, {}
     pipe = Pipeline(g0, engine=eng, batch_size=b, threaded=False)
     for name, q in queries:
         pipe.add_query(name, q, True)
@@ -60,7 +62,7 @@ def main() -> None:
     ap.add_argument("--part", default="human")
     ap.add_argument("--batch-sizes", default="4096")
     ap.add_argument("--sets", default="all,72,74,38,56,99,18")
-    ap.add_argument("--tunings", default="2:200")
+    ap.add_argument("--tunings", default="default")
     ap.add_argument("--runs", type=int, default=2)
     args = ap.parse_args()
     root = Path(args.datasets) / args.part
@@ -72,8 +74,10 @@ def main() -> None:
     print(f"{'set':<5} {'b':>5} {'tuning':>8} {'batches':>7} {'search ms':>10} {'run ms':>8} {'total ms':>9} {'matches':>12}")
     for b in (int(x) for x in args.batch_sizes.split(",")):
         for t in args.tunings.split(","):
-            blocks, off = t.split(":")
-            tuning = Tuning(max_blocks_per_sm=int(blocks), offload_us=float(off))
+            tuning = None
+            if t != "default":
+                blocks, off = t.split(":")
+                tuning = Tuning(max_blocks_per_sm=int(blocks), offload_us=float(off))
             for s, queries in sets.items():
                 run(g0, upd, queries, b, tuning)  # warm: compile, caches
                 r = min((run(g0, upd, queries, b, tuning) for _ in range(args.runs)), key=lambda x: x[0])

@@ -80,7 +80,7 @@ def _grown(a: cp.ndarray, size: int, fill=None) -> cp.ndarray:
     return out
 
 
-class _Staging:
+class Staging:
     """An int64 buffer in pinned host memory and one on the device, grown together. Copies
     between them are single cudaMemcpyAsync calls: from pinned memory an upload does not wait
     for the stream to drain, as one from pageable memory does, and either way costs a fraction
@@ -179,7 +179,7 @@ class DeviceMVG:
             self._arena = cp.empty(self._small[2], cp.int64)
             self._stats = cp.empty(S_COUNT, cp.int64)
             self._live, self._incl = cp.empty(1024, cp.int32), cp.empty(1024, cp.int64)
-            self._batch, self._counters, self._lookups = _Staging(), _Staging(), _Staging()
+            self._batch, self._counters, self._lookups = Staging(), Staging(), Staging()
             self.small_rows = self._small[0]  # the largest batch (in rows: 2 per op) of that path; 0: never
             # held while arrays are swapped (growth, new vertices) and while a reader on another
             # stream takes the view and enqueues its launch: a growth then waits for that launch
