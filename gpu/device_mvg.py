@@ -80,7 +80,7 @@ def _grown(a: cp.ndarray, size: int, fill=None) -> cp.ndarray:
     return out
 
 
-class _Staging:
+class Staging:
     """An int64 buffer in pinned host memory and one on the device, grown together. Copies
     between them are single cudaMemcpyAsync calls: from pinned memory an upload does not wait
     for the stream to drain, as one from pageable memory does, and either way costs a fraction
@@ -154,13 +154,16 @@ class DeviceMVG:
         self.stream = cp.cuda.Stream(non_blocking=True)
         n, m = len(labels), len(nbrs)
         self.n = n
+        # some edge, now or ever, has a non-zero label; until then readers may skip the label
+        # test (monotone: a batch sets it in apply, before its search is submitted)
+        self.has_edge_labels = els is not None and bool(els.any())
         with self.stream:
             vcap = max(n, 1024)
             self.labels = _grown(labels.astype(cp.int32), vcap, 0)
             self.cur = cp.full(vcap, -1, cp.int32)
             self.n_versions = n
             vcap = max(2 * n, 1024)
-            self.v_ct_min, self.v_dt_max, self.v_start = (cp.empty(vcap, cp.int64) for _ in range(3))
+            self.v_ct_min, self.v_dt_max, self.v_start, self.v_ct_hi = (cp.empty(vcap, cp.int64) for _ in range(4))
             self.v_prev, self.v_size, self.v_cls, self.v_live = (cp.empty(vcap, cp.int32) for _ in range(4))
             # free list: keys class << 32 | vid; the first n_keys hold the n_free free versions and
             # MVG_INF holes, sorted (holes last) when sorted is set
@@ -176,7 +179,7 @@ class DeviceMVG:
             self._arena = cp.empty(self._small[2], cp.int64)
             self._stats = cp.empty(S_COUNT, cp.int64)
             self._live, self._incl = cp.empty(1024, cp.int32), cp.empty(1024, cp.int64)
-            self._batch, self._counters, self._lookups = _Staging(), _Staging(), _Staging()
+            self._batch, self._counters, self._lookups = Staging(), Staging(), Staging()
             self.small_rows = self._small[0]  # the largest batch (in rows: 2 per op) of that path; 0: never
             # held while arrays are swapped (growth, new vertices) and while a reader on another
             # stream takes the view and enqueues its launch: a growth then waits for that launch
@@ -227,14 +230,14 @@ class DeviceMVG:
     def memory_bytes(self) -> int:
         """Bytes the pool holds (vertices, version table, free list, entries)."""
         return sum(a.nbytes for a in (self.labels, self.cur, self.v_ct_min, self.v_dt_max, self.v_start, self.v_prev,
-                                      self.v_size, self.v_cls, self.v_live, self.free_keys, self.e_nbr, self.e_lab,
-                                      self.e_el, self.e_ct, self.e_dt))
+                                      self.v_size, self.v_cls, self.v_live, self.v_ct_hi, self.free_keys, self.e_nbr,
+                                      self.e_lab, self.e_el, self.e_ct, self.e_dt))
 
     def _reserve(self, vertices: int = 0, versions: int = 0, entries: int = 0, free: int = 0) -> None:
         """Make room for that many vertices, versions, entries and free-list keys (doubling)."""
         grow = [(names, need, fill) for names, need, fill in (
             (("labels", "cur"), vertices, None),
-            (("v_ct_min", "v_dt_max", "v_start", "v_prev", "v_size", "v_cls", "v_live"), versions, None),
+            (("v_ct_min", "v_dt_max", "v_start", "v_prev", "v_size", "v_cls", "v_live", "v_ct_hi"), versions, None),
             (("free_keys",), free, INF),
             (("e_nbr", "e_lab", "e_el", "e_ct", "e_dt"), entries, None)) if need > len(getattr(self, names[0]))]
         if not grow:
@@ -275,6 +278,7 @@ class DeviceMVG:
             return Replaced(None, -1, 0, 0)
         host = self._batch.host_view(5 * k).reshape(5, k)
         host[0], host[1], host[2], host[3], host[4] = seq, a, b, label, sign
+        self.has_edge_labels = self.has_edge_labels or bool(host[3].any())
         R, n_ins = 2 * k, 2 * int(np.count_nonzero(host[4] > 0))
         with self.stream:
             batch = self._batch.upload(5 * k, self.stream)  # the one upload
@@ -327,7 +331,7 @@ class DeviceMVG:
             _launch("gu_copy", total, (g, i64(total), i64(n_new), old_end, q_old, q_start, req, live, incl, row0,
                                        insc, ins, i_pair))
             _launch("gu_insert", n_ins, (g, i64(n_ins), i64(k), batch, keys, perm, i_pair, seg, row0, insc, ins,
-                                         s_slot, old_end, q_old, q_start, live, incl))
+                                         s_slot, old_end, q_old, q_vid, q_start, live, incl))
             _launch("gu_close", R, (g, i64(R), i64(k), batch, keys, seg, ts0, first, s_slot, q_start, s_size))
             _launch("gu_publish", n_new, (g, i64(n_new), req, keys, row0, ts0, q_vid, q_old))
             vids = q_old[:n_new].copy()

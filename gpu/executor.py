@@ -11,8 +11,9 @@ ends with its seed) with pause and resume: no match is dropped.
 Host work per batch is a few numpy calls whatever the number of queries: the anchors of
 all registered queries are one sorted table keyed by (label of x, label of y, edge label),
 and an update finds its anchors by binary search in it. The device gets one upload (the
-seeds) and gives one read-back (counts and the launch's control words together) for
-count-only queries. Two-vertex queries need no search: every seed is a match.
+seeds, which the kernel reads as they are) and gives one read-back (counts and the
+launch's control words together) for count-only queries, both through pinned buffers.
+Two-vertex queries need no search: every seed is a match.
 """
 
 from __future__ import annotations
@@ -23,13 +24,20 @@ import numpy as np
 from csmd.engine import ContinuousQuery, Matches, UpdateBatch
 
 from .filtering import QueryBatch
-from .launch import i32, i64
+from .device_mvg import Staging
+from .launch import i32, i64, or_dummy
 from .layout import CTL_IDLE, CTL_OUTN, CTL_STARTED, CTL_STOP, MAXQ, STOP_FULL, structs
 from .matcher import WARPS_PER_BLOCK, Tuning, _grid, _warp_words, query_tables
 from .module import kernel
 
 _SEQ_BITS = 40  # (query, seq) in one int64 key: sequence numbers stay below 2^40
-MAX_SEEDS = 1 << 20  # seeds searched in one launch sequence: bounds the root pool at 256 MB
+# The continuous search is latency bound, over a few thousand small searches (seeds) that share
+# the control words and the task queue: fewer warps than the static matcher's contend less, and
+# an earlier offload splits the few long searches of a lone query sooner. H100, human, batch
+# 4096, search ms (all 100 queries; Q_74, Q_99 alone), blocks per SM : offload us:
+# 2:200 99 (10.2, 10.2), 1:200 55 (10.1, 10.0), 1:150 55 (8.1, 8.9), 1:100 68 (5.9, 6.7).
+EX_TUNING = dict(max_blocks_per_sm=1, offload_us=100.0)
+MAX_SEEDS = 1 << 20  # seeds searched in one launch sequence: bounds its buffers (48 bytes a seed)
 
 
 class PreparedQuery:
@@ -73,7 +81,7 @@ class _Group:
         self.nmax = int(self.size.max())
         self.width = self.nmax + 1  # the seed in the last column
         tables[:, 1] = self.width
-        tables[:, 2] = 0  # no count_last on the MVG
+        tables[:, 2] = _fast(tables, self.size - 1)
         self.tables, self.el = cp.asarray(tables), cp.asarray(cat([pq.el for pq in queries]))
         lx, ly, ael = cat([pq.lx for pq in queries]), cat([pq.ly for pq in queries]), cat([pq.anchor_el for pq in queries])
         self.labels, self.elabels = np.unique(cat([lx, ly])), np.unique(ael)
@@ -111,11 +119,12 @@ class Executor:
 
     def __init__(self, stream: cp.cuda.Stream, tuning: Tuning | None = None):
         self.stream = stream
-        self.tuning = tuning or Tuning()
+        self.tuning = tuning or Tuning(**EX_TUNING)
         self._queue = self._ready = None
         self._groups: dict[tuple, _Group] = {}
         self._shapes: dict[int, tuple[int, int]] = {}  # depth -> (shared bytes, blocks) of match_at
         self._state = cp.empty(0, cp.uint64)  # the warps' stacks, reused from batch to batch
+        self._seeds, self._counts = Staging(), Staging()  # the upload and the read-back of a search
 
     def prepare(self, query: ContinuousQuery) -> PreparedQuery:
         return PreparedQuery(query)
@@ -151,7 +160,7 @@ class Executor:
         counts = np.ones(len(seq), np.int64)
         found = []  # (rows, seed) from the search
         big_seeds = np.flatnonzero(big)
-        for at in range(0, len(big_seeds), MAX_SEEDS):  # the root pool costs 256 bytes a seed
+        for at in range(0, len(big_seeds), MAX_SEEDS):
             which = big_seeds[at: at + MAX_SEEDS]
             counts[which], rows = self._search(mvg, grp, a[which], b[which], seq[which], tab[which], emit)
             found += [(r, which[seed]) for r, seed in rows]
@@ -183,15 +192,13 @@ class Executor:
         smem, blocks = self._shape(fn, grp.nmax)
         tn = self.tuning
         found = []
+        host = self._seeds.host_view(4 * S).reshape(4, S)  # the rows match_at reads: a, b, T, table
+        host[0], host[1], host[2], host[3] = a, b, seq, tab
         with self.stream:
             if self._queue is None:
                 self._queue = cp.empty(tn.queue_tasks * structs().task, cp.uint8)
                 self._ready = cp.zeros(tn.queue_tasks, cp.int32)
-            dev = cp.asarray(np.stack([a, b, seq, tab]))  # the one upload
-            pool = cp.full((S, 32, 2), -1, cp.int32)
-            pool[:, 0, 0], pool[:, 0, 1] = dev[0], dev[1]
-            seed_tab, seed_T = dev[3].astype(cp.int32), dev[2]
-            chunk_q = cp.arange(S, dtype=cp.int32)
+            seeds = self._seeds.upload(4 * S, self.stream)  # the one upload
             buf = cp.zeros(8 + S, cp.uint64)  # the control words, then the count of each seed
             ctl, counts = buf[:8], buf[8:]
             words = blocks * WARPS_PER_BLOCK * _warp_words(grp.nmax)
@@ -199,19 +206,19 @@ class Executor:
                 self._state = cp.empty(words, cp.uint64)
             state = self._state
             out_cap = max(32, tn.out_rows) if emit else 0
-            out = cp.empty(max(1, out_cap * grp.width), cp.int32)
+            out = cp.empty(out_cap * grp.width, cp.int32) if emit else or_dummy(None)
             resume = False
             while True:
                 with mvg.swap:  # the view stays valid until the launch is enqueued
                     fn((blocks,), (WARPS_PER_BLOCK * 32,), (
-                        mvg.view(), i32(grp.nmax), grp.tables, grp.el, seed_tab, seed_T, pool.reshape(-1), chunk_q,
-                        i64(S * 32), ctl, self._queue, self._ready, i64(tn.queue_tasks), state, counts, i32(resume),
-                        i32(emit), out, i64(out_cap), i64(0), i64(int(tn.offload_us * 1e3))), shared_mem=smem)
+                        mvg.view(), i32(not mvg.has_edge_labels), i32(grp.nmax), grp.tables, grp.el, seeds, i64(S),
+                        ctl, self._queue, self._ready, i64(tn.queue_tasks), state, counts, i32(resume), i32(emit),
+                        out, i64(out_cap), i64(0), i64(int(tn.offload_us * 1e3))), shared_mem=smem)
                 if not emit:
-                    host = buf.get()
+                    host = self._counts.download(buf, 8 + S, self.stream)
                     if host[CTL_STOP]:
                         raise RuntimeError(f"match_at stopped early ({int(host[CTL_STOP])})")
-                    return host[8:].astype(np.int64), found
+                    return host[8:].copy(), found
                 c = ctl.get()
                 if c[CTL_OUTN]:
                     k = int(c[CTL_OUTN])
@@ -224,6 +231,14 @@ class Executor:
                 ctl[CTL_IDLE:CTL_OUTN + 1] = 0
                 ctl[CTL_STARTED] = 0
                 resume = True
+
+
+def _fast(tables: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """Tables whose last depth match_at may count at once (count_last_at, count-only searches):
+    one backward edge and no symmetry constraints."""
+    s, r = structs(), np.arange(len(tables))
+    back, less, greater = (tables[r, off // 4 + last].view(np.uint32) for off in (s.qt_back, s.qt_less, s.qt_greater))
+    return (np.bitwise_count(back) == 1) & (less == 0) & (greater == 0)
 
 
 def _by_query(query: np.ndarray):

@@ -24,8 +24,8 @@
 //                  candidates are the entries visible at T with the right edge label
 //                  (label-only candidates: the graph changes under the filter).
 // A work id (WarpState.q, Task.q) names a query in the static search and a seed (one
-// update, one anchor, one orientation) in the versioned one: work_tab and work_T give
-// the seed's table and timestamp, and counts are kept per work id.
+// update, one anchor, one orientation) in the versioned one: the seeds' rows give its
+// prefix, timestamp and table, and counts are kept per work id.
 #include "graph_access.cuh"
 #include "mvg_access.cuh"
 #include "task_ring.cuh"
@@ -68,11 +68,14 @@ struct StaticView {
     }
 };
 
-// Edge labels are always compared (the MVG stores 0 where the graph has none).
+// Edge labels are always compared (the MVG stores 0 where the graph has none); plain: no
+// edge of the graph has a label yet (DeviceMVG.has_edge_labels), so that a query asking for
+// label 0 may count a clean range without reading them (count_last_at).
 struct VersionedView {
     static constexpr bool versioned = true;
     static constexpr int check_el = 1;
     MVGView m;
+    int plain;
 
     __device__ __forceinline__ void range(const Query& qc, int v, int lab, i64* start, int* size) const {
         label_range_at(m, v, lab, qc.T, start, size);
@@ -92,19 +95,22 @@ struct Batch {
     const int* __restrict__ el;
     const int* __restrict__ prefix;
     const i64* __restrict__ prefix_at;  // per table: offset into prefix, -1 none (static)
-    const int* __restrict__ chunk_q;    // work id of each root-pool chunk
-    const int* __restrict__ work_tab;   // table of each work id (versioned; null: the work id)
-    const i64* __restrict__ work_T;     // timestamp of each work id (versioned)
-    i64 n;
+    const int* __restrict__ chunk_q;    // work id of each root-pool chunk (static)
+    const i64* __restrict__ seeds;      // versioned: rows a, b, T, table of the n_seeds work ids
+    i64 n, n_seeds;
 };
 
-__device__ __forceinline__ int table_of(const Batch& b, int q) { return b.work_tab ? __ldg(b.work_tab + q) : q; }
+enum { SEED_A, SEED_B, SEED_T, SEED_TAB };
+
+__device__ __forceinline__ i64 seed(const Batch& b, int row, int q) { return __ldg(b.seeds + row * b.n_seeds + q); }
+
+__device__ __forceinline__ int table_of(const Batch& b, int q) { return b.seeds ? (int)seed(b, SEED_TAB, q) : q; }
 
 __device__ __forceinline__ Query query_of(const Batch& b, const QueryTable* t, int q) {
     const int tab = table_of(b, q);
     const i64 at = b.prefix_at ? __ldg(b.prefix_at + tab) : -1;
     return {t, b.cbits ? b.cbits + (i64)tab * b.n : nullptr, b.el + (i64)tab * MAXQ * MAXQ,
-            at < 0 ? nullptr : b.prefix + at, b.work_T ? __ldg(b.work_T + q) : 0};
+            at < 0 ? nullptr : b.prefix + at, b.seeds ? seed(b, SEED_T, q) : 0};
 }
 
 // Make work q the warp's (copying its table) unless it already is.
@@ -174,7 +180,8 @@ __device__ void node_range(const View& g, const Query& qc, const Level* lv, int 
 }
 
 // Take a chunk of 32 prefixes from the root pool (pool_m vertices each; -1 pads a query's
-// last chunk); false when it is empty.
+// last chunk); false when it is empty. The versioned search's pool is its seeds: chunk q
+// (32 positions of pool_n) is seed q, its prefix (a, b) in lane 0.
 template <class View>
 __device__ bool take_roots(const View& g, QueryTable* Q, Level* lv, WarpState* ws, const Batch& b, u64* ctl,
                            const int* pool, i64 pool_n, int pool_m, int lane) {
@@ -183,16 +190,18 @@ __device__ bool take_roots(const View& g, QueryTable* Q, Level* lv, WarpState* w
         if (lane == 0) p = vload(&ctl[CTL_POOL]) < (u64)pool_n ? atomicAdd(&ctl[CTL_POOL], 32ull) : (u64)pool_n;
         p = __shfl_sync(FULL_MASK, p, 0);
         if (p >= (u64)pool_n) return false;
-        switch_query(Q, ws, b, __ldg(b.chunk_q + p / 32), lane);
+        const int q = b.seeds ? (int)(p / 32) : __ldg(b.chunk_q + p / 32);
+        switch_query(Q, ws, b, q, lane);
         const i64 i = (i64)p + lane;
-        const bool have = __ldg(pool + i * pool_m) >= 0;
+        auto root = [&](int j) { return b.seeds ? (int)seed(b, SEED_A + j, q) : pool[i * pool_m + j]; };
+        const bool have = b.seeds ? lane == 0 : __ldg(pool + i * pool_m) >= 0;
         int v = 0;
         if (have) {
             for (int j = 0; j < pool_m - 1; ++j) {
-                lv[j].v[lane] = pool[i * pool_m + j];
+                lv[j].v[lane] = root(j);
                 lv[j].parent[lane] = (unsigned char)lane;
             }
-            v = pool[i * pool_m + pool_m - 1];
+            v = root(pool_m - 1);
         }
         i64 start = 0;
         int size = 0, piv = 0;
@@ -244,6 +253,65 @@ __device__ i64 count_last(const StaticView& g, const Query& qc, const Level* lv,
         if (((same >> j) & 1u) && v > lo && v < hi) {
             const i64 p = lower_bound(g.gadj, st, en, v);
             if (p < en && __ldg(g.gadj + p) == v && counted(g, qc, (int)p, d, el)) --n;
+        }
+    }
+    return n;
+}
+
+// count_last on the MVG, for the whole level d - 1 at once (lane s: node s), which the
+// warp consumes in one step: the matches of each node's range after the cursor when depth d
+// is the last and its one backward edge is the pivot's (no symmetry constraints). A range
+// of a version clean at T (every entry visible) without edge labels to test counts whole,
+// less the earlier same-label images found in it by binary search (its neighbours are
+// distinct: a pair's older entry is closed, which makes the version unclean). The entries
+// of the other ranges are one virtual list that the warp checks 32 at a time as the
+// general path does, without its per-batch overhead. Returns each lane's part.
+__device__ i64 count_last_at(const VersionedView& g, const Query& qc, const Level* lv, int d, i64 cursor, int lane) {
+    const QueryTable* Q = qc.t;
+    const Level* L = &lv[d - 1];
+    const unsigned same = Q->same[d];
+    i64 st = 0, n = 0;
+    int len = 0, piv = 0, el = 0;
+    bool clean = false;
+    if (lane < L->cnt) {
+        const i64 used = max(cursor - L->off[lane], 0ll);
+        len = (int)max((i64)L->size[lane] - used, 0ll);
+        st = L->start[lane] + used;
+        piv = L->piv[lane];
+        el = qc.el[d * MAXQ + piv];
+        if (len > 0 && g.plain && el == 0) {
+            int slot = lane;
+            for (int j = d - 1; j > piv; --j) slot = lv[j].parent[slot];
+            clean = clean_at(g.m, version_at(g.m, lv[piv].v[slot], qc.T), qc.T);
+        }
+    }
+    if (clean) {
+        n = len;
+        for (int j = d - 1, slot = lane; j >= 0; slot = lv[j].parent[slot], --j) {
+            if (!((same >> j) & 1u)) continue;
+            const int v = lv[j].v[slot];
+            const i64 p = lower_bound(g.m.e_nbr, st, st + len, v);
+            if (p < st + len && MVG_ENTRY(g.m.e_nbr + p) == v) --n;
+        }
+    }
+    // exclusive offsets of the ranges left to check, lane by lane
+    i64 off = clean ? 0 : len;
+    for (int o = 1; o < 32; o <<= 1) {
+        const i64 y = __shfl_up_sync(FULL_MASK, off, o);
+        if (lane >= o) off += y;
+    }
+    const i64 total = __shfl_sync(FULL_MASK, off, 31);
+    off -= clean ? 0 : len;
+    for (i64 base = 0; base < total; base += 32) {
+        const i64 idx = base + lane;
+        int s = 0;  // the last node whose offset is <= idx: it has entries left (the ones after share its end)
+        for (int step = 16; step > 0; step >>= 1)
+            if (__shfl_sync(FULL_MASK, off, s + step) <= idx) s += step;
+        const i64 pos = __shfl_sync(FULL_MASK, st, s) + idx - __shfl_sync(FULL_MASK, off, s);
+        const int p = __shfl_sync(FULL_MASK, piv, s), e = __shfl_sync(FULL_MASK, el, s);
+        if (idx < total) {
+            const int c = MVG_ENTRY(g.m.e_nbr + pos);
+            n += visible(g.m, pos, qc.T) && MVG_ENTRY(g.m.e_el + pos) == e && check_path(g, qc, lv, d, c, s, p);
         }
     }
     return n;
@@ -415,8 +483,10 @@ __device__ __forceinline__ void search(const View& g, const Batch& b, const Run&
         }
         if (lane == 0) ws->batches++;
         const int d = top + 1;
-        if constexpr (!View::versioned) if (d == last && Q->fast && !emit) {  // count the whole level at once (counting only)
-            i64 part = lane < L->cnt ? count_last(g, qc, lv, d, lane, cursor) : 0;
+        if (d == last && Q->fast && !emit) {  // count the whole level at once (counting only)
+            i64 part;
+            if constexpr (View::versioned) part = count_last_at(g, qc, lv, d, cursor, lane);
+            else part = lane < L->cnt ? count_last(g, qc, lv, d, lane, cursor) : 0;
             for (int o = 16; o > 0; o >>= 1) part += __shfl_down_sync(FULL_MASK, part, o);
             if (lane == 0) {
                 if (count_limit) {
@@ -504,23 +574,23 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
                                  i64 out_cap, i64 limit_left, u64 count_limit, i64 budget_ns, i64 offload_ns) {
     const StaticView g{indptr, adj, adj_el, gadj, gadj_el, vlabel, {hub_of, hub_tab, num_labels, single_label},
                        check_el};
-    const Batch b{qtabs, cbits, qel, last_prefix, prefix_at, chunk_q, nullptr, nullptr, n};
+    const Batch b{qtabs, cbits, qel, last_prefix, prefix_at, chunk_q, nullptr, n, 0};
     search(g, b, Run{nmax, pool, pool_n, pool_m, ctl, queue, ready, queue_cap, state, counts, resume, emit, out,
                      out_cap, limit_left, count_limit, budget_ns, offload_ns});
 }
 
-// Incremental matching on the MVG: work id i is seed i (root-pool chunk i holds its prefix
-// (a, b)), with table seed_tab[i] and timestamp seed_T[i]; counts[i] its matches. Emitted
-// rows end with the seed (column width - 1 of every table).
-extern "C" __global__ void match_at(MVGView mvg, int nmax, const QueryTable* __restrict__ qtabs, const int* qel,
-                                    const int* seed_tab, const i64* seed_T, const int* __restrict__ pool,
-                                    const int* __restrict__ chunk_q, i64 pool_n, u64* ctl, Task* queue, int* ready,
+// Incremental matching on the MVG: work id i is seed i, the column i of the rows a, b, T,
+// table of `seeds` (its prefix (a, b), timestamp and table); counts[i] its matches. Emitted
+// rows end with the seed (column width - 1 of every table). A table's `fast` asks for
+// count_last_at (count-only searches), plain says that no edge has a label.
+extern "C" __global__ void match_at(MVGView mvg, int plain, int nmax, const QueryTable* __restrict__ qtabs,
+                                    const int* qel, const i64* seeds, i64 n_seeds, u64* ctl, Task* queue, int* ready,
                                     i64 queue_cap, u64* state, u64* counts, int resume, int emit, int* out,
                                     i64 out_cap, i64 budget_ns, i64 offload_ns) {
-    const VersionedView g{mvg};
-    const Batch b{qtabs, nullptr, qel, nullptr, nullptr, chunk_q, seed_tab, seed_T, 0};
-    search(g, b, Run{nmax, pool, pool_n, 2, ctl, queue, ready, queue_cap, state, counts, resume, emit, out, out_cap,
-                     (i64)1 << 62, 0, budget_ns, offload_ns});
+    const VersionedView g{mvg, plain};
+    const Batch b{qtabs, nullptr, qel, nullptr, nullptr, nullptr, seeds, 0, n_seeds};
+    search(g, b, Run{nmax, nullptr, 32 * n_seeds, 2, ctl, queue, ready, queue_cap, state, counts, resume, emit, out,
+                     out_cap, (i64)1 << 62, 0, budget_ns, offload_ns});
 }
 
 // The struct sizes and field offsets the driver needs, in the order gpu/layout.py names them

@@ -115,6 +115,7 @@ extern "C" __global__ void mvg_build_versions(MVGView g, const i64* indptr, cons
         g.v_start[v] = cap_end[v] - class_capacity(g.v_cls[v]);
         g.v_size[v] = d;
         g.v_live[v] = d;
+        g.v_ct_hi[v] = -1;
     }
 }
 
@@ -321,6 +322,9 @@ GU_STEP(gu_versions, (MVGView g, i64 n_new, const i64* req, const int* q_vid, co
         g.v_size[vid] = s_size[s];
         g.v_cls[vid] = (int)(req[j] >> 32);
         g.v_live[vid] = s_size[s] - s_ndel[s];
+        // the copied entries are older than ts0, which every read of this version is after;
+        // gu_insert raises it to the newest insertion
+        g.v_ct_hi[vid] = -1;
     }
 }
 
@@ -386,11 +390,13 @@ GU_STEP(gu_copy, (MVGView g, i64 total, i64 n_new, const i64* old_end, const int
 }
 
 // Merge, insertion side: the q-th sorted insertion row lands after the earlier insertions
-// of its vertex and after the live old entries whose pair is <= its pair.
+// of its vertex and after the live old entries whose pair is <= its pair; the version's
+// ct_hi becomes its newest insertion.
 GU_STEP(gu_insert, (MVGView g, i64 n_ins, i64 k, const i64* batch, const i64* keys, const i64* perm,
         const i64* i_pair, const int* seg, const int* row0, const int* insc, const int* ins, const int* s_slot,
-        const i64* old_end, const int* q_old, const i64* q_start, const int* live, const i64* incl),
-        (g, n_ins, k, batch, keys, perm, i_pair, seg, row0, insc, ins, s_slot, old_end, q_old, q_start, live, incl)) {
+        const i64* old_end, const int* q_old, const int* q_vid, const i64* q_start, const int* live, const i64* incl),
+        (g, n_ins, k, batch, keys, perm, i_pair, seg, row0, insc, ins, s_slot, old_end, q_old, q_vid, q_start, live,
+        incl)) {
     GRID_STRIDE(q, n_ins) {
         const i64 r = perm[q];
         const Op o = row_op(batch, k, keys[r]);
@@ -408,6 +414,7 @@ GU_STEP(gu_insert, (MVGView g, i64 n_ins, i64 k, const i64* batch, const i64* ke
         g.e_el[dst] = o.el;
         g.e_ct[dst] = o.ts;
         g.e_dt[dst] = MVG_INF;
+        atomicMax(g.v_ct_hi + q_vid[j], o.ts);
     }
 }
 
@@ -521,7 +528,7 @@ gu_small_write(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, const i64*
     // the old side and the insertion side of the merge write disjoint entries
     gu_copy_step(g, total, n_new, old_end, s.q_old, s.q_start, s.req, live, incl, s.row0, s.insc, s.ins, s.i_pair);
     gu_insert_step(g, n_ins, k, batch, s.keys, s.perm, s.i_pair, s.seg, s.row0, s.insc, s.ins, s.s_slot, old_end,
-                   s.q_old, s.q_start, live, incl);
+                   s.q_old, s.q_vid, s.q_start, live, incl);
     __syncthreads();
     gu_close_step(g, R, k, batch, s.keys, s.seg, s.ts0, s.first, s.s_slot, s.q_start, s.s_size);
     __syncthreads();

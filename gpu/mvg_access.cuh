@@ -4,7 +4,8 @@
 // Layout (one pool, gpu/device_mvg.py):
 //   cur[v]        v's newest version, -1: none yet (a new vertex no edge has touched)
 //   version vid   ct_min, dt_max: the timestamps (ct_min, dt_max] it serves; prev: the
-//                 version it replaced (-1: none); start, size: its entries in the pool
+//                 version it replaced (-1: none); start, size: its entries in the pool;
+//                 ct_hi: an upper bound of its entries' e_ct (their newest insertion)
 //   entry pos     e_nbr, e_lab (the neighbour's vertex label), e_el (edge label), and
 //                 the lifetime (e_ct, e_dt]: visible at T iff e_ct < T <= e_dt
 //                 (e_dt = MVG_INF: alive). A version's entries are contiguous and sorted
@@ -33,6 +34,12 @@
 //     T <= its replaced_at finish; a later read stops at a newer version first.
 //  6. Pool growth (rare) synchronizes the device first; a kernel reads through the
 //     MVGView it was launched with.
+//  7. clean_at(vid, T): every entry of the version is visible at T. v_ct_hi is final
+//     once the version is published. v_live may fall under the reader (a later batch
+//     deleting in place, gu_split), but only for entries whose e_dt > T, which are
+//     visible at T either way: both values of v_live give a correct answer (clean, or
+//     conservatively not), and entries closed at or before T were counted out of v_live
+//     before the reader was launched.
 #pragma once
 
 typedef long long i64;
@@ -51,6 +58,7 @@ typedef long long i64;
     X(int*, v_size)        \
     X(int*, v_cls)         \
     X(int*, v_live)        \
+    X(i64*, v_ct_hi)       \
     X(int*, e_nbr)         \
     X(int*, e_lab)         \
     X(int*, e_el)          \
@@ -82,6 +90,11 @@ __device__ __forceinline__ int version_at(const MVGView& g, int v, i64 T) {
     int vid = mvg_load(g.cur + v);
     while (vid >= 0 && mvg_load(g.v_ct_min + vid) >= T) vid = mvg_load(g.v_prev + vid);
     return vid;
+}
+
+// Is every entry of version vid visible at T? (rule 7) Then a range of it needs no scan.
+__device__ __forceinline__ bool clean_at(const MVGView& g, int vid, i64 T) {
+    return mvg_load(g.v_ct_hi + vid) < T && mvg_load(g.v_live + vid) == mvg_load(g.v_size + vid);
 }
 
 __device__ __forceinline__ bool visible(const MVGView& g, i64 pos, i64 T) {
