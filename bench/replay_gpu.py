@@ -56,36 +56,45 @@ def blocks(stream: Path) -> tuple[list, int]:
     return items, sum(len(x) if isinstance(x, UpdateBlock) else 1 for x in items)
 
 
-def paced(updates: list, rate: float):
+POLL = 0.00005  # seconds: how long the paced source's poll waits, like the daemon's, below batch_wait
+
+
+def paced(updates: list, rate: float, due: list):
     """The updates at `rate` a second (None while none is due, so that a partial batch closes
-    on time, as a polling source does); rate 0: all at once."""
-    t0 = time.perf_counter()
+    on time, as a polling source does); rate 0: all at once. `due` receives each update's
+    arrival time (monotonic): when it was due, however late the pipeline took it."""
+    t0 = time.monotonic()
     for i, u in enumerate(updates):
-        due = t0 + i / rate if rate else 0
-        while (now := time.perf_counter()) < due:
-            time.sleep(min(due - now, 0.0002))
+        due.append(t0 + i / rate if rate else t0)
+        while (now := time.monotonic()) < due[-1]:
+            time.sleep(min(due[-1] - now, POLL))
             yield None
         yield u
 
 
 def timed(g0, updates: list, queries, batch_size, runs, backend="gpu", rate=0.0, max_batch=None):
-    """(median seconds, {query: positive}, stats) of `runs` pipeline runs over decoded updates."""
+    """(median seconds, {query: positive}, stats, response times) of `runs` pipeline runs over
+    decoded updates; response time per update: from its arrival (due time) to its batch's
+    matches being ready."""
     out = []
     for _ in range(runs):
         pipe = Pipeline(g0, engine=continuous_engine(backend, g0), batch_size=batch_size, max_batch=max_batch)
         for name, q in queries:
             pipe.add_query(name, q, True)
         totals = dict.fromkeys((n for n, _ in queries), 0)
+        due, response = [], []
 
         def on_result(result):
             for d in result.deltas:
                 totals[d.name] += d.positive
+            at = len(response)  # one record is one update here
+            response.extend(result.done - t for t in due[at: at + result.batch.records])
 
         t0 = time.perf_counter()
-        stats = pipe.run(paced(updates, rate), on_result)
+        stats = pipe.run(paced(updates, rate, due), on_result)
         sec = time.perf_counter() - t0
         pipe.engine.close()
-        out.append((sec, totals, stats))
+        out.append((sec, totals, stats, np.array(response)))
     out.sort(key=lambda r: r[0])
     return out[len(out) // 2]
 
@@ -128,7 +137,7 @@ def part_human(args, root: Path) -> None:
     print(f"{'query':<6} {'|V|':>3} {'matches':>12} {args.backend + ' s':>8} {'RapidFlow s':>11} {'speed-up':>8} {'check':>6}")
     total, bad = 0.0, []
     for name, q in queries:
-        sec, res, _ = timed(g0, upd, [(name, q)], args.batch_size, args.runs, args.backend)
+        sec, res, _, _ = timed(g0, upd, [(name, q)], args.batch_size, args.runs, args.backend)
         total += sec
         got = res[name]
         if name in expected:
@@ -142,7 +151,7 @@ def part_human(args, root: Path) -> None:
         if ok == "WRONG":
             bad.append(name)
         print(f"{name:<6} {q.n:>3} {got:>12} {sec:>8.4f} {rf[name]:>11.6f} {rf[name] / sec:>7.2f}x {ok:>6}", flush=True)
-    sec, res, stats = timed(g0, upd, queries, args.batch_size, args.runs, args.backend)
+    sec, res, stats, _ = timed(g0, upd, queries, args.batch_size, args.runs, args.backend)
     e2e = sorted(replay(g0, stream, queries, batch_size=args.batch_size, count_only=True, show_progress=False,
                         backend=args.backend)[0][0]["seconds"] for _ in range(args.runs))[args.runs // 2]
     rf_total = sum(rf[n] for n in names)
@@ -167,7 +176,7 @@ def part_floor(args, root: Path) -> None:
     for label, q in (("no candidates", none), ("one edge (no search)", one_edge)):
         for b in (1, 8, 64, 512, 4096):
             runs = 1 if b == 1 else args.runs
-            sec, _, _ = timed(g0, upd, [("q", q)], b, runs, args.backend)
+            sec, _, _, _ = timed(g0, upd, [("q", q)], b, runs, args.backend)
             nb = -(-updates // b)
             print(f"{label:<26} {b:>6} {nb:>7} {sec:>8.4f} {sec / updates * 1e6:>10.1f} {sec / nb * 1e6:>9.1f}",
                   flush=True)
@@ -178,18 +187,24 @@ def part_latency(args, root: Path) -> None:
     upd = decoded(root / "insertion.graph")
     queries = [(f"Q_{i}", read_query(root / "queries" / f"Q_{i}.graph")) for i in range(1, 41)]
     print(f"\nresponse time: {len(upd)} insertions, Q_1..Q_40 count-only, one run each; max batch: the most records "
-          f"a batch takes while the executor is behind ([pipeline] max_batch; '-': batches stay at the batch size)")
-    print(f"{'rate':>10} {'batch':>6} {'max batch':>9} {'largest':>7} {'seconds':>8} {'updates/s':>10} {'p50 ms':>8} "
-          f"{'p99 ms':>8} {'GPU busy':>8}")
+          f"a batch takes while the executor is behind ([pipeline] max_batch; '-': batches stay at the batch size); "
+          f"p50/p99: from an update's due time when paced, from the batcher taking it at the maximum rate; inline: "
+          f"batches whose stages all ran on the updater's thread")
+    print(f"{'rate':>10} {'batch':>6} {'max batch':>9} {'largest':>7} {'inline':>7} {'seconds':>8} {'updates/s':>10} "
+          f"{'p50 ms':>8} {'p99 ms':>8} {'GPU busy':>8}")
+    timed(g0, upd, queries, 1, 1, args.backend, 0.0, args.max_batch)  # compile every kernel the table's runs use
     runs = [(rate, b, None) for rate in (args.rate, 0.0) for b in (1, 8, 64, 512)]
     runs += [(rate, b, args.max_batch) for rate in (args.rate, 0.0) for b in (1, 8, 64, 512)]
     for rate, b, grow in runs:
         with gpu_busy() as busy:
-            sec, _, stats = timed(g0, upd, queries, b, 1, args.backend, rate, grow)
-        lat = stats.latency
+            sec, _, stats, response = timed(g0, upd, queries, b, 1, args.backend, rate, grow)
+        if rate:
+            p50, p99 = np.quantile(response, [0.5, 0.99])
+        else:
+            p50, p99 = stats.latency.quantile(0.5), stats.latency.quantile(0.99)
         share = f"{busy[0]:.0f}%" if busy else "-"
-        print(f"{rate or 'max':>10} {b:>6} {grow or '-':>9} {stats.largest:>7} {sec:>8.3f} {len(upd) / sec:>10,.0f} "
-              f"{lat.quantile(0.5) * 1e3:>8.2f} {lat.quantile(0.99) * 1e3:>8.2f} {share:>8}", flush=True)
+        print(f"{rate or 'max':>10} {b:>6} {grow or '-':>9} {stats.largest:>7} {stats.inline:>7} {sec:>8.3f} "
+              f"{len(upd) / sec:>10,.0f} {p50 * 1e3:>8.2f} {p99 * 1e3:>8.2f} {share:>8}", flush=True)
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from brute import embeddings
 from csmd.model.formats import read_graph, read_query
-from csmd.cli.replay import replay
+from csmd.cli.replay import decoded_updates, replay
 
 
 # ---- a random model graph and stream, with the truth computed on the model --------------------
@@ -130,10 +130,10 @@ def make_case(tmp_path, seed: int, steps: int = 50, labels: int | None = None):
 
 
 def run_replay(tmp_path, qpaths, batch_size, threaded=True, name="out.arrow", backend="cpu", executor_lag=0,
-               max_batch=None):
+               max_batch=None, stream=None):
     g0 = read_graph(tmp_path / "g0.graph")
     out = tmp_path / name
-    results, pipe = replay(g0, tmp_path / "stream.txt", [(p.stem, read_query(p)) for p in qpaths],
+    results, pipe = replay(g0, stream or tmp_path / "stream.txt", [(p.stem, read_query(p)) for p in qpaths],
                            batch_size=batch_size, count_only=False, output=out, threaded=threaded, show_progress=False,
                            backend=backend, executor_lag=executor_lag, max_batch=max_batch)
     return ipc.open_file(out).read_all(), results, pipe
@@ -190,6 +190,24 @@ def test_batches_grow_while_the_executor_is_behind_and_deltas_stay_the_same(tmp_
                                 max_batch=9)
     assert table.equals(reference)
     assert pipe.stats.largest == 9 and pipe.stats.batches < pipe.stats.records / 2
+
+
+@pytest.mark.parametrize("seed", range(130, 136))
+def test_batches_of_a_quiet_source_run_inline_and_deltas_stay_the_same(tmp_path, seed, backend):
+    """A polling source that is idle (None) before some records: those batches run all their
+    stages on the updater's thread when nothing is in flight, the others on the stage
+    threads; the delta file is the one of batches of one run inline."""
+    qpaths, _ = make_case(tmp_path, seed, steps=80)
+    reference, _, _ = run_replay(tmp_path, qpaths, batch_size=1, threaded=False, name="ref.arrow")
+    rng = random.Random(seed)
+    polled = [None]  # idle first: the first batch always runs inline
+    for u in decoded_updates(tmp_path / "stream.txt"):
+        polled += [None, u] if rng.random() < 0.5 else [u]
+    for b in (1, 7):
+        table, _, pipe = run_replay(tmp_path, qpaths, batch_size=b, name=f"quiet{b}.arrow", backend=backend,
+                                    stream=polled)
+        assert table.equals(reference), b
+        assert pipe.threaded and 1 <= pipe.stats.inline < pipe.stats.batches
 
 
 @pytest.mark.parametrize("seed", range(300, 316))

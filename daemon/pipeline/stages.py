@@ -9,6 +9,14 @@ waits for each batch's matches in stream order, puts them in the canonical delta
 order, hands them on and tells the GC which updates finished. `threaded=False` runs
 the same stages inline.
 
+A quiet stream does not pay for the hand-offs: a batch that the source was idle
+before or after, formed while no earlier batch is anywhere in the pipeline, runs all
+its stages on the updater's thread (threads contending for the interpreter lock and
+waking each other cost a batch of one as much as its own work). Under load the source
+is never idle, so the stages run on their own threads and overlap; there a thread
+woken by a hand-off waits for the interpreter lock at most SWITCH_INTERVAL, not
+Python's default 5 ms.
+
 A source may also yield Markers between records: each passes every stage in order,
 so what it does at the updater (take a consistent snapshot) or at the executor
 (register or remove a query) takes effect exactly between the records before and
@@ -18,6 +26,7 @@ after it.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +43,7 @@ from csmd.service.metrics import LatencyHistogram
 
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_BATCH_WAIT = 0.000125  # seconds: 0.125 ms
+SWITCH_INTERVAL = 0.0002  # seconds; process-wide (sys.setswitchinterval), set when the stage threads start
 _END = object()
 
 
@@ -62,6 +72,7 @@ class Stats:
     updates: int = 0  # sequence numbers used
     batches: int = 0
     largest: int = 0  # records of the largest batch (grown past batch_size while the executor was behind)
+    inline: int = 0  # batches whose stages all ran on the updater's thread (a quiet stream)
     max_ahead: int = 0  # most batches applied beyond the one the executor took (GU/EX overlap)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # per record: arrival to result
 
@@ -176,7 +187,9 @@ class Pipeline:
     # -- stages ------------------------------------------------------------------------------
     def _batches(self, source, backlog=lambda: False):
         """Group records: up to batch_size (max_batch while backlog() says the executor is
-        behind), or what arrived within batch_wait of the first.
+        behind), or what arrived within batch_wait of the first; yields (batch or marker,
+        arrival times, quiet): quiet when the source was idle before its first record or
+        after its last.
 
         The source yields Update records, or UpdateBlocks (runs of updates in columns, cut
         into batches here without a step per update), or None when nothing is available
@@ -189,13 +202,14 @@ class Pipeline:
         def limit() -> int:
             return self.max_batch if grow and backlog() else self.batch_size
 
-        parts, blocks, count, arrived, opened = [], 0, 0, [], 0.0
+        parts, blocks, count, arrived, opened, quiet = [], 0, 0, [], 0.0, False
         for rec in source:
             if isinstance(rec, Marker):
                 if count:
-                    yield _joined(parts, blocks), arrived
-                    parts, blocks, count, arrived = [], 0, 0, []
-                yield rec, None
+                    yield _joined(parts, blocks), arrived, quiet
+                    parts, blocks, count, arrived, quiet = [], 0, 0, [], False
+                yield rec, None, quiet
+                quiet = False
                 continue
             now = time.monotonic()
             if isinstance(rec, UpdateBlock):
@@ -210,9 +224,11 @@ class Pipeline:
                         arrived += [now] * (hi - lo)
                         blocks, count, lo = blocks + 1, count + hi - lo, hi
                     if count >= cap:
-                        yield _joined(parts, blocks), arrived
-                        parts, blocks, count, arrived = [], 0, 0, []
+                        yield _joined(parts, blocks), arrived, quiet
+                        parts, blocks, count, arrived, quiet = [], 0, 0, [], False
                 continue
+            if rec is None and not count:
+                quiet = True
             if rec is not None:
                 if not count:
                     opened = now
@@ -221,10 +237,10 @@ class Pipeline:
                 count += 1
             full = count >= self.batch_size and count >= limit()  # the queue is asked only when it matters
             if count and (full or now - opened >= self.batch_wait and rec is None):
-                yield _joined(parts, blocks), arrived
-                parts, blocks, count, arrived = [], 0, 0, []
+                yield _joined(parts, blocks), arrived, quiet or rec is None  # closed by an idle poll: quiet too
+                parts, blocks, count, arrived, quiet = [], 0, 0, [], False
         if count:
-            yield _joined(parts, blocks), arrived
+            yield _joined(parts, blocks), arrived, quiet
 
     def _update(self, records, arrived) -> UpdateBatch | Marker:
         with self._updating:
@@ -240,11 +256,12 @@ class Pipeline:
             self._applied.notify_all()
         return batch
 
-    def _execute(self, batch: UpdateBatch | Marker, index: int):
+    def _execute(self, batch: UpdateBatch | Marker):
         """Submit one batch (or pass a marker); returns what the output stage waits on."""
         if isinstance(batch, Marker):
             batch.at_executor(self)
             return batch
+        index, self._executed = self._executed, self._executed + 1
         if self.executor_lag and self.threaded:
             with self._applied:
                 self._applied.wait_for(lambda: self._gu_done or self._applied_batches > index + self.executor_lag)
@@ -293,16 +310,19 @@ class Pipeline:
     # -- driving -------------------------------------------------------------------------------
     def run(self, source, on_result) -> Stats:
         """Stream `source` through the pipeline; on_result(BatchResult or Marker) is called in stream order."""
-        self._gu_done = False
+        self._gu_done, self._executed = False, 0
         if not self.threaded:
-            for i, (records, arrived) in enumerate(self._batches(source)):
-                self._output(self._execute(self._update(records, arrived), i), on_result)
+            for records, arrived, _ in self._batches(source):
+                self._output(self._execute(self._update(records, arrived)), on_result)
             return self.stats
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
         to_ex: queue.Queue = queue.Queue(self.queue_depth)
         to_out: queue.Queue = queue.Queue(self.queue_depth)
         self.queues = {"executor": to_ex, "output": to_out}
         errors: list[BaseException] = []
         stop = threading.Event()
+        in_flight = [0]  # batches and markers handed to the executor stage and not yet output
+        flight = threading.Lock()
 
         def put(q, item):
             while not stop.is_set():
@@ -327,10 +347,18 @@ class Pipeline:
 
         def gu():
             try:
-                for records, arrived in self._batches(source, lambda: to_ex.qsize() > 0):
+                for records, arrived, quiet in self._batches(source, lambda: to_ex.qsize() > 0):
                     if stop.is_set():
                         break
-                    put(to_ex, self._update(records, arrived))
+                    item = self._update(records, arrived)
+                    with flight:  # only this thread raises in_flight: 0 stays 0 until the put below
+                        inline = quiet and not in_flight[0] and not self.executor_lag
+                        in_flight[0] += not inline
+                    if inline:  # the other stages are idle: run them here, without the hand-offs
+                        self.stats.inline += not isinstance(item, Marker)
+                        self._output(self._execute(item), on_result)
+                    else:
+                        put(to_ex, item)
             except BaseException as exc:  # re-raised in the caller's thread
                 errors.append(exc)
             gu_done()
@@ -338,10 +366,8 @@ class Pipeline:
 
         def ex():
             try:
-                index = 0
                 while (item := get(to_ex)) is not _END:
-                    put(to_out, self._execute(item, index))
-                    index += not isinstance(item, Marker)
+                    put(to_out, self._execute(item))
             except BaseException as exc:
                 errors.append(exc)
                 stop.set()
@@ -354,6 +380,8 @@ class Pipeline:
         try:
             while (item := get(to_out)) is not _END:
                 self._output(item, on_result)
+                with flight:
+                    in_flight[0] -= 1
         except BaseException:
             stop.set()
             raise

@@ -20,6 +20,8 @@ from csmd.pipeline.stages import Marker, Pipeline
 from csmd.schemas import CONTENT_TYPE, JSON
 from csmd.service.delivery import unwatched
 
+UNCLAIMED = 64  # results of applied admin requests kept for an admin call that starts waiting late
+
 
 @dataclass
 class QuerySpec:
@@ -159,7 +161,12 @@ class ControlPlane:
         if ch.announce:
             self.sink.produce(self.cfg["topics"]["control"], json.dumps(result).encode(), ch.spec.name,
                               {CONTENT_TYPE: JSON}, unwatched, ())
-        waiter = self._waiters.pop(ch.request, None)
+        with self._lock:
+            waiter = self._waiters.pop(ch.request, None)
+            if waiter is None:
+                self._unclaimed[ch.request] = result
+                if len(self._unclaimed) > UNCLAIMED:
+                    self._unclaimed.pop(next(iter(self._unclaimed)))
         if waiter is not None:
             waiter[1].update(result)
             waiter[0].set()
@@ -187,7 +194,10 @@ class ControlPlane:
         if not done.wait(timeout) or not isinstance(offset[0], int):
             raise CsmdError(f"the control topic did not take the request: {offset[0] if offset else 'timeout'}")
         event, result = threading.Event(), {}
-        self._waiters[offset[0]] = (event, result)
+        with self._lock:
+            if offset[0] in self._unclaimed:
+                return self._unclaimed.pop(offset[0])
+            self._waiters[offset[0]] = (event, result)
         if not event.wait(timeout):
             raise NotYetApplied("the request was logged but has not taken effect yet (the daemon is busy)")
         return result

@@ -66,6 +66,9 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self._writer: threading.Thread | None = None  # the checkpoint being written, in the background
         self._scheduled: list[QueryChange] = []  # replayed changes waiting for their input position
         self._waiters: dict[int, tuple[threading.Event, dict]] = {}  # admin requests waiting for `applied`
+        # the last results nobody waited for yet: a request can take effect before its admin
+        # call hears the broker's acknowledgement and starts waiting
+        self._unclaimed: dict[int, dict] = {}
         self._next_offsets: dict[int, int] = {}  # input partition -> next offset to submit
         self._suppress: dict[int, int] = {}  # input partition -> deltas below this offset were delivered
         self._committed: dict[int, int] = {}
@@ -213,6 +216,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
             "latency_p50_s": lat.quantile(0.5), "latency_p99_s": lat.quantile(0.99),
             "pending_records": self.tracker.pending(), "paused": self.paused,
             "batches": self.pipe.stats.batches, "largest_batch": self.pipe.stats.largest,  # grown when behind
+            "inline_batches": self.pipe.stats.inline,  # all stages on one thread: the stream was quiet
             "dead_letters": self.metrics.get("csmd_dead_letters_total"),
             "lag": self.metrics.series("csmd_consumer_lag"),
             "ignored": dict(self.pipe.ignored), "gc_live_versions": self.pipe.engine_stats()["live_versions"],
