@@ -3,13 +3,18 @@ the threaded pipeline over the decoded insertion stream, a fresh engine per run)
 the time goes: a timeline of one run's stages (sequencing, apply, seeds, search, output; ms
 from the start of the run, per thread) and the apply's device time (the stream synchronized
 after it, in separate runs). --once: one run of the first query and nothing else (for ncu).
+--profile FILE: cProfile of the engine's apply and submit calls of one inline run of the first
+query (host time by function: CuPy calls, launches, read-backs), written to FILE.
 
-    python bench/alone_gpu.py [--datasets .data] [--queries 72,74,18] [--runs 5] [--once]
+    python bench/alone_gpu.py [--datasets .data] [--queries 72,74,18] [--runs 5] [--once] [--profile FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import threading
 import time
 from pathlib import Path
@@ -67,12 +72,39 @@ def run(g0, items, name, q, spans=None, sync_apply=False):
     return sec, total[0]
 
 
+def profile(g0, items, name, q, path: Path) -> None:
+    """cProfile of apply and submit (each stage apart) over one inline run."""
+    eng = continuous_engine("gpu", g0)
+    pipe = Pipeline(g0, engine=eng, batch_size=BATCH, threaded=False)
+    pipe.add_query(name, q, True)
+    prof = {"apply": cProfile.Profile(), "submit": cProfile.Profile()}
+
+    def profiled(stage, f):
+        def w(*a, **k):
+            prof[stage].enable()
+            try:
+                return f(*a, **k)
+            finally:
+                prof[stage].disable()
+        return w
+
+    eng.apply, eng.submit = profiled("apply", eng.apply), profiled("submit", eng.submit)
+    pipe.run(iter(items), lambda r: None)
+    eng.close()
+    out = io.StringIO()
+    for stage, pr in prof.items():
+        out.write(f"===== {name} {stage}\n")
+        pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(30)
+    path.write_text(out.getvalue())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--datasets", type=Path, default=Path(".data"))
     ap.add_argument("--queries", default="72,74,18")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--once", action="store_true")
+    ap.add_argument("--profile", type=Path)
     args = ap.parse_args()
     root = args.datasets / "human"
     g0 = read_graph(root / "data.graph")
@@ -84,6 +116,8 @@ def main() -> None:
     if args.once:
         print(run(g0, items, names[0], qs[names[0]]))
         return
+    if args.profile:
+        profile(g0, items, names[0], qs[names[0]], args.profile)
     rows = []
     for n in names:
         runs = sorted(run(g0, items, n, qs[n]) for _ in range(args.runs))
