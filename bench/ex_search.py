@@ -1,10 +1,11 @@
 """Time of the GPU executor's device search (Executor._search: upload, launch, read-back) and of
 its whole run per batch, on the inline pipeline over a dataset's insertion stream, for query
-sets and executor tunings (blocks per SM : offload us; "default": the executor's own).
-Count-only queries.
+sets and executor tunings (blocks per SM : offload us [: match_at's shared-memory carveout, the
+percent of the SM's L1/shared memory it prefers as shared memory; the driver's choice if not
+given]; "default": the executor's own). Count-only queries.
 
     python bench/ex_search.py --datasets .data --part human --batch-sizes 4096 \\
-        --sets all,72,74,38,56,99,18 --tunings default,2:200,1:150
+        --sets all,72,74,38,56,99,18 --tunings default,2:200,1:150,1:100:25
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from replay_gpu import decoded  # noqa: E402
 
 from csmd.engines import continuous_engine  # noqa: E402
 from csmd.gpu.matcher import Tuning  # noqa: E402
+from csmd.gpu.module import kernel  # noqa: E402
 from csmd.model.formats import read_graph, read_query  # noqa: E402
 from csmd.pipeline.stages import Pipeline  # noqa: E402
 
@@ -74,10 +76,12 @@ def main() -> None:
     print(f"{'set':<5} {'b':>5} {'tuning':>8} {'batches':>7} {'search ms':>10} {'run ms':>8} {'total ms':>9} {'matches':>12}")
     for b in (int(x) for x in args.batch_sizes.split(",")):
         for t in args.tunings.split(","):
-            tuning = None
+            tuning, carveout = None, -1
             if t != "default":
-                blocks, off = t.split(":")
+                blocks, off, *rest = t.split(":")
                 tuning = Tuning(max_blocks_per_sm=int(blocks), offload_us=float(off))
+                carveout = int(rest[0]) if rest else -1
+            kernel("matcher", "match_at").preferred_shared_memory_carveout = carveout
             for s, queries in sets.items():
                 run(g0, upd, queries, b, tuning)  # warm: compile, caches
                 r = min((run(g0, upd, queries, b, tuning) for _ in range(args.runs)), key=lambda x: x[0])

@@ -17,10 +17,10 @@ FIELDS = ("first_seq", "end_seq", "edge_seq", "edge_a", "edge_b", "edge_label", 
           "vertex_id", "new_labels", "first_vertex", "records")
 
 
-def two_sequencers(rng, n: int = 30):
-    """A random graph of n vertices (external ids 7i - 50) and two sequencers over it, each with its engine."""
+def two_sequencers(rng, n: int = 30, first: int = -50):
+    """A random graph of n vertices (external ids 7i + first) and two sequencers over it, each with its engine."""
     src, dst = rng.integers(0, n, (2, 60))
-    g0 = Graph.from_edges(rng.integers(0, 3, n), src, dst, rng.integers(0, 2, 60), ext_ids=np.arange(n) * 7 - 50)
+    g0 = Graph.from_edges(rng.integers(0, 3, n), src, dst, rng.integers(0, 2, 60), ext_ids=np.arange(n) * 7 + first)
     return g0, Sequencer(Vertices(g0), CpuEngine(g0)), Sequencer(Vertices(g0), CpuEngine(g0))
 
 
@@ -54,13 +54,19 @@ def test_edge_only_batches_take_the_numpy_path_with_the_general_paths_result(see
     assert took_fast > 10 and sum(slow.ignored.values()) > 10
 
 
+# external ids from -50 (some negative: the index's look-ups) or from 0 (Vertices.table), and the id
+# of a vertex that the stream creates: past the table's span, or inside it
+IDS = [(-50, 10**6), (0, 1), (0, 10**12)]
+
+
+@pytest.mark.parametrize("first, new", IDS)
 @pytest.mark.parametrize("seed", range(6))
-def test_edge_only_block_batches_are_sequenced_as_their_updates(seed):
+def test_edge_only_block_batches_are_sequenced_as_their_updates(seed, first, new):
     """A batch cut from an UpdateBlock (the compiled stream reader's) is sequenced as its Updates
     are; some name an unknown vertex, which the general path takes."""
     rng = np.random.default_rng(seed)
-    g0, fast, slow = two_sequencers(rng)
-    ext = np.append(g0.ext_ids, 10**6)
+    g0, fast, slow = two_sequencers(rng, first=first)
+    ext = np.append(g0.ext_ids, new)
     took_block = 0
     for i in range(40):
         k = int(rng.integers(1, 12))
@@ -73,17 +79,18 @@ def test_edge_only_block_batches_are_sequenced_as_their_updates(seed):
     assert took_block > 10
 
 
+@pytest.mark.parametrize("first, new", IDS)
 @pytest.mark.parametrize("seed", range(6))
-def test_batches_cut_from_one_block_are_sequenced_as_their_updates(seed, monkeypatch):
+def test_batches_cut_from_one_block_are_sequenced_as_their_updates(seed, first, new, monkeypatch):
     """A long block of edge records (some naming a pair again, an unknown vertex, a vertex twice,
     a deleted or present edge), cut into batches as the pipeline cuts it: the rows checked ahead
     with one batch serve the next ones, and every batch is what the general path makes of it."""
     rng = np.random.default_rng(seed)
-    g0, fast, slow = two_sequencers(rng)
+    g0, fast, slow = two_sequencers(rng, first=first)
     monkeypatch.setattr(sequencer, "FIRST_WINDOW", int(rng.integers(1, 40)))
     fast._window = sequencer.FIRST_WINDOW
     n = 600
-    ext = np.append(g0.ext_ids, 10**6)
+    ext = np.append(g0.ext_ids, new)
     u, v = (ext[rng.choice(g0.n + 1, n, p=[0.998 / g0.n] * g0.n + [0.002])] for _ in range(2))
     op = rng.choice([OPS.index(INSERT_EDGE), OPS.index(DELETE_EDGE)], n).astype(np.int8)
     block = UpdateBlock("s.txt", np.arange(n), op, u, v, rng.integers(0, 2, n))
@@ -104,3 +111,36 @@ def test_batches_cut_from_one_block_are_sequenced_as_their_updates(seed, monkeyp
         lo = hi
     assert sum(slow.ignored.values()) > 20
     assert 0 < checks[0] < from_block / 2  # most batches took their ops from rows checked before them
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_vertex_table_looks_up_what_the_index_holds(seed):
+    """Vertices.lookup gives index.get(x, -1) for any int64 x, while vertices are added (ids inside
+    the table, past it, negative, numpy ints) and retired, from a graph with retired vertices."""
+    rng = np.random.default_rng(seed)
+    n = 50
+    ext = rng.choice(4 * n, n, replace=False)
+    g0 = Graph.from_edges(np.zeros(n, np.int64), np.array([0]), np.array([1]), ext_ids=ext)
+    vx = Vertices(g0, retired=rng.random(n) < 0.2)
+    for _ in range(300):
+        r = rng.random()
+        if r < 0.4:
+            new = [int(rng.integers(0, 8 * n)), -int(rng.integers(1, 9)), 10**12 + int(rng.integers(0, 3)),
+                   np.int64(rng.integers(0, 8 * n))][int(rng.integers(0, 4))]
+            if new not in vx.index:
+                vx.add(new, 0)
+        elif r < 0.7 and vx.index:
+            vx.retire(vx.index[list(vx.index)[int(rng.integers(0, len(vx.index)))]])
+        probe = np.concatenate([rng.integers(-10, 10 * n, 40), list(vx.index)[:5], [10**12, 10**12 + 1]]).astype(np.int64)
+        want = np.array([vx.index.get(int(x), -1) for x in probe], np.int64)
+        assert np.array_equal(vx.lookup(probe), want)
+        inside = probe[(probe >= 0) & (probe < len(vx.table))]
+        assert np.array_equal(vx.lookup(inside), np.array([vx.index.get(int(x), -1) for x in inside], np.int64))
+    assert len(vx.table) > 0
+
+
+def test_string_ids_have_no_vertex_table():
+    g0 = Graph.from_edges(np.zeros(3, np.int64), np.array([0]), np.array([1]), ext_ids=np.array(["a", "b", "1"], object))
+    vx = Vertices(g0)
+    assert len(vx.table) == 0
+    assert vx.lookup(np.array([0, 1, 2], np.int64)).tolist() == [-1, -1, -1]

@@ -25,6 +25,9 @@ from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_V
 from csmd.model.graph import Graph, scalar
 
 FIRST_WINDOW, MAX_WINDOW = 1 << 11, 1 << 16  # block rows checked ahead: at first, at most
+# integer external ids below TABLE_SPAN times the vertex count plus TABLE_MIN are looked up
+# in an array (Vertices.table), sparser ones in the dict alone
+TABLE_SPAN, TABLE_MIN = 4, 1 << 16
 FEW_RECORDS = 16  # batches of Updates up to this size are sequenced record by record (about half the time)
 # why an update changed nothing: the keys of Sequencer.ignored (the daemon's metric shows each from the start)
 IGNORED_REASONS = (SELF_LOOP, DUPLICATE_INSERT, MISSING_DELETE, DUPLICATE_VERTEX, MISSING_VERTEX) = (
@@ -41,10 +44,16 @@ class Vertices:
         self._labels = np.array(g.labels, np.int32)
         self.n = len(self.ext_ids)
         self.index: dict = {x: i for i, x in enumerate(self.ext_ids)}
+        # the index's integer ids in [0, len(table)) as an array: table[x] = index.get(x, -1)
+        self.table = np.full(0, -1, np.int64)
+        ints = np.asarray(g.ext_ids)
+        if ints.dtype.kind in "iu" and len(ints) and ints.min() >= 0:
+            self._cover(int(ints.max()))
+            self.table[ints[ints < len(self.table)]] = np.flatnonzero(ints < len(self.table))
         if retired is not None:
             for v in np.flatnonzero(retired).tolist():
                 if self.index.get(self.ext_ids[v]) == v:
-                    del self.index[self.ext_ids[v]]
+                    self.retire(v)
 
     @property
     def labels(self) -> np.ndarray:
@@ -59,11 +68,33 @@ class Vertices:
         self._labels[v] = label
         self.ext_ids.append(ext)
         self.index[ext] = v
+        if isinstance(ext, (int, np.integer)) and ext >= 0:  # the keys an int64 id can equal
+            self._cover(int(ext))
+            if ext < len(self.table):
+                self.table[ext] = v
         self.n += 1
         return v
 
     def retire(self, v: int) -> None:
-        del self.index[self.ext_ids[v]]
+        ext = self.ext_ids[v]
+        del self.index[ext]
+        if isinstance(ext, (int, np.integer)) and 0 <= ext < len(self.table):
+            self.table[ext] = -1
+
+    def _cover(self, ext: int) -> None:
+        """Grow the table (doubling) to hold id ext, unless ids that large are too sparse for
+        it: ids past TABLE_SPAN times the vertex count stay in the index alone."""
+        if len(self.table) <= ext < TABLE_SPAN * (self.n + 1) + TABLE_MIN:
+            grown = np.full(max(ext + 1, 2 * len(self.table), TABLE_MIN), -1, np.int64)
+            grown[: len(self.table)] = self.table
+            self.table = grown
+
+    def lookup(self, ext: np.ndarray) -> np.ndarray:
+        """The internal ids of external ids (an int64 array), -1 where unknown: a gather from
+        the table when it covers them all, the index's look-ups otherwise (they run in C)."""
+        if len(ext) and ext.min() >= 0 and ext.max() < len(self.table):
+            return self.table[ext]
+        return np.fromiter(map(self.index.get, ext.tolist(), repeat(-1)), np.int64, len(ext))
 
     def alive(self) -> np.ndarray:
         mask = np.zeros(self.n, bool)
@@ -145,7 +176,7 @@ class Sequencer:
         last = self._checked
         if last is None or last[0] is not root or at != last[3] or at + k > last[1] + len(last[2].valid):
             hi = min(len(root), at + max(k, self._window))
-            ids = self._internal(np.concatenate([root.u[at:hi], root.v[at:hi]]).tolist())
+            ids = self.vertices.lookup(np.concatenate([root.u[at:hi], root.v[at:hi]]))
             checked = self._check(root.op[at:hi], ids, root.label[at:hi], k)
             if checked is None:
                 self._checked = None
@@ -169,10 +200,13 @@ class Sequencer:
         a, b = ids[:m], ids[m:]
         pair = a != b
         key = np.where(pair, np.minimum(a, b) * self.vertices.n + np.maximum(a, b), -1 - np.arange(m))
-        order = np.argsort(key, kind="stable")
-        again = order[1:][key[order[1:]] == key[order[:-1]]]  # records whose pair came before
         bad = np.flatnonzero((op > OPS.index(DELETE_EDGE)) | (a < 0) | (b < 0))
-        stop = min(m, again.min(initial=m), bad[0] if len(bad) else m)
+        stop = min(m, bad[0] if len(bad) else m)
+        ordered = np.sort(key)
+        if (ordered[1:] == ordered[:-1]).any():  # a pair named again: the stable order finds where
+            order = np.argsort(key, kind="stable")
+            again = order[1:][key[order[1:]] == key[order[:-1]]]  # records whose pair came before
+            stop = min(stop, again.min(initial=m))
         if stop < need:
             return None
         a, b, pair, insert = a[:stop], b[:stop], pair[:stop], op[:stop] == OPS.index(INSERT_EDGE)
