@@ -89,12 +89,15 @@ class Vertices:
             grown[: len(self.table)] = self.table
             self.table = grown
 
-    def lookup(self, ext: np.ndarray) -> np.ndarray:
-        """The internal ids of external ids (an int64 array), -1 where unknown: a gather from
-        the table when it covers them all, the index's look-ups otherwise (they run in C)."""
-        if len(ext) and ext.min() >= 0 and ext.max() < len(self.table):
-            return self.table[ext]
-        return np.fromiter(map(self.index.get, ext.tolist(), repeat(-1)), np.int64, len(ext))
+    def lookup(self, ext: np.ndarray | list) -> np.ndarray:
+        """The internal ids of external ids (a block's integer column, or records' ids in a
+        list), -1 where unknown: a gather from the table when it covers them all, the index's
+        look-ups otherwise (they run in C)."""
+        if isinstance(ext, np.ndarray):
+            if len(ext) and ext.dtype.kind in "iu" and ext.min() >= 0 and ext.max() < len(self.table):
+                return self.table[ext]
+            ext = ext.tolist()
+        return np.fromiter(map(self.index.get, ext, repeat(-1)), np.int64, len(ext))
 
     def alive(self) -> np.ndarray:
         mask = np.zeros(self.n, bool)
@@ -160,7 +163,7 @@ class Sequencer:
         if not records:
             return None
         op = np.array([OPS.index(r.op) for r in records], np.int8)
-        ids = self._internal([r.u for r in records] + [r.v for r in records])
+        ids = self.vertices.lookup([r.u for r in records] + [r.v for r in records])
         checked = self._check(op, ids, np.array([r.label for r in records], np.int64), len(records))
         if checked is None:
             return None
@@ -186,10 +189,6 @@ class Sequencer:
             last = (root, at, checked, at)
         self._checked = last[:3] + (at + k,)
         return self._batch(last[2], at - last[1], k, _BlockRecords(block, self.next_seq), arrived)
-
-    def _internal(self, ext: list) -> np.ndarray:
-        """The internal ids of external ones, -1 where unknown (the dict's look-ups run in C)."""
-        return np.fromiter(map(self.vertices.index.get, ext, repeat(-1)), np.int64, len(ext))
 
     def _check(self, op, ids, label, need: int) -> _Checked | None:
         """The longest prefix of these records (op: an index into OPS; ids: the internal ids of
