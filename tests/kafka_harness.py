@@ -177,13 +177,17 @@ class Proxy:
 RUNNING: list["DaemonProcess"] = []  # killed by the tests' teardown if a test fails
 
 
-class DaemonProcess:
-    """`csmd run` in a child process, with its admin endpoint."""
+CSMD = [sys.executable, "-m", "csmd"]
 
-    def __init__(self, config: Path, log: Path, admin_port: int, env=None):
+
+class DaemonProcess:
+    """`csmd run` in a child process, with its admin endpoint; command: what runs `csmd` (a wrapper
+    that times its stages, in bench/cluster.py)."""
+
+    def __init__(self, config: Path, log: Path, admin_port: int, env=None, command=CSMD):
         self.url = f"http://127.0.0.1:{admin_port}"
         self.log = log
-        self.proc = subprocess.Popen([sys.executable, "-m", "csmd", "run", "--config", str(config)],
+        self.proc = subprocess.Popen([*command, "run", "--config", str(config)],
                                      stdout=subprocess.DEVNULL, stderr=open(log, "ab"),
                                      env={**os.environ, **(env or {})})
         RUNNING.append(self)
@@ -248,14 +252,16 @@ def kill_leftovers() -> None:
 class Cluster:
     """Daemon processes with [cluster] enabled sharing one stream's matching: one config each (its admin
     port and instance name). cluster: [cluster] settings; overrides: other config sections; env: the
-    processes' extra environment."""
+    processes' extra environment; command: what runs `csmd` (as DaemonProcess)."""
 
-    def __init__(self, tmp_path, bootstrap, queries, shards: int, overrides=None, env=None, **cluster):
+    def __init__(self, tmp_path, bootstrap, queries, shards: int, overrides=None, env=None, command=CSMD,
+                 **cluster):
         self.tmp, self.t, self.queries, self.shards = tmp_path, Topics(bootstrap), queries, shards
         self.group = f"c-{uuid.uuid4().hex[:8]}"
         self.settings = {"enabled": True, "shards": shards, "group": self.group, "session_timeout_ms": 2000,
                          **cluster}
         self.overrides, self.env = {"delivery": {"commit_interval_ms": 100}, **(overrides or {})}, env
+        self.command = command
         self.members: dict[str, DaemonProcess] = {}
         self._reader = None  # reads the group's offsets (one consumer: making one per read costs CPU)
         self._reading = threading.Lock()
@@ -267,7 +273,7 @@ class Cluster:
             cfg = self.tmp / f"{name}.toml"
             cfg.write_text(config_text(self.t, self.queries, admin_port=port,
                                        cluster={**self.settings, "instance": name}, **self.overrides))
-            self.members[name] = DaemonProcess(cfg, self.tmp / f"{name}.log", port, self.env)
+            self.members[name] = DaemonProcess(cfg, self.tmp / f"{name}.log", port, self.env, self.command)
 
         threads = [threading.Thread(target=one, args=(n,)) for n in names]
         for t in threads:
