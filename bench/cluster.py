@@ -11,6 +11,11 @@ changes the graph and is matched at its own timestamp: real work, not padding. O
 round lasts about 0.5 s on one instance, too short for the split part to show (start-up
 of the pipeline, the last batch's drain and the commit interval weigh as much).
 
+Before the measured runs of a workload, one unmeasured run (one instance, a piece of its
+first round and of its undoing) fills numba's on-disk cache: on a fresh machine the first
+daemon compiles, during its stream, the kernels its start-up warm-up does not reach (the
+deletion paths among them), which made the first human run 6.7 s instead of 1.1 s.
+
 The whole stream is produced at once, and the time runs from the first record produced
 until every shard's committed progress has passed the last record (every delta
 acknowledged by the broker). Each instance gets --threads matching threads (CSMD_THREADS;
@@ -21,10 +26,11 @@ replicated), only the matching is split.
 
 --stages runs the daemons under bench/stage_timers.py and prints, for the last run of each
 workload and instance count, where each instance's time went: thread CPU seconds of the
-replicated stages (consume, sequence, apply), of the split ones (match, output) and of the
-cluster's bookkeeping, the ops it matched, and when (seconds after the first record was
-produced) it had taken in the last record, put out the last batch and committed the last
-progress.
+replicated stages (consume, sequence, apply), of the split ones (match: wall seconds, on
+the engine's threads; canonical, publish, acks) and of the cluster's bookkeeping, the
+longest single call of any stage but match, the ops it matched, and when (seconds after
+the first record was produced) it had taken in the last record, put out the last batch
+and committed the last progress.
 
 Failover: two instances, the stream flowing at --rate updates/s; one is killed
 (SIGKILL) and the time runs until the committed progress of every shard it owned
@@ -60,7 +66,8 @@ from csmd.connectors.broker import EmbeddedBroker  # noqa: E402
 
 SHARDS = 12
 STAGE_TIMERS = [sys.executable, str(Path(__file__).resolve().parent / "stage_timers.py")]
-REPLICATED, SPLIT, BOOKKEEPING = ("consume", "sequence", "apply"), ("match", "output"), ("select", "sync", "poll")
+REPLICATED, SPLIT, BOOKKEEPING = ("consume", "sequence", "apply"), ("match", "canonical", "publish", "acks"), \
+    ("select", "sync", "poll")
 
 
 class Workload(NamedTuple):
@@ -205,6 +212,9 @@ def main() -> None:
             for name in args.workloads:
                 make = {"human": human_workload, "yeast": yeast_workload}[name]
                 w = workloads[name] = make(args.datasets, root, args.rounds)
+                first = w.lines[:len(w.lines) // args.rounds]
+                throughput(root, w._replace(lines=in_rounds(first[:200], 2)), 1, "warm-up", threads, args.backend,
+                           False)
                 for n in args.instances:
                     runs = [throughput(root, w, n, r, threads, args.backend, args.stages) for r in range(args.runs)]
                     rates[name, n] = [rate for rate, _ in runs]
@@ -238,11 +248,12 @@ def main() -> None:
 
 def print_stages(workloads: dict[str, Workload], stages: dict) -> None:
     print("\nwhere the time went, last run of each: thread CPU seconds per stage (replicated: every instance does "
-          "all of it; split: only a shard's owner; cluster: bookkeeping); seconds after the first record was "
-          "produced when the instance had taken in the last record, put out its last batch, committed the end\n")
+          "all of it; split: only a shard's owner, match in wall seconds; cluster: bookkeeping); the longest call "
+          "of a stage but match; seconds after the first record was produced when the instance had taken in the "
+          "last record, put out its last batch, committed the end\n")
     cols = [*REPLICATED, *SPLIT, *BOOKKEEPING]
     print(f"{'workload':>8} {'n':>2} {'inst':>4} {'batches':>7} {'ops':>7} " + " ".join(f"{c:>8.8}" for c in cols)
-          + f" {'last in':>8} {'last out':>8} {'committed':>9}")
+          + f" {'longest':>16} {'last in':>8} {'last out':>8} {'committed':>9}")
     for (name, n), found in stages.items():
         end = len(workloads[name].lines)
         for inst, d in found.items():
@@ -250,8 +261,10 @@ def print_stages(workloads: dict[str, Workload], stages: dict) -> None:
             batches, _records, ops = t.get("ops matched", (0, 0, 0))
             committed = min((v for k, v in ev.items() if k.startswith("committed ") and int(k.split()[1]) >= end),
                             default=float("nan"))
+            longest = max((c for c in cols if c != "match" and c in t), key=lambda c: t[c][3])
             print(f"{name:>8} {n:>2} {inst:>4} {batches:>7} {ops:>7} "
-                  + " ".join(f"{t.get(c, (0, 0, 0))[2]:>8.3f}" for c in cols)
+                  + " ".join(f"{t.get(c, (0, 0, 0))[1 if c == 'match' else 2]:>8.3f}" for c in cols)
+                  + f" {longest:>10.10} {t[longest][3]:>5.3f}"
                   + f" {ev.get('last record', float('nan')):>8.3f} {ev.get('last batch out', float('nan')):>8.3f}"
                   + f" {committed:>9.3f}")
 

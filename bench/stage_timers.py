@@ -13,8 +13,9 @@ Stages, by what a cluster does with them:
 - replicated (every instance does all of it): consume (decode each record, hand it on),
   sequence, apply;
 - split (only the owner of a record's shard): match (the engine's search of the ops
-  selected), output (canonical deltas, Arrow encoding, producing: only owned records
-  have deltas);
+  selected: wall seconds, the engine's thread pool does the work while the calling thread
+  waits), canonical (the deltas in their order), publish (Arrow encoding, producing) and
+  acks (the producer's delivery reports): only owned records have deltas;
 - cluster bookkeeping: select (which ops are this instance's, the batches kept for
   re-matches), sync (read every shard's progress, commit the live ones), poll (the group
   protocol).
@@ -46,13 +47,15 @@ STAGES = {  # stage -> the methods whose time is its time
     "sequence": [(Sequencer, "sequence")],
     "apply": [(CpuEngine, "apply")],
     "match": [(CompiledEngine, "submit"), (CpuEngine, "submit")],
-    "output": [(Pipeline, "_deltas"), (Output, "_publish"), (KafkaSink, "poll")],
+    "canonical": [(Pipeline, "_deltas")],
+    "publish": [(Output, "_publish")],
+    "acks": [(KafkaSink, "poll")],
     "select": [(ShardWork, "select")],
     "sync": [(ClusterMember, "sync")],
     "poll": [(ClusterMember, "poll")],
 }
 
-_timers: dict[str, list] = {}  # stage -> [calls, wall s, cpu s]
+_timers: dict[str, list] = {}  # stage -> [calls, wall s, cpu s, the longest call's wall s]
 _events: dict[str, float] = {}
 _lock = threading.Lock()
 _inside = threading.local()  # a stage's method calling another of the same stage counts once
@@ -71,10 +74,11 @@ def _timed(stage: str, f):
             wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
             setattr(_inside, stage, False)
             with _lock:
-                t = _timers.setdefault(stage, [0, 0.0, 0.0])
+                t = _timers.setdefault(stage, [0, 0.0, 0.0, 0.0])
                 t[0] += 1
                 t[1] += wall
                 t[2] += cpu
+                t[3] = max(t[3], wall)
     return timed
 
 
