@@ -1,15 +1,36 @@
 """Scale-out: updates/s of 1, 2 and 4 daemons sharing one stream ([cluster]), and the failover time.
 
-Throughput, for two workloads: the human insertion stream with Q_1..Q_100 registered,
-and the mixed insert/delete stream made from yeast (bench/replay_yeast.py's, seeded)
-with its 17 queries; count-only (every human match would be some 10^9 delta rows).
-The whole stream is produced at once, and the time runs from the first record produced until every shard's committed progress has
-passed the last record (every delta acknowledged by the broker). Each instance gets
---threads matching threads (CSMD_THREADS; default: cores // the most instances
-measured), the same whatever the instance count, as if each instance had a machine
-of its own, and the most instances together do not oversubscribe this one; every
-instance still applies every update (the graph is replicated), only the matching is
-split.
+Throughput, for two workloads, count-only (every human match would be some 10^9 delta
+rows): the human insertion stream with Q_1..Q_100 registered, and the mixed
+insert/delete stream made from yeast (bench/replay_yeast.py's, seeded) with its 17
+queries. --rounds R makes each stream R rounds long, so that the measurement is the
+steady state (as in production) rather than start-up and drain: round 1 is the stream
+itself, round 2 undoes it (every insertion deleted, every deletion re-inserted), round 3
+does it again, and so on, each round in its own seeded order. Every update of every round
+changes the graph and is matched at its own timestamp: real work, not padding. One human
+round lasts about 0.5 s on one instance, too short for the split part to show (start-up
+of the pipeline, the last batch's drain and the commit interval weigh as much).
+
+Before the measured runs of a workload, one unmeasured run (one instance, a piece of its
+first round and of its undoing) fills numba's on-disk cache: on a fresh machine the first
+daemon compiles, during its stream, the kernels its start-up warm-up does not reach (the
+deletion paths among them), which made the first human run 6.7 s instead of 1.1 s.
+
+The whole stream is produced at once, and the time runs from the first record produced
+until every shard's committed progress has passed the last record (every delta
+acknowledged by the broker). Each instance gets --threads matching threads (CSMD_THREADS;
+default: cores // the most instances measured), the same whatever the instance count, as
+if each instance had a machine of its own, and the most instances together do not
+oversubscribe this one; every instance still applies every update (the graph is
+replicated), only the matching is split.
+
+--stages runs the daemons under bench/stage_timers.py and prints, for the last run of each
+workload and instance count, where each instance's time went: thread CPU seconds of the
+replicated stages (consume, sequence, apply), of the split ones (match: wall seconds, on
+the engine's threads; canonical, publish, acks) and of the cluster's bookkeeping, the
+longest single call of any stage but match, the ops it matched, and when (seconds after
+the first record was produced) it had taken in the last record, put out the last batch
+and committed the last progress.
 
 Failover: two instances, the stream flowing at --rate updates/s; one is killed
 (SIGKILL) and the time runs until the committed progress of every shard it owned
@@ -24,7 +45,9 @@ weighs more).
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import signal
 import statistics
 import sys
@@ -36,12 +59,15 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from kafka_harness import Cluster, kill_leftovers  # noqa: E402
+from kafka_harness import CSMD, Cluster, kill_leftovers  # noqa: E402
 from replay_yeast import QUERIES as YEAST_QUERIES, make_stream  # noqa: E402
 
 from csmd.connectors.broker import EmbeddedBroker  # noqa: E402
 
 SHARDS = 12
+STAGE_TIMERS = [sys.executable, str(Path(__file__).resolve().parent / "stage_timers.py")]
+REPLICATED, SPLIT, BOOKKEEPING = ("consume", "sequence", "apply"), ("match", "canonical", "publish", "acks"), \
+    ("select", "sync", "poll")
 
 
 class Workload(NamedTuple):
@@ -51,44 +77,69 @@ class Workload(NamedTuple):
     lines: list[str]  # the stream's records
 
 
-def human_workload(datasets: Path, root: Path) -> Workload:
+def human_workload(datasets: Path, root: Path, rounds: int) -> Workload:
     human = datasets / "human"
     lines = [ln.strip() for ln in (human / "insertion.graph").read_text().splitlines() if ln.strip()]
-    return Workload("human", human / "data.graph", [human / "queries"], lines)
+    return Workload("human", human / "data.graph", [human / "queries"], in_rounds(lines, rounds))
 
 
-def yeast_workload(datasets: Path, root: Path) -> Workload:
+def yeast_workload(datasets: Path, root: Path, rounds: int) -> Workload:
     yeast = datasets / "yeast"
     g0, stream, _ins, _dels = make_stream(yeast / "data.graph", root, seed=1)
     lines = [ln for ln in stream.read_text().splitlines() if ln]
-    return Workload("yeast", g0, [yeast / "queries" / f"{q}.graph" for q in YEAST_QUERIES], lines)
+    return Workload("yeast", g0, [yeast / "queries" / f"{q}.graph" for q in YEAST_QUERIES], in_rounds(lines, rounds))
+
+
+def in_rounds(lines: list[str], rounds: int) -> list[str]:
+    """`lines` (edge insertions and deletions, each edge at most once), then its undoing, then
+    itself again, ..., `rounds` rounds in all; every round after the first in a shuffled order
+    (seeded by its number), so that each update is matched against a graph it changes."""
+    undo = [ln[1:] if ln.startswith("-") else "-" + ln for ln in lines]
+    out = list(lines)
+    for r in range(1, rounds):
+        this = list(undo if r % 2 else lines)
+        random.Random(r).shuffle(this)
+        out += this
+    return out
 
 
 def cluster(root: Path, bootstrap: str, w: Workload, tag: str, threads: int, backend: str = "cpu",
-            **settings) -> Cluster:
+            command=CSMD, **settings) -> Cluster:
     work = root / tag
     work.mkdir()
     overrides = {"graph": {"initial": str(w.graph)},
                  "queries": {"paths": [str(q) for q in w.queries], "count_only": True},
                  "pipeline": {"backend": backend}, "log": {"level": "warning"}}
-    return Cluster(work, bootstrap, [], SHARDS, overrides, {"CSMD_THREADS": str(threads)}, **settings)
+    return Cluster(work, bootstrap, [], SHARDS, overrides, {"CSMD_THREADS": str(threads)}, command, **settings)
 
 
-def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str) -> float:
+def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
+               stages: bool) -> tuple[float, dict[str, dict] | None]:
+    """Updates/s of `n` instances; with `stages`, each instance's stage timers and events, the
+    event times in seconds after the first record was produced."""
     lines = w.lines
     tag = f"{w.name}-x{n}-{run}"
+    timers = root / f"stages-{tag}"
+    timers.mkdir()
     with broker(root, tag) as b:
-        c = cluster(root, b.bootstrap, w, tag, threads, backend)
+        c = cluster(root, b.bootstrap, w, tag, threads, backend, [*STAGE_TIMERS, str(timers)] if stages else CSMD)
         names = [chr(ord("a") + i) for i in range(n)]
         c.start(*names)
         c.wait_balanced(names)
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()
         c.t.produce(c.t.input, lines)
         c.wait_progress(len(lines), timeout=600, poll=0.02)
         seconds = time.monotonic() - t0
         c.stop(*names)
     print(f"{w.name}: {n} instances, run {run}: {seconds:.2f} s", file=sys.stderr)
-    return len(lines) / seconds
+    if not stages:
+        return len(lines) / seconds, None
+    found = {}
+    for name in names:
+        d = json.loads((timers / f"{name}.json").read_text())
+        d["events"] = {k: t - wall0 for k, t in d["events"].items()}
+        found[name] = d
+    return len(lines) / seconds, found
 
 
 def broker(root: Path, tag: str) -> EmbeddedBroker:
@@ -146,21 +197,30 @@ def main() -> None:
     ap.add_argument("--backend", choices=("cpu", "numpy"), default="cpu",
                     help="the engine of the throughput runs (numpy: slower matching, so it weighs more)")
     ap.add_argument("--workloads", nargs="+", choices=("human", "yeast"), default=["human", "yeast"])
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="rounds of each stream: the stream, its undoing, the stream again, ... (1: the stream alone)")
+    ap.add_argument("--stages", action="store_true", help="time each instance's stages (bench/stage_timers.py)")
     args = ap.parse_args()
     if not (args.datasets / "human" / "queries").is_dir():
         sys.exit(f"bench/cluster.py: {args.datasets / 'human'} not found (use --datasets DIR)")
     args.datasets = args.datasets.resolve()  # the daemons run in their own folders
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(args.instances))
-    rates, failovers, workloads = {}, {}, {}
+    rates, failovers, workloads, stages = {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         try:
             for name in args.workloads:
-                w = workloads[name] = {"human": human_workload, "yeast": yeast_workload}[name](args.datasets, root)
+                make = {"human": human_workload, "yeast": yeast_workload}[name]
+                w = workloads[name] = make(args.datasets, root, args.rounds)
+                first = w.lines[:len(w.lines) // args.rounds]
+                throughput(root, w._replace(lines=in_rounds(first[:200], 2)), 1, "warm-up", threads, args.backend,
+                           False)
                 for n in args.instances:
-                    rates[name, n] = [throughput(root, w, n, r, threads, args.backend) for r in range(args.runs)]
+                    runs = [throughput(root, w, n, r, threads, args.backend, args.stages) for r in range(args.runs)]
+                    rates[name, n] = [rate for rate, _ in runs]
+                    stages[name, n] = runs[-1][1]
                     print(f"done: {name}, {n} instances", file=sys.stderr)
-            human = workloads.get("human") or human_workload(args.datasets, root)
+            human = workloads.get("human") or human_workload(args.datasets, root, args.rounds)
             for ms in args.sessions:
                 failovers[ms] = statistics.median(failover(root, human, ms, args.rate, r) for r in range(args.runs))
                 print(f"done: failover, session timeout {ms} ms", file=sys.stderr)
@@ -175,11 +235,38 @@ def main() -> None:
         for n in args.instances:
             r = statistics.median(rates[name, n])
             print(f"{what:>34} {n:>9} {r:>10.0f} {r / base:>8.2f}x {max(rates[name, n]):>9.0f}")
+    if args.stages:
+        print_stages(workloads, stages)
+    if not failovers:
+        return
     print(f"\nfailover: human stream, 2 instances, {args.rate:.0f} updates/s offered; SIGKILL to the killed "
           f"instance's shards committing progress again\n")
     print(f"{'session timeout ms':>18} {'failover s':>11}")
     for ms, s in failovers.items():
         print(f"{ms:>18} {s:>11.2f}")
+
+
+def print_stages(workloads: dict[str, Workload], stages: dict) -> None:
+    print("\nwhere the time went, last run of each: thread CPU seconds per stage (replicated: every instance does "
+          "all of it; split: only a shard's owner, match in wall seconds; cluster: bookkeeping); the longest call "
+          "of a stage but match; seconds after the first record was produced when the instance had taken in the "
+          "last record, put out its last batch, committed the end\n")
+    cols = [*REPLICATED, *SPLIT, *BOOKKEEPING]
+    print(f"{'workload':>8} {'n':>2} {'inst':>4} {'batches':>7} {'ops':>7} " + " ".join(f"{c:>8.8}" for c in cols)
+          + f" {'longest':>16} {'last in':>8} {'last out':>8} {'committed':>9}")
+    for (name, n), found in stages.items():
+        end = len(workloads[name].lines)
+        for inst, d in found.items():
+            t, ev = d["stages"], d["events"]
+            batches, _records, ops = t.get("ops matched", (0, 0, 0))
+            committed = min((v for k, v in ev.items() if k.startswith("committed ") and int(k.split()[1]) >= end),
+                            default=float("nan"))
+            longest = max((c for c in cols if c != "match" and c in t), key=lambda c: t[c][3])
+            print(f"{name:>8} {n:>2} {inst:>4} {batches:>7} {ops:>7} "
+                  + " ".join(f"{t.get(c, (0, 0, 0))[1 if c == 'match' else 2]:>8.3f}" for c in cols)
+                  + f" {longest:>10.10} {t[longest][3]:>5.3f}"
+                  + f" {ev.get('last record', float('nan')):>8.3f} {ev.get('last batch out', float('nan')):>8.3f}"
+                  + f" {committed:>9.3f}")
 
 
 def queries_of(w: Workload) -> list[Path]:

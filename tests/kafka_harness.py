@@ -177,13 +177,17 @@ class Proxy:
 RUNNING: list["DaemonProcess"] = []  # killed by the tests' teardown if a test fails
 
 
-class DaemonProcess:
-    """`csmd run` in a child process, with its admin endpoint."""
+CSMD = [sys.executable, "-m", "csmd"]
 
-    def __init__(self, config: Path, log: Path, admin_port: int, env=None):
+
+class DaemonProcess:
+    """`csmd run` in a child process, with its admin endpoint; command: what runs `csmd` (a wrapper
+    that times its stages, in bench/cluster.py)."""
+
+    def __init__(self, config: Path, log: Path, admin_port: int, env=None, command=CSMD):
         self.url = f"http://127.0.0.1:{admin_port}"
         self.log = log
-        self.proc = subprocess.Popen([sys.executable, "-m", "csmd", "run", "--config", str(config)],
+        self.proc = subprocess.Popen([*command, "run", "--config", str(config)],
                                      stdout=subprocess.DEVNULL, stderr=open(log, "ab"),
                                      env={**os.environ, **(env or {})})
         RUNNING.append(self)
@@ -248,14 +252,16 @@ def kill_leftovers() -> None:
 class Cluster:
     """Daemon processes with [cluster] enabled sharing one stream's matching: one config each (its admin
     port and instance name). cluster: [cluster] settings; overrides: other config sections; env: the
-    processes' extra environment."""
+    processes' extra environment; command: what runs `csmd` (as DaemonProcess)."""
 
-    def __init__(self, tmp_path, bootstrap, queries, shards: int, overrides=None, env=None, **cluster):
+    def __init__(self, tmp_path, bootstrap, queries, shards: int, overrides=None, env=None, command=CSMD,
+                 **cluster):
         self.tmp, self.t, self.queries, self.shards = tmp_path, Topics(bootstrap), queries, shards
         self.group = f"c-{uuid.uuid4().hex[:8]}"
         self.settings = {"enabled": True, "shards": shards, "group": self.group, "session_timeout_ms": 2000,
                          **cluster}
         self.overrides, self.env = {"delivery": {"commit_interval_ms": 100}, **(overrides or {})}, env
+        self.command = command
         self.members: dict[str, DaemonProcess] = {}
         self._reader = None  # reads the group's offsets (one consumer: making one per read costs CPU)
         self._reading = threading.Lock()
@@ -267,7 +273,7 @@ class Cluster:
             cfg = self.tmp / f"{name}.toml"
             cfg.write_text(config_text(self.t, self.queries, admin_port=port,
                                        cluster={**self.settings, "instance": name}, **self.overrides))
-            self.members[name] = DaemonProcess(cfg, self.tmp / f"{name}.log", port, self.env)
+            self.members[name] = DaemonProcess(cfg, self.tmp / f"{name}.log", port, self.env, self.command)
 
         threads = [threading.Thread(target=one, args=(n,)) for n in names]
         for t in threads:
@@ -289,11 +295,16 @@ class Cluster:
         return {n: set(self.members[n].get("/stats")["cluster"]["live"]) for n in names or self.members}
 
     def wait_balanced(self, names, timeout: float = 60.0) -> dict[str, set]:
-        """Until the members `names` hold every shard between them, each at least one, all live."""
+        """Until the members `names` hold every shard between them, all live, as evenly as Kafka's assignor
+        deals them out (counts one apart at most). Covering every shard is not enough: in the middle of a
+        cooperative rebalance a joining member may be live on one shard while another it is getting is
+        still live on its old owner, and that shard moves (and is re-matched) after the return."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             owners = self.owners(names)
-            if all(owners.values()) and sorted(s for o in owners.values() for s in o) == list(range(self.shards)):
+            counts = [len(o) for o in owners.values()]
+            if (min(counts) and max(counts) - min(counts) <= 1
+                    and sorted(s for o in owners.values() for s in o) == list(range(self.shards))):
                 return owners
             time.sleep(0.1)
         raise AssertionError(f"shards not balanced over {names}: {self.owners(names)}")

@@ -32,7 +32,7 @@ from csmd.pipeline.shards import ShardChange, ShardWork, shard_of
 from csmd.pipeline.stages import Pipeline
 from csmd.service.config import load_config
 
-from kafka_harness import Cluster, Topics, config_text, human_lines, kill_leftovers, metric, new_admin_port
+from kafka_harness import REPO, Cluster, Topics, config_text, human_lines, kill_leftovers, metric, new_admin_port
 from test_continuous import make_case, run_replay
 from test_kafka_daemon import QUERIES, dedup, reference, rows_of  # noqa: F401 (reference is a fixture)
 
@@ -114,6 +114,34 @@ def test_shard_of_spreads_records():
     assert set(s.tolist()) == set(range(12))
     assert Counter(s.tolist()).most_common()[-1][1] > 800  # every shard gets a fair share
     assert (shard_of(0, [5, 6], 12) == shard_of([0, 0], [5, 6], 12)).all()
+
+
+def test_the_benchmarks_longer_streams_change_the_graph_with_every_update(tmp_path):
+    """bench/cluster.py --rounds: the mixed stream, its undoing, the stream again, ...: each update
+    inserts an edge that is absent or deletes one that is present (none is ignored), and the
+    graph is back where it started after every second round."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from cluster import in_rounds
+        from replay_yeast import make_stream
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    g0, stream, ins, dels = make_stream(REPO / "samples" / "human" / "data.graph", tmp_path, seed=3)
+    lines = [ln for ln in stream.read_text().splitlines() if ln]
+    edges = {frozenset(ln.split()[1:3]) for ln in g0.read_text().splitlines() if ln.startswith("e ")}
+    start = set(edges)
+    rounds = in_rounds(lines, 4)
+    assert len(rounds) == 4 * (ins + dels) and rounds[:len(lines)] == lines
+    for i, ln in enumerate(rounds):
+        e = frozenset(ln.split()[1:3])
+        if ln.startswith("-"):
+            assert e in edges, ln
+            edges.remove(e)
+        else:
+            assert e not in edges, ln
+            edges.add(e)
+        if (i + 1) % (2 * len(lines)) == 0:
+            assert edges == start, i
 
 
 def test_the_kept_window_follows_the_floor():
