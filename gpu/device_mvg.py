@@ -104,6 +104,14 @@ class Staging:
                                     cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
         return self.dev
 
+    def read_back(self, at: int, n: int, stream: cp.cuda.Stream) -> np.ndarray:
+        """dev[at:at + n] (after what `stream` has queued) in host[at:at + n]: a kernel's results
+        written next to its inputs come back to where the host staged them."""
+        cp.cuda.runtime.memcpyAsync(self.host.ctypes.data + 8 * at, self.dev.data.ptr + 8 * at, 8 * n,
+                                    cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        stream.synchronize()
+        return self.host[at: at + n]
+
     def download(self, src: cp.ndarray, n: int, stream: cp.cuda.Stream) -> np.ndarray:
         """src's first n int64 items (after what `stream` has queued), in host[:n]."""
         self.host_view(n)
@@ -418,11 +426,12 @@ class DeviceMVG:
         m = len(a)
         if not m:
             return np.zeros(0, np.int64), np.zeros(0, np.int32)
-        q = self._lookups.host_view(4 * m).reshape(4, m)
+        q = self._lookups.host_view(6 * m)[: 4 * m].reshape(4, m)  # then room for the results
         q[0], q[1], q[2], q[3] = a, b, T, 0 if el is None else el
         with self.stream:
-            out = self._edges_at(self._lookups.upload(4 * m, self.stream), m, check_el, self.stream)
-            host = self._lookups.download(out, 2 * m, self.stream)
+            dev = self._lookups.upload(4 * m, self.stream)
+            self._edges_at(dev, m, check_el, self.stream, np.uint64(dev.data.ptr + 32 * m))
+            host = self._lookups.read_back(4 * m, 2 * m, self.stream)
         return host[:m].copy(), host[m:].astype(np.int32)
 
     def edges_at_async(self, a, b, T, el=None, check_el=False, stream=None):
@@ -433,15 +442,15 @@ class DeviceMVG:
         q[0], q[1], q[2], q[3] = a, b, T, 0 if el is None else el
         stream = stream or self.stream
         with stream:
-            out = self._edges_at(cp.asarray(q), m, check_el, stream)
+            out = cp.empty(2 * m, cp.int64)
+            self._edges_at(cp.asarray(q), m, check_el, stream, out)
         return out[:m], out[m:]
 
-    def _edges_at(self, q: cp.ndarray, m: int, check_el, stream) -> cp.ndarray:
-        """Positions then labels in one device buffer; q: the rows a, b, T, el on the device."""
+    def _edges_at(self, q: cp.ndarray, m: int, check_el, stream, out) -> None:
+        """Positions then labels in out (2 m int64: an array, or its address); q: the rows a, b,
+        T, el on the device."""
         with stream, self.swap:  # a reader on another stream takes the view under swap
-            out = cp.empty(2 * m, cp.int64)
             _launch("mvg_edges_at", m, (self.view(), i64(m), q, np.int32(check_el), out))
-        return out
 
     def live_edge_labels(self, a, b) -> np.ndarray:
         """Label of the edge {a, b} now, -1 where there is none (int32)."""

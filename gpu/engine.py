@@ -132,6 +132,8 @@ class GpuEngine(ContinuousEngine):
         self._labels = g0.labels.get() if on_device else np.array(g0.labels, np.int32)
         self._n = g0.n
         self._applied: dict[int, cp.cuda.Event] = {}  # first_seq of an applied batch -> its event
+        # events the executor has waited for, recorded again by later batches (no creation per batch)
+        self._spare: list[cp.cuda.Event] = []
         self._freed: list = []  # released tokens not yet returned to the pool
         self._events = threading.Lock()
 
@@ -143,8 +145,9 @@ class GpuEngine(ContinuousEngine):
                     raise RuntimeError(f"device MVG gave vertex id {first}, the sequencer {batch.first_vertex}")
                 self._add_labels(batch.new_labels)
             token = self.mvg.apply(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
-            event = self.mvg.stream.record()
             with self._events:
+                event = self._spare.pop() if self._spare else cp.cuda.Event(disable_timing=True)
+                event.record(self.mvg.stream)
                 if len(self._applied) > 256:  # batches nobody submitted (no query registered)
                     self._applied.pop(next(iter(self._applied)))
                 self._applied[batch.first_seq] = event
@@ -196,6 +199,8 @@ class GpuEngine(ContinuousEngine):
             applied = [self._applied.pop(s) for s in done]
         # an event dropped above: wait for everything applied so far (safe, overlaps less)
         self.executor.stream.wait_event(applied[-1] if applied else self.mvg.stream.record())
+        with self._events:  # a wait holds the event's state at the call: it may be recorded again
+            self._spare += applied
         return Done(self.executor.run(self.mvg, batch, queries, self._labels))
 
     def stats(self) -> EngineStats:
