@@ -135,6 +135,7 @@ class GpuEngine(ContinuousEngine):
         # events the executor has waited for, recorded again by later batches (no creation per batch)
         self._spare: list[cp.cuda.Event] = []
         self._freed: list = []  # released tokens not yet returned to the pool
+        self._waiting = 0  # the versions they hold, at most
         self._events = threading.Lock()
 
     def apply(self, batch: UpdateBatch):
@@ -151,7 +152,9 @@ class GpuEngine(ContinuousEngine):
                 if len(self._applied) > 256:  # batches nobody submitted (no query registered)
                     self._applied.pop(next(iter(self._applied)))
                 self._applied[batch.first_seq] = event
-            return [(token, token.replaced_at)] if token.count else []
+            # a pending token's replaced_at is not known yet: the batch's last timestamp releases it
+            # once the batch has finished (batches finish whole), never before its own would
+            return [(token, batch.end_seq - 1)] if token.pending else [(token, token.replaced_at)] if token.count else []
 
     def _add_labels(self, labels) -> None:
         """Append to the host labels; a reader keeps a valid prefix (the array is swapped, not resized)."""
@@ -171,12 +174,14 @@ class GpuEngine(ContinuousEngine):
         versions as for thousands."""
         with self._writing:
             self._freed += tokens
-            if sum(t.count for t in self._freed) >= RELEASE_VERSIONS:
+            # a pending token counts the most it may hold: its count would wait for its batch
+            self._waiting += sum(t.at_most for t in tokens)
+            if self._waiting >= RELEASE_VERSIONS:
                 self._return_freed()
 
     def _return_freed(self) -> None:
         self.mvg.release(self._freed)
-        self._freed = []
+        self._freed, self._waiting = [], 0
 
     def live_edge_labels(self, a, b):
         with self._writing:
