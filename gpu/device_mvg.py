@@ -7,7 +7,9 @@ per-class free lists together with their version ids. Kernels that match at a ti
 read it through gpu/mvg_access.cuh, with the MVGView that `view()` returns.
 
 Host work per batch: one upload of the batch and one read-back of a few counters (they
-size the copy and say whether a pool must grow); no per-entry Python. Every array grows
+size the copy and say whether a pool must grow); no per-entry Python. A small batch whose
+worst case the host can make room for beforehand does not wait for that read-back: its
+counters are read at the next apply. Every array grows
 by doubling when it runs out (`_reserve`), after synchronizing the device, because a
 reader on another stream may still hold the old one; in steady state nothing grows.
 """
@@ -28,7 +30,14 @@ from .module import HERE, kernel
 
 INF = np.iinfo(np.int64).max
 NOW = INF - 1  # a read "now": after every update, before the end of every live entry
-S_NEW, S_REPLACED, S_EMPTY, S_REPLACED_AT, S_FRESH, S_FRESH_ENTRIES, S_COPY, S_COUNT = range(8)  # gpu/mvg.cu
+# the batch counters, as gpu/mvg.cu's enum names them
+_STATS = re.search(r"enum \{ (S_NEW,[^}]*) \};", (HERE / "mvg.cu").read_text()).group(1).split(", ")
+S_NEW, S_REPLACED, S_EMPTY, S_REPLACED_AT, S_FRESH, S_FRESH_ENTRIES, S_COPY, S_MAX_SIZE, S_COUNT = (
+    _STATS.index(name) for name in ("S_NEW", "S_REPLACED", "S_EMPTY", "S_REPLACED_AT", "S_FRESH", "S_FRESH_ENTRIES",
+                                    "S_COPY", "S_MAX_SIZE", "S_COUNT"))
+# A small batch's allocation may grow the pool by this many entries (and its copy space as many)
+# towards room for its worst case, so that its counters need not be read back before its copy.
+DEFER_GROWTH = 1 << 20
 _FORMATS = {"int*": np.uint64, "i64*": np.uint64, "i64": np.int64}
 
 
@@ -104,6 +113,14 @@ class Staging:
                                     cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
         return self.dev
 
+    def read_back(self, at: int, n: int, stream: cp.cuda.Stream) -> np.ndarray:
+        """dev[at:at + n] (after what `stream` has queued) in host[at:at + n]: a kernel's results
+        written next to its inputs come back to where the host staged them."""
+        cp.cuda.runtime.memcpyAsync(self.host.ctypes.data + 8 * at, self.dev.data.ptr + 8 * at, 8 * n,
+                                    cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        stream.synchronize()
+        return self.host[at: at + n]
+
     def download(self, src: cp.ndarray, n: int, stream: cp.cuda.Stream) -> np.ndarray:
         """src's first n int64 items (after what `stream` has queued), in host[:n]."""
         self.host_view(n)
@@ -120,14 +137,42 @@ class Replaced:
     finished (csmd.gc.GarbageCollector does that with (token, replaced_at) pairs).
     count: versions replaced (csmd.mvg's apply returns as many pairs); blocks: those
     owning a block (the others were empty and their ids are not reused).
+
+    A small batch's token is `pending` until the MVG reads the batch's counters back (at the
+    next apply, or when a field is first read): the batch's launches need not wait for them.
     """
 
-    __slots__ = ("vids", "replaced_at", "count", "blocks", "_serial")
+    __slots__ = ("_vids", "_replaced_at", "_count", "_blocks", "_mvg", "_serial")
     _serials = itertools.count()
 
-    def __init__(self, vids, replaced_at: int, count: int, blocks: int):
-        self.vids, self.replaced_at, self.count, self.blocks = vids, replaced_at, count, blocks
+    def __init__(self, vids, replaced_at: int = -1, count: int = 0, blocks: int = 0, mvg: "DeviceMVG | None" = None):
+        self._vids, self._replaced_at, self._count, self._blocks, self._mvg = vids, replaced_at, count, blocks, mvg
         self._serial = next(self._serials)
+
+    @property
+    def pending(self) -> bool:
+        return self._mvg is not None
+
+    @property
+    def at_most(self) -> int:
+        """count, or while pending a bound on it that needs no wait (the batch's insertion rows)."""
+        return len(self._vids) if self._mvg is not None else self._count
+
+    def _fill(self, st: list[int]) -> None:
+        """The fields from the batch's counters (vids: room for every insertion row, S_NEW used)."""
+        self._vids = self._vids[: st[S_NEW]]
+        self._replaced_at, self._count, self._blocks = st[S_REPLACED_AT], st[S_REPLACED] + st[S_EMPTY], st[S_REPLACED]
+        self._mvg = None
+
+    def _settled(self) -> "Replaced":
+        if self._mvg is not None:
+            self._mvg._settle()
+        return self
+
+    vids = property(lambda self: self._settled()._vids)
+    replaced_at = property(lambda self: self._settled()._replaced_at)
+    count = property(lambda self: self._settled()._count)
+    blocks = property(lambda self: self._settled()._blocks)
 
     def __lt__(self, other: "Replaced") -> bool:  # heap ties in the GC
         return self._serial < other._serial
@@ -180,6 +225,9 @@ class DeviceMVG:
             self._stats = cp.empty(S_COUNT, cp.int64)
             self._live, self._incl = cp.empty(1024, cp.int32), cp.empty(1024, cp.int64)
             self._batch, self._counters, self._lookups = Staging(), Staging(), Staging()
+            self._counters.host_view(S_COUNT)  # where gu_small_apply writes its counters (pinned)
+            self._pending: Replaced | None = None  # the token of a deferred batch not yet settled
+            self._deferred = False  # a small batch's launches were not waited for (its staging is in use)
             self.small_rows = self._small[0]  # the largest batch (in rows: 2 per op) of that path; 0: never
             # held while arrays are swapped (growth, new vertices) and while a reader on another
             # stream takes the view and enqueues its launch: a growth then waits for that launch
@@ -189,6 +237,7 @@ class DeviceMVG:
             _launch("mvg_build_plan", n, (self.view(), indptr, cap))
             cap_end = cp.cumsum(cap[:n], dtype=cp.int64)
             self.bump = int(cap_end[-1]) if n else 0
+            self.max_size = int(cp.diff(indptr).max()) if n else 0  # the largest version ever made
             size = self.bump + self.bump // 2 + 4096
             self.e_nbr, self.e_lab, self.e_el = (cp.empty(size, cp.int32) for _ in range(3))
             self.e_ct, self.e_dt = (cp.empty(size, cp.int64) for _ in range(2))
@@ -224,6 +273,7 @@ class DeviceMVG:
 
     @property
     def live_versions(self) -> int:
+        self._settle()
         return self.n_versions - self.n_free - self.dropped
 
     @property
@@ -273,9 +323,10 @@ class DeviceMVG:
         ones (sorted by (neighbour label, neighbour, ct)), later deletions closing entries.
         Returns the replaced versions as a token for the GC.
         """
+        self._settle()
         k = len(seq)
         if not k:
-            return Replaced(None, -1, 0, 0)
+            return Replaced(None)
         host = self._batch.host_view(5 * k).reshape(5, k)
         host[0], host[1], host[2], host[3], host[4] = seq, a, b, label, sign
         self.has_edge_labels = self.has_edge_labels or bool(host[3].any())
@@ -315,7 +366,7 @@ class DeviceMVG:
             st = self._allocated(stats)
             n_new, total = st[S_NEW], st[S_COPY]
             if not n_new:
-                return Replaced(None, -1, 0, 0)
+                return Replaced(None)
             g = self.view()
             _launch("gu_versions", n_new, (g, i64(n_new), req, q_vid, q_start, ts0, s_old, s_size, s_ndel))
             # insertion rows in entry order per vertex: (insertion first, vertex, neighbour label, neighbour, time)
@@ -338,44 +389,84 @@ class DeviceMVG:
         return Replaced(vids, st[S_REPLACED_AT], st[S_REPLACED] + st[S_EMPTY], st[S_REPLACED])
 
     def _apply_small(self, batch: cp.ndarray, k: int, R: int, n_ins: int) -> Replaced:
-        """apply for a batch of at most GU_SMALL_ROWS rows: the same steps in two one-block
-        launches (gpu/mvg.cu gu_small_plan, gu_small_write), the counters read back between them."""
+        """apply for a batch of at most GU_SMALL_ROWS rows in one-block launches (gpu/mvg.cu).
+
+        The copy must not run past the pool. Where the batch's worst case fits (every insertion
+        row a vertex of its own holding the largest array so far, copied into a block of at
+        most twice the size, plus 32), room for it is made first and one launch does the batch
+        (gu_small_apply): its counters land in pinned memory, read at the next apply
+        (`_settle`), and the returned token is pending until then. Else gu_small_plan and
+        gu_small_write run with the counters read back in between, as the multi-kernel path does."""
         rows, threads, _ = self._small
+        copy, entries = n_ins * self.max_size, n_ins * (2 * self.max_size + 34)
+        defer = n_ins and (self.bump + entries <= len(self.e_nbr) or entries <= DEFER_GROWTH) and (
+            copy < len(self._live) or copy <= DEFER_GROWTH)
+        if defer:
+            self._reserve(versions=self.n_versions + n_ins, entries=self.bump + entries)
+            self._copy_space(copy)
         sort_free = 0
-        if not self.sorted:  # as above; gu_small_plan sorts a short free list itself
+        if not self.sorted:  # as above; the small kernels sort a short free list themselves
             if self.n_keys <= rows:
                 sort_free = self.n_keys
             else:
                 self.free_keys[: self.n_keys].sort()
             self.n_keys, self.sorted = self.n_free, True
-        _kernel("gu_small_plan")((1,), (threads,), (
-            self.view(), i64(R), i64(k), batch, self._arena, self._stats, self.free_keys, i64(self.n_free),
-            i64(sort_free), i64(self.n_versions), i64(self.bump)))
+        plan = (self.view(), i64(R), i64(k), batch, self._arena, self._stats, self.free_keys, i64(self.n_free),
+                i64(sort_free), i64(self.n_versions), i64(self.bump))
+        self._deferred = True  # the batch's upload may still be in flight
+        if defer:
+            vids = cp.empty(n_ins, cp.int32)
+            _kernel("gu_small_apply")((1,), (threads,), plan + (
+                i64(n_ins), self._live, self._incl, vids, np.uint64(self._counters.host.ctypes.data)))
+            self._pending = Replaced(vids, mvg=self)
+            return self._pending
+        _kernel("gu_small_plan")((1,), (threads,), plan)
+        if not n_ins:  # deletions only: applied in place, nothing allocated
+            return Replaced(None)
         st = self._allocated(self._stats)
-        n_new, total = st[S_NEW], st[S_COPY]
-        if not n_new:
-            return Replaced(None, -1, 0, 0)
-        if total + 1 > len(self._live):
-            size = max(total + 1, 2 * len(self._live))
-            self._live, self._incl = cp.empty(size, cp.int32), cp.empty(size, cp.int64)
-        vids = cp.empty(n_new, cp.int32)
+        self._copy_space(st[S_COPY])
+        vids = cp.empty(st[S_NEW], cp.int32)
         _kernel("gu_small_write")((1,), (threads,), (
             self.view(), i64(R), i64(k), batch, self._arena, self._stats, i64(n_ins), self._live, self._incl, vids))
         return Replaced(vids, st[S_REPLACED_AT], st[S_REPLACED] + st[S_EMPTY], st[S_REPLACED])
 
+    def _copy_space(self, total: int) -> None:
+        """Room for a copy of `total` entries in the small path's flags and prefix sums."""
+        if total + 1 > len(self._live):
+            size = max(total + 1, 2 * len(self._live))
+            self._live, self._incl = cp.empty(size, cp.int32), cp.empty(size, cp.int64)
+
+    def _settle(self) -> None:
+        """Wait for the last small batch's launches (its staging buffers are free again) and, if
+        it was deferred, account for its counters and fill in its token."""
+        if not self._deferred:
+            return
+        self._deferred = False
+        self.stream.synchronize()
+        token, self._pending = self._pending, None
+        if token is not None:
+            st = self._counters.host[:S_COUNT].tolist()
+            self._account(st)
+            token._fill(st)
+
     def _allocated(self, stats: cp.ndarray) -> list[int]:
-        """Read back a batch's counters (the one sync of an apply) and account for its allocation:
-        versions and entries taken from the bump pointers (growing the pool if needed), free-list
-        keys taken."""
+        """Read back a batch's counters (the one sync of an apply) and account for its allocation,
+        growing the pool if needed."""
         st = self._counters.download(stats, S_COUNT, self.stream).tolist()
+        self._account(st)
+        self._reserve(versions=self.n_versions, entries=self.bump)
+        return st
+
+    def _account(self, st: list[int]) -> None:
+        """A batch's allocation: versions and entries taken from the bump pointers, free-list keys
+        taken, the largest version."""
         n_new = st[S_NEW]
         if n_new > st[S_FRESH]:  # free-list keys were taken: holes until the next sort
             self.n_free -= n_new - st[S_FRESH]
             self.sorted = False
-        self._reserve(versions=self.n_versions + st[S_FRESH], entries=self.bump + st[S_FRESH_ENTRIES])
         self.n_versions += st[S_FRESH]
         self.bump += st[S_FRESH_ENTRIES]
-        return st
+        self.max_size = max(self.max_size, st[S_MAX_SIZE])
 
     def release(self, tokens) -> None:
         """Return the versions of these tokens to the pool's free lists (a kernel and a sort)."""
@@ -418,11 +509,12 @@ class DeviceMVG:
         m = len(a)
         if not m:
             return np.zeros(0, np.int64), np.zeros(0, np.int32)
-        q = self._lookups.host_view(4 * m).reshape(4, m)
+        q = self._lookups.host_view(6 * m)[: 4 * m].reshape(4, m)  # then room for the results
         q[0], q[1], q[2], q[3] = a, b, T, 0 if el is None else el
         with self.stream:
-            out = self._edges_at(self._lookups.upload(4 * m, self.stream), m, check_el, self.stream)
-            host = self._lookups.download(out, 2 * m, self.stream)
+            dev = self._lookups.upload(4 * m, self.stream)
+            self._edges_at(dev, m, check_el, self.stream, np.uint64(dev.data.ptr + 32 * m))
+            host = self._lookups.read_back(4 * m, 2 * m, self.stream)
         return host[:m].copy(), host[m:].astype(np.int32)
 
     def edges_at_async(self, a, b, T, el=None, check_el=False, stream=None):
@@ -433,15 +525,15 @@ class DeviceMVG:
         q[0], q[1], q[2], q[3] = a, b, T, 0 if el is None else el
         stream = stream or self.stream
         with stream:
-            out = self._edges_at(cp.asarray(q), m, check_el, stream)
+            out = cp.empty(2 * m, cp.int64)
+            self._edges_at(cp.asarray(q), m, check_el, stream, out)
         return out[:m], out[m:]
 
-    def _edges_at(self, q: cp.ndarray, m: int, check_el, stream) -> cp.ndarray:
-        """Positions then labels in one device buffer; q: the rows a, b, T, el on the device."""
+    def _edges_at(self, q: cp.ndarray, m: int, check_el, stream, out) -> None:
+        """Positions then labels in out (2 m int64: an array, or its address); q: the rows a, b,
+        T, el on the device."""
         with stream, self.swap:  # a reader on another stream takes the view under swap
-            out = cp.empty(2 * m, cp.int64)
             _launch("mvg_edges_at", m, (self.view(), i64(m), q, np.int32(check_el), out))
-        return out
 
     def live_edge_labels(self, a, b) -> np.ndarray:
         """Label of the edge {a, b} now, -1 where there is none (int32)."""

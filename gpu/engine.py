@@ -132,7 +132,10 @@ class GpuEngine(ContinuousEngine):
         self._labels = g0.labels.get() if on_device else np.array(g0.labels, np.int32)
         self._n = g0.n
         self._applied: dict[int, cp.cuda.Event] = {}  # first_seq of an applied batch -> its event
+        # events the executor has waited for, recorded again by later batches (no creation per batch)
+        self._spare: list[cp.cuda.Event] = []
         self._freed: list = []  # released tokens not yet returned to the pool
+        self._waiting = 0  # the versions they hold, at most
         self._events = threading.Lock()
 
     def apply(self, batch: UpdateBatch):
@@ -143,12 +146,15 @@ class GpuEngine(ContinuousEngine):
                     raise RuntimeError(f"device MVG gave vertex id {first}, the sequencer {batch.first_vertex}")
                 self._add_labels(batch.new_labels)
             token = self.mvg.apply(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
-            event = self.mvg.stream.record()
             with self._events:
+                event = self._spare.pop() if self._spare else cp.cuda.Event(disable_timing=True)
+                event.record(self.mvg.stream)
                 if len(self._applied) > 256:  # batches nobody submitted (no query registered)
                     self._applied.pop(next(iter(self._applied)))
                 self._applied[batch.first_seq] = event
-            return [(token, token.replaced_at)] if token.count else []
+            # a pending token's replaced_at is not known yet: the batch's last timestamp releases it
+            # once the batch has finished (batches finish whole), never before its own would
+            return [(token, batch.end_seq - 1)] if token.pending else [(token, token.replaced_at)] if token.count else []
 
     def _add_labels(self, labels) -> None:
         """Append to the host labels; a reader keeps a valid prefix (the array is swapped, not resized)."""
@@ -168,12 +174,14 @@ class GpuEngine(ContinuousEngine):
         versions as for thousands."""
         with self._writing:
             self._freed += tokens
-            if sum(t.count for t in self._freed) >= RELEASE_VERSIONS:
+            # a pending token counts the most it may hold: its count would wait for its batch
+            self._waiting += sum(t.at_most for t in tokens)
+            if self._waiting >= RELEASE_VERSIONS:
                 self._return_freed()
 
     def _return_freed(self) -> None:
         self.mvg.release(self._freed)
-        self._freed = []
+        self._freed, self._waiting = [], 0
 
     def live_edge_labels(self, a, b):
         with self._writing:
@@ -196,6 +204,8 @@ class GpuEngine(ContinuousEngine):
             applied = [self._applied.pop(s) for s in done]
         # an event dropped above: wait for everything applied so far (safe, overlaps less)
         self.executor.stream.wait_event(applied[-1] if applied else self.mvg.stream.record())
+        with self._events:  # a wait holds the event's state at the call: it may be recorded again
+            self._spare += applied
         return Done(self.executor.run(self.mvg, batch, queries, self._labels))
 
     def stats(self) -> EngineStats:

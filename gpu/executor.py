@@ -9,10 +9,11 @@ its own table (the anchor's) and timestamp; counts come back per seed and are su
 ends with its seed) with pause and resume: no match is dropped.
 
 Host work per batch is a few numpy calls whatever the number of queries: the anchors of
-all registered queries are one sorted table keyed by (label of x, label of y, edge label),
-and an update finds its anchors by binary search in it. The device gets one upload (the
-seeds, which the kernel reads as they are) and gives one read-back (counts and the
-launch's control words together) for count-only queries, both through pinned buffers.
+all registered queries are two sorted tables (searched anchors, two-vertex ones) keyed by
+(label of x, label of y, edge label), and an update finds its anchors by binary search in
+them. The device gets one upload (the seeds, which the kernel reads as they are, followed by
+the launch's control words and per-seed counts, zeroed) and gives one read-back (control
+words and counts together) for count-only queries, both through one pinned buffer.
 Two-vertex queries need no search: every seed is a match.
 """
 
@@ -38,6 +39,9 @@ _SEQ_BITS = 40  # (query, seq) in one int64 key: sequence numbers stay below 2^4
 # 2:200 99 (10.2, 10.2), 1:200 55 (10.1, 10.0), 1:150 55 (8.1, 8.9), 1:100 68 (5.9, 6.7).
 EX_TUNING = dict(max_blocks_per_sm=1, offload_us=100.0)
 MAX_SEEDS = 1 << 20  # seeds searched in one launch sequence: bounds its buffers (48 bytes a seed)
+# Up to this many updates, a batch's anchor keys come from a dict, side by side: a look-up costs
+# a fraction of a microsecond, the vectorized keys some 30 numpy calls of about one each.
+FEW_UPDATES = 32
 
 
 class PreparedQuery:
@@ -66,10 +70,28 @@ def _index(values: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.where(values[i] == x, i, -1)
 
 
+class _Anchors:
+    """One group's anchors of one kind (searched, or two-vertex: their seed is their match),
+    sorted by key: the anchors of key k are order[first[k]:first[k + 1]]."""
+
+    def __init__(self, key: np.ndarray, tables: np.ndarray, n_keys: int):
+        by_key = np.argsort(key, kind="stable")
+        self.order = tables[by_key]
+        self.first = np.searchsorted(key[by_key], np.arange(n_keys + 2))  # the key of a misfit (n_keys) has none
+
+    def seeds(self, key, src, dst, seq):
+        """(a, b, seq, table) of the seeds of the update sides (src, dst, seq) whose key is `key`."""
+        lo = self.first[key]
+        cnt = self.first[key + 1] - lo
+        u = np.repeat(np.arange(len(key)), cnt)
+        at = np.arange(len(u)) + np.repeat(lo - np.cumsum(cnt) + cnt, cnt)  # lo[u] + rank within the key
+        return src[u], dst[u], seq[u], self.order[at]
+
+
 class _Group:
     """The queries of one kind (count-only or materialized) as the kernel sees them: their
-    tables on the device, and every anchor in one table sorted by its key. Built when the
-    registered queries change, reused for every batch until then."""
+    tables on the device, and their anchors keyed by (label of x, label of y, edge label).
+    Built when the registered queries change, reused for every batch until then."""
 
     def __init__(self, queries: list[PreparedQuery]):
         self.queries = queries
@@ -85,33 +107,40 @@ class _Group:
         self.tables, self.el = cp.asarray(tables), cp.asarray(cat([pq.el for pq in queries]))
         lx, ly, ael = cat([pq.lx for pq in queries]), cat([pq.ly for pq in queries]), cat([pq.anchor_el for pq in queries])
         self.labels, self.elabels = np.unique(cat([lx, ly])), np.unique(ael)
-        key = self._key(_index(self.labels, lx), _index(self.labels, ly), _index(self.elabels, ael))
-        self.order = np.argsort(key, kind="stable")
-        # anchors of key k: order[first[k]:first[k + 1]]; the key of a misfit (n_keys) has none
         n_keys = len(self.labels) ** 2 * len(self.elabels)
-        self.first = np.searchsorted(key[self.order], np.arange(n_keys + 2))
+        key = self._key(_index(self.labels, lx), _index(self.labels, ly), _index(self.elabels, ael))
+        pair = self.size == 2
+        self.searched = _Anchors(key[~pair], np.flatnonzero(~pair), n_keys)
+        self.pairs = _Anchors(key[pair], np.flatnonzero(pair), n_keys)
+        self.key_of = dict(zip(zip(lx.tolist(), ly.tolist(), ael.tolist()), key.tolist()))
+        self.misfit = n_keys  # the key of a side no anchor fits
 
     def _key(self, ix, iy, ie):
         nl, ne = len(self.labels), len(self.elabels)
         return np.where((ix >= 0) & (iy >= 0) & (ie >= 0), (ix * nl + iy) * ne + ie, nl * nl * ne)
 
-    def seeds(self, batch: UpdateBatch, labels: np.ndarray):
-        """(a, b, seq, table) of every seed of the batch: each update against each anchor its
-        (label, label, edge label) fits, in both orientations."""
+    def sides(self, batch: UpdateBatch, labels: np.ndarray):
+        """(key, src, dst, seq) of the batch's updates seen from both ends (a -> x then b -> x);
+        None when no endpoint pair fits any anchor."""
         ea, eb = np.asarray(batch.edge_a, np.int64), np.asarray(batch.edge_b, np.int64)
-        ia, ib = _index(self.labels, labels[ea]), _index(self.labels, labels[eb])
-        if not ((ia >= 0) & (ib >= 0)).any():  # no endpoint pair any anchor can take
-            return [np.zeros(0, np.int64)] * 4
+        src = np.concatenate((ea, eb))
+        k = len(ea)
+        if k <= FEW_UPDATES:
+            lab, el = labels[src].tolist(), np.asarray(batch.edge_label).tolist()
+            get, misfit = self.key_of.get, self.misfit
+            key = [get(t, misfit) for t in zip(lab, lab[k:] + lab[:k], el + el)]
+            if key.count(misfit) == len(key):
+                return None
+            key = np.array(key)
+        else:
+            isrc = _index(self.labels, labels[src])
+            idst = np.concatenate((isrc[k:], isrc[:k]))
+            if not ((isrc >= 0) & (idst >= 0)).any():
+                return None
+            ie = _index(self.elabels, np.asarray(batch.edge_label, np.int64))
+            key = self._key(isrc, idst, np.concatenate((ie, ie)))
         seq = np.asarray(batch.edge_seq, np.int64)
-        ie = _index(self.elabels, np.asarray(batch.edge_label, np.int64))
-        parts = []
-        for src, dst, key in ((ea, eb, self._key(ia, ib, ie)), (eb, ea, self._key(ib, ia, ie))):
-            lo = self.first[key]
-            cnt = self.first[key + 1] - lo
-            u = np.repeat(np.arange(len(key)), cnt)
-            within = np.arange(len(u)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-            parts.append((src[u], dst[u], seq[u], self.order[lo[u] + within]))
-        return [np.concatenate(c) for c in zip(*parts)]
+        return key, src, np.concatenate((eb, ea)), np.concatenate((seq, seq))
 
 
 class Executor:
@@ -124,7 +153,8 @@ class Executor:
         self._groups: dict[tuple, _Group] = {}
         self._shapes: dict[int, tuple[int, int]] = {}  # depth -> (shared bytes, blocks) of match_at
         self._state = cp.empty(0, cp.uint64)  # the warps' stacks, reused from batch to batch
-        self._seeds, self._counts = Staging(), Staging()  # the upload and the read-back of a search
+        self._seeds = Staging()  # a search's one upload, and its read-back
+        self._match_at = kernel("matcher", "match_at")
 
     def prepare(self, query: ContinuousQuery) -> PreparedQuery:
         return PreparedQuery(query)
@@ -153,27 +183,30 @@ class Executor:
         return out
 
     def _matches(self, mvg, grp: _Group, batch: UpdateBatch, labels, emit: bool) -> dict[str, Matches]:
-        a, b, seq, tab = grp.seeds(batch, labels)
-        if not len(seq):
+        sides = grp.sides(batch, labels)
+        if sides is None:
             return {}
-        big = grp.size[tab] > 2  # a two-vertex anchor's seed is its match
-        counts = np.ones(len(seq), np.int64)
+        a, b, seq, tab = grp.searched.seeds(*sides)
+        counts = np.empty(len(seq), np.int64)
         found = []  # (rows, seed) from the search
-        big_seeds = np.flatnonzero(big)
-        for at in range(0, len(big_seeds), MAX_SEEDS):
-            which = big_seeds[at: at + MAX_SEEDS]
-            counts[which], rows = self._search(mvg, grp, a[which], b[which], seq[which], tab[which], emit)
-            found += [(r, which[seed]) for r, seed in rows]
-        query = grp.tab_query[tab]
+        for at in range(0, len(seq), MAX_SEEDS):
+            end = at + MAX_SEEDS
+            counts[at:end], rows = self._search(mvg, grp, a[at:end], b[at:end], seq[at:end], tab[at:end], emit)
+            found += [(r, at + seed) for r, seed in rows]
+        # a two-vertex anchor's seed is its match
+        pa, pb, pseq, ptab = grp.pairs.seeds(*sides) if len(grp.pairs.order) else (np.zeros(0, np.int64),) * 4
         if not emit:
-            return _count_matches(grp.queries, query, seq, counts)
-        two = np.flatnonzero(~big)
-        rows2 = np.zeros((len(two), grp.nmax), np.int32)
-        r = np.arange(len(two))
-        rows2[r, grp.x[tab[two]]], rows2[r, grp.y[tab[two]]] = a[two], b[two]
-        rows = [rows2] + [r[:, : grp.nmax] for r, _ in found]
-        seeds = np.concatenate([two] + [s for _, s in found])
-        return _row_matches(grp.queries, query[seeds], seq[seeds], np.concatenate(rows))
+            if len(ptab):
+                tab, seq = np.concatenate((tab, ptab)), np.concatenate((seq, pseq))
+                counts = np.concatenate((counts, np.ones(len(ptab), np.int64)))
+            return _count_matches(grp.queries, grp.tab_query[tab], seq, counts)
+        rows2 = np.zeros((len(ptab), grp.nmax), np.int32)
+        r = np.arange(len(ptab))
+        rows2[r, grp.x[ptab]], rows2[r, grp.y[ptab]] = pa, pb
+        seeds = [s for _, s in found]
+        return _row_matches(grp.queries, grp.tab_query[np.concatenate([ptab] + [tab[s] for s in seeds])],
+                            np.concatenate([pseq] + [seq[s] for s in seeds]),
+                            np.concatenate([rows2] + [r[:, : grp.nmax] for r, _ in found]))
 
     def _shape(self, fn, depth: int) -> tuple[int, int]:
         """match_at's shared memory and grid for queries of that depth, worked out once: the grid
@@ -186,21 +219,25 @@ class Executor:
         return self._shapes[depth]
 
     def _search(self, mvg, grp: _Group, a, b, seq, tab, emit: bool):
-        """Search the seeds: (matches per seed, [(rows, seed index) per drain])."""
+        """Search the seeds: (matches per seed, valid until the next search; [(rows, seed index)
+        per drain])."""
         S = len(seq)
-        fn = kernel("matcher", "match_at")
+        fn = self._match_at
         smem, blocks = self._shape(fn, grp.nmax)
         tn = self.tuning
         found = []
-        host = self._seeds.host_view(4 * S).reshape(4, S)  # the rows match_at reads: a, b, T, table
-        host[0], host[1], host[2], host[3] = a, b, seq, tab
+        # the rows match_at reads (a, b, T, table), then its control words and the count of each
+        # seed, zeroed by the same upload (no allocation, no memset)
+        host = self._seeds.host_view(5 * S + 8)
+        staged = host[: 4 * S].reshape(4, S)
+        staged[0], staged[1], staged[2], staged[3] = a, b, seq, tab
+        host[4 * S:] = 0
         with self.stream:
             if self._queue is None:
                 self._queue = cp.empty(tn.queue_tasks * structs().task, cp.uint8)
                 self._ready = cp.zeros(tn.queue_tasks, cp.int32)
-            seeds = self._seeds.upload(4 * S, self.stream)  # the one upload
-            buf = cp.zeros(8 + S, cp.uint64)  # the control words, then the count of each seed
-            ctl, counts = buf[:8], buf[8:]
+            seeds = self._seeds.upload(5 * S + 8, self.stream)  # the one upload
+            ctl, counts = (np.uint64(seeds.data.ptr + 8 * at) for at in (4 * S, 4 * S + 8))  # u64* arguments
             words = blocks * WARPS_PER_BLOCK * _warp_words(grp.nmax)
             if len(self._state) < words:  # a batch's launches end before the next batch's (its read-backs)
                 self._state = cp.empty(words, cp.uint64)
@@ -215,21 +252,22 @@ class Executor:
                         ctl, self._queue, self._ready, i64(tn.queue_tasks), state, counts, i32(resume), i32(emit),
                         out, i64(out_cap), i64(0), i64(int(tn.offload_us * 1e3))), shared_mem=smem)
                 if not emit:
-                    host = self._counts.download(buf, 8 + S, self.stream)
-                    if host[CTL_STOP]:
-                        raise RuntimeError(f"match_at stopped early ({int(host[CTL_STOP])})")
-                    return host[8:].copy(), found
-                c = ctl.get()
+                    back = self._seeds.read_back(4 * S, 8 + S, self.stream)
+                    if back[CTL_STOP]:
+                        raise RuntimeError(f"match_at stopped early ({int(back[CTL_STOP])})")
+                    return back[8:], found
+                c = self._seeds.read_back(4 * S, 8, self.stream)
                 if c[CTL_OUTN]:
                     k = int(c[CTL_OUTN])
                     rows = out[: k * grp.width].reshape(k, grp.width).get()
                     found.append((rows, rows[:, -1].astype(np.int64)))
                 if c[CTL_STOP] == 0:
-                    return counts.get().astype(np.int64), found
+                    return self._seeds.read_back(4 * S + 8, S, self.stream), found
                 if c[CTL_STOP] != STOP_FULL:
                     raise RuntimeError(f"match_at stopped early ({int(c[CTL_STOP])})")
-                ctl[CTL_IDLE:CTL_OUTN + 1] = 0
-                ctl[CTL_STARTED] = 0
+                # the next launch's per-launch words: idle, stop, out rows, started
+                seeds[4 * S + CTL_IDLE: 4 * S + CTL_OUTN + 1] = 0
+                seeds[4 * S + CTL_STARTED] = 0
                 resume = True
 
 
@@ -248,19 +286,24 @@ def _by_query(query: np.ndarray):
     return zip(present, np.split(order, starts[1:]))
 
 
+def _runs(x: np.ndarray) -> list[int]:
+    """Start of each run of equal items in x, then len(x)."""
+    return np.flatnonzero(np.r_[True, x[1:] != x[:-1]]).tolist() + [len(x)]
+
+
 def _count_matches(queries, query, seq, counts) -> dict[str, Matches]:
     """Per query, the updates with matches and their numbers (exact int64 sums)."""
-    hit = counts > 0
+    hit = np.flatnonzero(counts)
+    if not len(hit):
+        return {}
     key = (query[hit].astype(np.int64) << _SEQ_BITS) | seq[hit]
     order = np.argsort(key, kind="stable")
-    key, c = key[order], counts[hit][order]
-    if not len(key):
-        return {}
-    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    key, c = key[order], counts[hit[order]]
+    first = _runs(key)[:-1]
     ukey, sums = key[first], np.add.reduceat(c, first)
-    uq = ukey >> _SEQ_BITS
-    return {queries[qi].name: Matches(ukey[pos] & ((1 << _SEQ_BITS) - 1), counts=sums[pos])
-            for qi, pos in _by_query(uq)}
+    uq, useq = ukey >> _SEQ_BITS, ukey & ((1 << _SEQ_BITS) - 1)
+    runs = _runs(uq)  # ukey is sorted: each query's updates are one run
+    return {queries[uq[lo]].name: Matches(useq[lo:hi], counts=sums[lo:hi]) for lo, hi in zip(runs, runs[1:])}
 
 
 def _row_matches(queries, query, seq, rows) -> dict[str, Matches]:

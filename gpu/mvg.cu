@@ -27,8 +27,9 @@
     extern "C" __global__ void name params { name##_step args; }  \
     __device__ __forceinline__ void name##_step params
 
-// counters of an applied batch, read back by the host once per batch
-enum { S_NEW, S_REPLACED, S_EMPTY, S_REPLACED_AT, S_FRESH, S_FRESH_ENTRIES, S_COPY, S_COUNT };
+// counters of an applied batch, read back by the host once per batch (device_mvg.py parses
+// this enum). S_MAX_SIZE: the largest new version, which bounds a later batch's allocation.
+enum { S_NEW, S_REPLACED, S_EMPTY, S_REPLACED_AT, S_FRESH, S_FRESH_ENTRIES, S_COPY, S_MAX_SIZE, S_COUNT };
 
 __device__ __forceinline__ int size_class(i64 size) {
     if (!size) return 0;
@@ -233,6 +234,7 @@ GU_STEP(gu_plan, (MVGView g, i64 R, const i64* keys, const int* seg, const int* 
         s_ndel[s] = (r1 - first[s]) - n_ins;
         req[s] = (i64)size_class(size) << 32 | s;
         atomicAdd((unsigned long long*)(stats + S_NEW), 1ull);
+        atomicMax(stats + S_MAX_SIZE, (i64)size);
         if (old >= 0) {
             atomicAdd((unsigned long long*)(stats + (g.v_cls[old] ? S_REPLACED : S_EMPTY)), 1ull);
             atomicMax(stats + S_REPLACED_AT, ts0[s]);
@@ -450,9 +452,12 @@ GU_STEP(gu_publish, (MVGView g, i64 n_new, const i64* req, const i64* keys, cons
 // A batch of at most GU_SMALL_ROWS rows (GU_SMALL_ROWS / 2 ops) is applied by two one-block
 // kernels that run the steps above in order, with block-wide sorts and prefix sums between
 // them: two launches instead of about twenty, which is most of a small batch's cost on the
-// host. gu_small_plan does everything up to the allocation, the host reads the counters back
-// (to grow the pool), gu_small_write copies, merges and publishes. Their scratch arrays are
-// carved from one arena of GU_SMALL_ARENA words that the host allocates once.
+// host. small_plan does everything up to the allocation, small_write copies, merges and
+// publishes. Where the host could make room for the batch's worst case beforehand
+// (DeviceMVG._apply_small), gu_small_apply runs both and the host reads the counters later;
+// else gu_small_plan and gu_small_write run them with the counters read back in between.
+// Their scratch arrays are carved from one arena of GU_SMALL_ARENA words that the host
+// allocates once.
 #define GU_SMALL_ROWS 4096
 #define GU_SMALL_THREADS 1024
 #define GU_SMALL_ARENA (15 * GU_SMALL_ROWS + 6 * (GU_SMALL_ROWS + 1))
@@ -479,11 +484,9 @@ extern "C" __global__ void gu_small_layout(i64* out) {
 }
 
 // sort_free > 0: the free list's first sort_free keys are sorted first (at most GU_SMALL_ROWS).
-extern "C" __global__ void __launch_bounds__(GU_SMALL_THREADS)
-gu_small_plan(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, i64* stats, i64* free_keys, i64 n_free,
-              i64 sort_free, i64 n_versions, i64 bump) {
-    __shared__ i64 sh[GU_SMALL_ROWS];
-    const GuSmall s(arena);
+__device__ __forceinline__ void small_plan(const MVGView& g, i64 R, i64 k, const i64* batch, const GuSmall& s,
+                                           i64* stats, i64* free_keys, i64 n_free, i64 sort_free, i64 n_versions,
+                                           i64 bump, i64* sh) {
     gu_keys_step(k, batch, s.keys, stats);
     __syncthreads();
     block_sort(s.keys, R, sh);
@@ -507,15 +510,13 @@ gu_small_plan(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, i64* stats,
                   s.q_vid, s.q_start, s.q_old);
     __syncthreads();
     gu_stats_step(R, s.ends, stats);
+    __syncthreads();
 }
 
 // live, incl: room for stats[S_COPY] + 1 items; vids: room for stats[S_NEW] (the replaced
 // versions, for the GC).
-extern "C" __global__ void __launch_bounds__(GU_SMALL_THREADS)
-gu_small_write(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, const i64* stats, i64 n_ins, int* live,
-               i64* incl, int* vids) {
-    __shared__ i64 sh[GU_SMALL_ROWS];
-    const GuSmall s(arena);
+__device__ __forceinline__ void small_write(const MVGView& g, i64 R, i64 k, const i64* batch, const GuSmall& s,
+                                            const i64* stats, i64 n_ins, int* live, i64* incl, int* vids, i64* sh) {
     const i64 n_new = stats[S_NEW], total = stats[S_COPY], *old_end = s.ends + 2 * R;
     gu_versions_step(g, n_new, s.req, s.q_vid, s.q_start, s.ts0, s.s_old, s.s_size, s.s_ndel);
     gu_ins_keys_step(g, R, k, batch, s.keys, s.pair, s.owner);
@@ -534,6 +535,33 @@ gu_small_write(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, const i64*
     __syncthreads();
     gu_publish_step(g, n_new, s.req, s.keys, s.row0, s.ts0, s.q_vid, s.q_old);
     for (i64 j = threadIdx.x; j < n_new; j += blockDim.x) vids[j] = s.q_old[j];
+}
+
+extern "C" __global__ void __launch_bounds__(GU_SMALL_THREADS)
+gu_small_plan(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, i64* stats, i64* free_keys, i64 n_free,
+              i64 sort_free, i64 n_versions, i64 bump) {
+    __shared__ i64 sh[GU_SMALL_ROWS];
+    small_plan(g, R, k, batch, GuSmall(arena), stats, free_keys, n_free, sort_free, n_versions, bump, sh);
+}
+
+extern "C" __global__ void __launch_bounds__(GU_SMALL_THREADS)
+gu_small_write(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, const i64* stats, i64 n_ins, int* live,
+               i64* incl, int* vids) {
+    __shared__ i64 sh[GU_SMALL_ROWS];
+    small_write(g, R, k, batch, GuSmall(arena), stats, n_ins, live, incl, vids, sh);
+}
+
+// Both in one launch, where the host made room for the batch's worst case beforehand; the
+// counters are also written to `out` (pinned host memory: the host reads them later, with no
+// copy to enqueue).
+extern "C" __global__ void __launch_bounds__(GU_SMALL_THREADS)
+gu_small_apply(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, i64* stats, i64* free_keys, i64 n_free,
+               i64 sort_free, i64 n_versions, i64 bump, i64 n_ins, int* live, i64* incl, int* vids, i64* out) {
+    __shared__ i64 sh[GU_SMALL_ROWS];
+    const GuSmall s(arena);
+    small_plan(g, R, k, batch, s, stats, free_keys, n_free, sort_free, n_versions, bump, sh);
+    if (threadIdx.x < S_COUNT) out[threadIdx.x] = stats[threadIdx.x];
+    small_write(g, R, k, batch, s, stats, n_ins, live, incl, vids, sh);
 }
 
 // ---- garbage collection -----------------------------------------------------------------------

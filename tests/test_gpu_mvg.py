@@ -185,24 +185,31 @@ def check(mvg: MultiVersionGraph, dm, st: Stream, rng: np.random.Generator, t_lo
 
 
 @pytest.mark.parametrize("seed", range(NUM_STREAMS), ids=lambda s: f"seed{s}")
-def test_random_stream_matches_cpu_mvg(seed):
+def test_random_stream_matches_cpu_mvg(seed, monkeypatch):
     rnd = random.Random(seed)
     size = BATCH_SIZES[seed % len(BATCH_SIZES)]
     st = Stream(rnd, rnd.randint(30, 300), rnd.randint(1, 4), rnd.randint(1, 3))
     g = st.graph()
-    # the fused small-batch kernels and the multi-kernel path, each on half of the seeds
+    # the fused small-batch kernels and the multi-kernel path, each on half of the seeds; of the
+    # fused half, half may not grow the pool for a batch's worst case (hubs then take the path
+    # that reads the counters between the two launches)
+    if seed % 8 in (2, 3):
+        monkeypatch.setattr("csmd.gpu.device_mvg.DEFER_GROWTH", 0)
     mvg, dm = MultiVersionGraph(g), device_mvg(g, fused=seed % 8 < 4)
     gc = GarbageCollector()
     rng = np.random.default_rng(seed)
     firsts, released = [], 0
+    held = []  # odd seeds read a token only after the next batch is applied (a deferred one settles then)
     for _ in range(OPS[size] // size):
         for lab in st.new_vertices():
             mvg.add_vertices(np.array([lab], np.int32))
             assert dm.add_vertices([lab]) == mvg.n - 1
         ops = st.batch(size)
         firsts.append(int(ops[0][0]))
-        replaced = mvg.apply(*ops)
-        token = dm.apply(*ops)
+        held.append((dm.apply(*ops), mvg.apply(*ops)))
+        if seed % 2 and len(held) < 2:
+            continue
+        token, replaced = held.pop(0)
         assert token.count == len(replaced)
         if token.count:
             assert token.replaced_at == max(at for _, at in replaced)
@@ -212,8 +219,10 @@ def test_random_stream_matches_cpu_mvg(seed):
         free = gc.finished(gc.pointer, t_lo)
         dm.release(free)
         released += sum(t.count for t in free)
-        assert dm.live_versions == mvg.v_vertex.n - released
+        if not seed % 2:  # (this settles the newest token)
+            assert dm.live_versions == mvg.v_vertex.n - released
         check(mvg, dm, st, rng, t_lo, ops)
+    assert dm.live_versions == mvg.v_vertex.n - released
 
 
 # ---- memory over a long stream -------------------------------------------------------------------------
