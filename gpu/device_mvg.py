@@ -38,10 +38,6 @@ S_NEW, S_REPLACED, S_EMPTY, S_REPLACED_AT, S_FRESH, S_FRESH_ENTRIES, S_COPY, S_M
 # A small batch's allocation may grow the pool by this many entries (and its copy space as many)
 # towards room for its worst case, so that its counters need not be read back before its copy.
 DEFER_GROWTH = 1 << 20
-# Room the pool starts with beyond the initial graph (or half of it, if more): the first large
-# batch of a small graph would otherwise grow the pool, a device-wide sync, inside its apply.
-# 64K versions and 1M entries: some 31 MB.
-SPARE_VERSIONS, SPARE_ENTRIES = 1 << 16, 1 << 20
 _FORMATS = {"int*": np.uint64, "i64*": np.uint64, "i64": np.int64}
 
 
@@ -211,7 +207,7 @@ class DeviceMVG:
             self.labels = _grown(labels.astype(cp.int32), vcap, 0)
             self.cur = cp.full(vcap, -1, cp.int32)
             self.n_versions = n
-            vcap = max(2 * n, n + SPARE_VERSIONS)
+            vcap = max(2 * n, 1024)
             self.v_ct_min, self.v_dt_max, self.v_start, self.v_ct_hi = (cp.empty(vcap, cp.int64) for _ in range(4))
             self.v_prev, self.v_size, self.v_cls, self.v_live = (cp.empty(vcap, cp.int32) for _ in range(4))
             # free list: keys class << 32 | vid; the first n_keys hold the n_free free versions and
@@ -242,7 +238,7 @@ class DeviceMVG:
             cap_end = cp.cumsum(cap[:n], dtype=cp.int64)
             self.bump = int(cap_end[-1]) if n else 0
             self.max_size = int(cp.diff(indptr).max()) if n else 0  # the largest version ever made
-            size = self.bump + max(self.bump // 2, SPARE_ENTRIES)
+            size = self.bump + self.bump // 2 + 4096
             self.e_nbr, self.e_lab, self.e_el = (cp.empty(size, cp.int32) for _ in range(3))
             self.e_ct, self.e_dt = (cp.empty(size, cp.int64) for _ in range(2))
             self._view = None

@@ -157,23 +157,11 @@ class Executor:
         self._match_at = kernel("matcher", "match_at")
 
     def prepare(self, query: ContinuousQuery) -> PreparedQuery:
-        """The query's tables; and what its first search would otherwise do inside a batch: read
-        the device's attributes for the grid, make the task queue and the warps' stacks."""
+        """The query's tables, and match_at's grid for its depth: reading the device's attributes
+        would otherwise be the first batch's."""
         pq = PreparedQuery(query)
-        _, blocks = self._shape(self._match_at, pq.n)
-        with self.stream:
-            self._buffers(blocks * WARPS_PER_BLOCK * _warp_words(pq.n))
+        self._shape(self._match_at, pq.n)
         return pq
-
-    def _buffers(self, words: int) -> None:
-        """The task queue, and stacks of at least `words` for the warps (reused from batch to
-        batch: a batch's launches end before the next batch's, at its read-backs)."""
-        tn = self.tuning
-        if self._queue is None:
-            self._queue = cp.empty(tn.queue_tasks * structs().task, cp.uint8)
-            self._ready = cp.zeros(tn.queue_tasks, cp.int32)
-        if len(self._state) < words:
-            self._state = cp.empty(words, cp.uint64)
 
     def _group(self, queries: list[PreparedQuery]) -> _Group:
         key = tuple(id(pq) for pq in queries)
@@ -249,9 +237,14 @@ class Executor:
         staged[0], staged[1], staged[2], staged[3] = a, b, seq, tab
         host[4 * S:] = 0
         with self.stream:
+            if self._queue is None:
+                self._queue = cp.empty(tn.queue_tasks * structs().task, cp.uint8)
+                self._ready = cp.zeros(tn.queue_tasks, cp.int32)
             seeds = self._seeds.upload(5 * S + 8, self.stream)  # the one upload
             ctl, counts = (np.uint64(seeds.data.ptr + 8 * at) for at in (4 * S, 4 * S + 8))  # u64* arguments
-            self._buffers(blocks * WARPS_PER_BLOCK * _warp_words(grp.nmax))
+            words = blocks * WARPS_PER_BLOCK * _warp_words(grp.nmax)
+            if len(self._state) < words:  # a batch's launches end before the next batch's (its read-backs)
+                self._state = cp.empty(words, cp.uint64)
             state = self._state
             out_cap = max(32, tn.out_rows) if emit else 0
             out = cp.empty(out_cap * grp.width, cp.int32) if emit else or_dummy(None)
