@@ -36,39 +36,48 @@ class DeltaEncoder:
         return self._ext
 
     def encode(self, result) -> list[tuple[str, pa.RecordBatch, list[tuple]]]:
-        """(query, record batch, origins in it) for every query with deltas in this batch."""
-        out = []
+        """(query, record batch, origins in it) for every query with deltas in this batch: slices
+        of one record batch, since building one costs more than its rows for the few deltas a
+        query has per batch."""
+        parts = [d for d in result.deltas if len(d.seq)]
+        if not parts:
+            return []
         record_of = result.batch.record_of
-        for d in result.deltas:
-            k = len(d.seq)
-            if not k:
-                continue
-            recs = [record_of[s] for s in d.seq.tolist()]
-            origins = [r.origin for r in recs]
-            # index: position within each run of equal origins, continuing the previous batch's run
-            starts = np.flatnonzero([i == 0 or origins[i] != origins[i - 1] for i in range(k)])
-            index = np.arange(k, dtype=np.int64) - np.repeat(starts, np.diff(np.append(starts, k)))
+        bounds = np.cumsum([0] + [len(d.seq) for d in parts])
+        n = int(bounds[-1])
+        seq = np.concatenate([d.seq for d in parts])
+        recs = [record_of[s] for s in seq.tolist()]
+        origins = [r.origin for r in recs]
+        # index: position within each run of equal origins of a query, continuing the run that
+        # the query's previous batch ended with
+        new = np.ones(n, bool)
+        new[1:] = [origins[i] != origins[i - 1] for i in range(1, n)]
+        new[bounds[:-1]] = True
+        starts = np.flatnonzero(new)
+        index = np.arange(n, dtype=np.int64) - np.repeat(starts, np.diff(np.append(starts, n)))
+        runs = np.searchsorted(starts, bounds)  # the query's runs: starts[runs[i]:runs[i + 1]]
+        for i, d in enumerate(parts):
+            lo, hi = bounds[i], bounds[i + 1]
             last_origin, carry = self._last.get(d.name, (None, 0))
-            if origins[0] == last_origin:
-                index[: (starts[1] if len(starts) > 1 else k)] += carry
-            self._last[d.name] = (origins[-1], int(index[-1]) + 1)
-            if d.rows is not None:
-                vertices = vertex_lists(self.ext_ids(), d.rows, self.id_type)
-                count = np.ones(k, np.int64)
-            else:  # count-only: one row per update, its number of matches
-                vertices = pa.array([[]] * k, pa.list_(self.id_type))
-                count = d.counts
-            batch = pa.record_batch([
-                pa.array([d.name] * k, pa.string()),
-                pa.array(d.sign, pa.int8()),
-                pa.array(d.seq, pa.int64()),
-                pa.array([r.source for r in recs], pa.string()),
-                vertices,
-                pa.array(count, pa.int64()),
-                pa.array([o[0] for o in origins], pa.string()),
-                pa.array([o[1] for o in origins], pa.int32()),
-                pa.array([o[2] for o in origins], pa.int64()),
-                pa.array(index, pa.int64()),
-            ], schema=self.schema)
-            out.append((d.name, batch, [origins[i] for i in starts.tolist()]))
-        return out
+            if origins[lo] == last_origin:
+                index[lo: starts[runs[i] + 1] if runs[i] + 1 < runs[i + 1] else hi] += carry
+            self._last[d.name] = (origins[hi - 1], int(index[hi - 1]) + 1)
+        vertices = pa.concat_arrays([
+            vertex_lists(self.ext_ids(), d.rows, self.id_type) if d.rows is not None
+            else pa.array([[]] * len(d.seq), pa.list_(self.id_type)) for d in parts])
+        names = np.array([d.name for d in parts], dtype=object)
+        batch = pa.record_batch([
+            pa.array(np.repeat(names, np.diff(bounds)), pa.string()),
+            pa.array(np.concatenate([d.sign for d in parts]), pa.int8()),
+            pa.array(seq, pa.int64()),
+            pa.array([r.source for r in recs], pa.string()),
+            vertices,
+            pa.array(np.concatenate([np.ones(len(d.seq), np.int64) if d.rows is not None else d.counts
+                                     for d in parts]), pa.int64()),
+            pa.array([o[0] for o in origins], pa.string()),
+            pa.array([o[1] for o in origins], pa.int32()),
+            pa.array([o[2] for o in origins], pa.int64()),
+            pa.array(index, pa.int64()),
+        ], schema=self.schema)
+        return [(d.name, batch.slice(bounds[i], bounds[i + 1] - bounds[i]),
+                 [origins[j] for j in starts[runs[i]: runs[i + 1]].tolist()]) for i, d in enumerate(parts)]
