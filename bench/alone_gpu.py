@@ -24,12 +24,9 @@ from csmd.engines import continuous_engine
 from csmd.model.formats import read_graph, read_query
 from csmd.pipeline.stages import Pipeline
 
+from replay_gpu import expected_counts
+
 BATCH = 4096
-
-
-def expected(root: Path) -> dict[str, int]:
-    text = (root / "expected_insert_counts.txt").read_text()
-    return {k.strip(): int(v) for k, v in (line.split(":") for line in text.splitlines() if line.strip())}
 
 
 def run(g0, items, name, q, spans=None, sync_apply=False):
@@ -109,7 +106,7 @@ def main() -> None:
     root = args.datasets / "human"
     g0 = read_graph(root / "data.graph")
     items = read_stream(root / "insertion.graph")
-    exp = expected(root)
+    exp = expected_counts(root / "expected_insert_counts.txt")
     names = [f"Q_{x}" for x in args.queries.split(",")]
     qs = {n: read_query(root / "queries" / f"{n}.graph") for n in names}
     run(g0, items, names[0], qs[names[0]])  # compile and load the kernels
