@@ -37,6 +37,10 @@ _SEQ_BITS = 40  # (query, seq) in one int64 key: sequence numbers stay below 2^4
 # an earlier offload splits the few long searches of a lone query sooner. H100, human, batch
 # 4096, search ms (all 100 queries; Q_74, Q_99 alone), blocks per SM : offload us:
 # 2:200 99 (10.2, 10.2), 1:200 55 (10.1, 10.0), 1:150 55 (8.1, 8.9), 1:100 68 (5.9, 6.7).
+# Since the leaves are counted as products (count_suffix_at; all 100, Q_72, Q_78, Q_100 alone):
+# 1:200 29.0 (3.6, 25.3, 5.1), 1:100 23.4 (3.6, 15.2, 4.1), 1:50 23.7 (3.5, 11.2, 4.9), 2:50 38.4,
+# 1:25 28.2 (3.2, 8.3, 6.7); match_at then offloads after a quarter of offload_us while three
+# quarters of the warps are idle: 1:100 19.5 (3.4, 9.1, 5.7), 1:50 24.1 (3.3, 9.7, 6.9).
 EX_TUNING = dict(max_blocks_per_sm=1, offload_us=100.0)
 MAX_SEEDS = 1 << 20  # seeds searched in one launch sequence: bounds its buffers (48 bytes a seed)
 # Up to this many updates, a batch's anchor keys come from a dict, side by side: a look-up costs

@@ -492,10 +492,13 @@ __device__ __forceinline__ void search(const View& g, const Batch& b, const Run&
                 const i64 t = now_ns();
                 if (t > deadline) atomicMax(&ctl[CTL_STOP], (u64)STOP_TIME);
                 if (vload(&ctl[CTL_STOP])) act = 1;
-                else if (offload_ns > 0 && t - ws->t_start > offload_ns) {
-                    // only while idle warps outnumber the queued groups (about 32 tasks each)
+                else if (offload_ns > 0 && t - ws->t_start > (View::versioned ? offload_ns / 4 : offload_ns)) {
+                    // only while idle warps outnumber the queued groups (about 32 tasks each); on the
+                    // MVG already after a quarter of offload_ns while three quarters of the warps are
+                    // idle (a launch of few seeds, or its last long ones)
                     const u64 idle = vload(&ctl[CTL_IDLE]);
-                    if (idle > 0 && vload(&ctl[CTL_TAIL]) - vload(&ctl[CTL_HEAD]) < 32 * idle) act = 2;
+                    const bool due = t - ws->t_start > offload_ns || 4 * idle >= 3 * vload(&ctl[CTL_STARTED]);
+                    if (due && idle > 0 && vload(&ctl[CTL_TAIL]) - vload(&ctl[CTL_HEAD]) < 32 * idle) act = 2;
                 }
             }
             act = __shfl_sync(FULL_MASK, act, 0);
