@@ -37,6 +37,10 @@ _SEQ_BITS = 40  # (query, seq) in one int64 key: sequence numbers stay below 2^4
 # an earlier offload splits the few long searches of a lone query sooner. H100, human, batch
 # 4096, search ms (all 100 queries; Q_74, Q_99 alone), blocks per SM : offload us:
 # 2:200 99 (10.2, 10.2), 1:200 55 (10.1, 10.0), 1:150 55 (8.1, 8.9), 1:100 68 (5.9, 6.7).
+# Since the leaves are counted as products (count_suffix_at; all 100, Q_72, Q_78, Q_100 alone):
+# 1:200 29.0 (3.6, 25.3, 5.1), 1:100 23.4 (3.6, 15.2, 4.1), 1:50 23.7 (3.5, 11.2, 4.9), 2:50 38.4,
+# 1:25 28.2 (3.2, 8.3, 6.7); match_at then offloads after a quarter of offload_us while three
+# quarters of the warps are idle: 1:100 19.5 (3.4, 9.1, 5.7), 1:50 24.1 (3.3, 9.7, 6.9).
 EX_TUNING = dict(max_blocks_per_sm=1, offload_us=100.0)
 MAX_SEEDS = 1 << 20  # seeds searched in one launch sequence: bounds its buffers (48 bytes a seed)
 # Up to this many updates, a batch's anchor keys come from a dict, side by side: a look-up costs
@@ -103,7 +107,7 @@ class _Group:
         self.nmax = int(self.size.max())
         self.width = self.nmax + 1  # the seed in the last column
         tables[:, 1] = self.width
-        tables[:, 2] = _fast(tables, self.size - 1)
+        tables[:, 2] = _fast(tables, self.size)
         self.tables, self.el = cp.asarray(tables), cp.asarray(cat([pq.el for pq in queries]))
         lx, ly, ael = cat([pq.lx for pq in queries]), cat([pq.ly for pq in queries]), cat([pq.anchor_el for pq in queries])
         self.labels, self.elabels = np.unique(cat([lx, ly])), np.unique(ael)
@@ -275,12 +279,29 @@ class Executor:
                 resume = True
 
 
-def _fast(tables: np.ndarray, last: np.ndarray) -> np.ndarray:
-    """Tables whose last depth match_at may count at once (count_last_at, count-only searches):
-    one backward edge and no symmetry constraints."""
+def _fast(tables: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """How many last depths of each table match_at may count at once (count_suffix_at,
+    count-only searches; 0: none): the longest tail of depths, after the anchor's two, that
+    each have one backward edge and no symmetry constraint, and that no depth of the tail
+    refers to (as a backward neighbour, or a same-label depth for injectivity). Given the
+    prefix before the tail their candidates are independent: a match count is a product."""
     s, r = structs(), np.arange(len(tables))
-    back, less, greater = (tables[r, off // 4 + last].view(np.uint32) for off in (s.qt_back, s.qt_less, s.qt_greater))
-    return (np.bitwise_count(back) == 1) & (less == 0) & (greater == 0)
+    back, same, less, greater = (tables[:, off // 4: off // 4 + MAXQ].view(np.uint32)
+                                 for off in (s.qt_back, s.qt_same, s.qt_less, s.qt_greater))
+    k = np.zeros(len(tables), np.int64)
+    refs = np.zeros(len(tables), np.uint32)  # depths the tail refers to
+    grow = np.ones(len(tables), bool)
+    for j in range(1, MAXQ - 1):
+        d = size - j
+        at = np.clip(d, 0, MAXQ - 1)
+        b = back[r, at]
+        grow &= ((d >= 2) & (np.bitwise_count(b) == 1) & (less[r, at] == 0) & (greater[r, at] == 0)
+                 & ((refs >> at.astype(np.uint32)) & 1 == 0))
+        if not grow.any():
+            break
+        k += grow
+        refs |= np.where(grow, b | same[r, at], 0).astype(np.uint32)
+    return k
 
 
 def _by_query(query: np.ndarray):

@@ -29,7 +29,7 @@ typedef unsigned long long u64;
 struct QueryTable {
     int n;      // depths searched (the BFS pre-pass searches 2)
     int width;  // ints per output row
-    int fast;   // count the last depth from prefix sums (count_last)
+    int fast;   // last depths counted at once: 1 from prefix sums (count_last), k as a product (count_suffix_at)
     int pad;
     int outpos[MAXQ];      // output column of depth d
     int label[MAXQ];       // vertex label of depth d

@@ -70,7 +70,7 @@ struct StaticView {
 
 // Edge labels are always compared (the MVG stores 0 where the graph has none); plain: no
 // edge of the graph has a label yet (DeviceMVG.has_edge_labels), so that a query asking for
-// label 0 may count a clean range without reading them (count_last_at).
+// label 0 may count a clean range without reading them (count_suffix_at).
 struct VersionedView {
     static constexpr bool versioned = true;
     static constexpr int check_el = 1;
@@ -258,63 +258,103 @@ __device__ i64 count_last(const StaticView& g, const Query& qc, const Level* lv,
     return n;
 }
 
-// count_last on the MVG, for the whole level d - 1 at once (lane s: node s), which the
-// warp consumes in one step: the matches of each node's range after the cursor when depth d
-// is the last and its one backward edge is the pivot's (no symmetry constraints). A range
-// of a version clean at T (every entry visible) without edge labels to test counts whole,
-// less the earlier same-label images found in it by binary search (its neighbours are
-// distinct: a pair's older entry is closed, which makes the version unclean). The entries
-// of the other ranges are one virtual list that the warp checks 32 at a time as the
-// general path does, without its per-batch overhead. Returns each lane's part.
-__device__ i64 count_last_at(const VersionedView& g, const Query& qc, const Level* lv, int d, i64 cursor, int lane) {
-    const QueryTable* Q = qc.t;
-    const Level* L = &lv[d - 1];
-    const unsigned same = Q->same[d];
-    i64 st = 0, n = 0;
-    int len = 0, piv = 0, el = 0;
-    bool clean = false;
-    if (lane < L->cnt) {
-        const i64 used = max(cursor - L->off[lane], 0ll);
-        len = (int)max((i64)L->size[lane] - used, 0ll);
-        st = L->start[lane] + used;
-        piv = L->piv[lane];
-        el = qc.el[d * MAXQ + piv];
-        if (len > 0 && g.plain && el == 0) {
-            int slot = lane;
-            for (int j = d - 1; j > piv; --j) slot = lv[j].parent[slot];
-            clean = clean_at(g.m, version_at(g.m, lv[piv].v[slot], qc.T), qc.T);
-        }
+// The image at depth p of node s of level top (p <= top).
+__device__ __forceinline__ int image_at(const Level* lv, int top, int s, int p) {
+    for (int j = top; j > p; --j) s = lv[j].parent[s];
+    return lv[p].v[s];
+}
+
+// Is c none of the images of node s of level top at the depths of `same`?
+__device__ __forceinline__ bool distinct_from(const Level* lv, int top, int s, unsigned same, int c) {
+    for (int j = top, slot = s; j >= 0 && same; slot = lv[j].parent[slot], --j) {
+        if (((same >> j) & 1u) && lv[j].v[slot] == c) return false;
+        same &= ~(1u << j);
     }
+    return true;
+}
+
+// One factor of count_suffix_at for every node of level top at once (lane s: node s): the
+// entries of its range [st, st + len) visible at T with edge label el whose vertex is none of
+// the node's images at the depths of `same` (injectivity; all of them <= top). A clean range
+// (every entry visible, no edge label to test) counts whole, less the images found in it by
+// binary search (its neighbours are distinct: a pair's older entry is closed, which makes the
+// version unclean). The entries of the other ranges are one virtual list that the warp checks
+// 32 at a time, each lane then taking the hits of its own range's part of the batch.
+__device__ i64 range_count(const VersionedView& g, const Level* lv, int top, unsigned same, i64 T, i64 st,
+                           int len, int el, bool clean, int lane) {
+    i64 n = 0;
     if (clean) {
         n = len;
-        for (int j = d - 1, slot = lane; j >= 0; slot = lv[j].parent[slot], --j) {
+        for (int j = top, slot = lane; j >= 0; slot = lv[j].parent[slot], --j) {
             if (!((same >> j) & 1u)) continue;
             const int v = lv[j].v[slot];
             const i64 p = lower_bound(g.m.e_nbr, st, st + len, v);
             if (p < st + len && MVG_ENTRY(g.m.e_nbr + p) == v) --n;
         }
     }
-    // exclusive offsets of the ranges left to check, lane by lane
-    i64 off = clean ? 0 : len;
+    const int mine = clean ? 0 : len;
+    i64 off = mine;  // exclusive offsets of the ranges left to check, lane by lane
     for (int o = 1; o < 32; o <<= 1) {
         const i64 y = __shfl_up_sync(FULL_MASK, off, o);
         if (lane >= o) off += y;
     }
     const i64 total = __shfl_sync(FULL_MASK, off, 31);
-    off -= clean ? 0 : len;
+    off -= mine;
     for (i64 base = 0; base < total; base += 32) {
         const i64 idx = base + lane;
         int s = 0;  // the last node whose offset is <= idx: it has entries left (the ones after share its end)
         for (int step = 16; step > 0; step >>= 1)
             if (__shfl_sync(FULL_MASK, off, s + step) <= idx) s += step;
         const i64 pos = __shfl_sync(FULL_MASK, st, s) + idx - __shfl_sync(FULL_MASK, off, s);
-        const int p = __shfl_sync(FULL_MASK, piv, s), e = __shfl_sync(FULL_MASK, el, s);
+        const int e = __shfl_sync(FULL_MASK, el, s);
+        bool hit = false;
         if (idx < total) {
             const int c = MVG_ENTRY(g.m.e_nbr + pos);
-            n += visible(g.m, pos, qc.T) && MVG_ENTRY(g.m.e_el + pos) == e && check_path(g, qc, lv, d, c, s, p);
+            hit = visible(g.m, pos, T) && MVG_ENTRY(g.m.e_el + pos) == e && distinct_from(lv, top, s, same, c);
         }
+        const unsigned hits = __ballot_sync(FULL_MASK, hit);
+        const i64 lo = min(max(off - base, 0ll), 32ll), hi = min(max(off + mine - base, 0ll), 32ll);
+        n += __popcll((unsigned long long)hits & (((1ull << hi) - 1) & ~((1ull << lo) - 1)));
     }
     return n;
+}
+
+// The matches of the whole level d0 - 1 at once (lane s: node s), counting only, when the
+// depths d0 .. n - 1 are independent given the prefix (the table's `fast` = n - d0): each has
+// one backward edge, to a depth under d0, no symmetry constraint, and no same-label depth
+// among them (executor.py _fast). A node's matches are then the product of its numbers of
+// candidates at those depths (range_count): the leaves of a tree query are counted, not
+// enumerated, and a leaf without candidates ends its prefix at once. Depth d0's range is the
+// node's own (what is left of it after the cursor); the others are label ranges of the
+// images of their backward neighbours. Returns each lane's part.
+__device__ i64 count_suffix_at(const VersionedView& g, const Query& qc, const Level* lv, int d0, i64 cursor,
+                               int lane) {
+    const QueryTable* Q = qc.t;
+    const int top = d0 - 1;
+    const Level* L = &lv[top];
+    i64 prod = lane < L->cnt ? 1 : 0;
+    for (int e = d0; e < Q->n; ++e) {
+        if (!__any_sync(FULL_MASK, prod != 0)) return 0;
+        i64 st = 0;
+        int len = 0, p = 0, v = 0;
+        if (prod) {
+            if (e == d0) {
+                const i64 used = max(cursor - L->off[lane], 0ll);
+                len = (int)max((i64)L->size[lane] - used, 0ll);
+                st = L->start[lane] + used;
+                p = L->piv[lane];
+                v = image_at(lv, top, lane, p);
+            } else {
+                p = __ffs(Q->back[e]) - 1;
+                v = image_at(lv, top, lane, p);
+                label_range_at(g.m, v, Q->label[e], qc.T, &st, &len);
+            }
+        }
+        const int el = qc.el[e * MAXQ + p];
+        const bool clean = len > 0 && g.plain && el == 0 && clean_at(g.m, version_at(g.m, v, qc.T), qc.T);
+        prod *= range_count(g, lv, top, Q->same[e], qc.T, st, len, el, clean, lane);
+    }
+    return prod;
 }
 
 // Flags of the prefix sums of count_last, one row of m2 per query of the list `which`
@@ -452,10 +492,13 @@ __device__ __forceinline__ void search(const View& g, const Batch& b, const Run&
                 const i64 t = now_ns();
                 if (t > deadline) atomicMax(&ctl[CTL_STOP], (u64)STOP_TIME);
                 if (vload(&ctl[CTL_STOP])) act = 1;
-                else if (offload_ns > 0 && t - ws->t_start > offload_ns) {
-                    // only while idle warps outnumber the queued groups (about 32 tasks each)
+                else if (offload_ns > 0 && t - ws->t_start > (View::versioned ? offload_ns / 4 : offload_ns)) {
+                    // only while idle warps outnumber the queued groups (about 32 tasks each); on the
+                    // MVG already after a quarter of offload_ns while three quarters of the warps are
+                    // idle (a launch of few seeds, or its last long ones)
                     const u64 idle = vload(&ctl[CTL_IDLE]);
-                    if (idle > 0 && vload(&ctl[CTL_TAIL]) - vload(&ctl[CTL_HEAD]) < 32 * idle) act = 2;
+                    const bool due = t - ws->t_start > offload_ns || 4 * idle >= 3 * vload(&ctl[CTL_STARTED]);
+                    if (due && idle > 0 && vload(&ctl[CTL_TAIL]) - vload(&ctl[CTL_HEAD]) < 32 * idle) act = 2;
                 }
             }
             act = __shfl_sync(FULL_MASK, act, 0);
@@ -483,9 +526,10 @@ __device__ __forceinline__ void search(const View& g, const Batch& b, const Run&
         }
         if (lane == 0) ws->batches++;
         const int d = top + 1;
-        if (d == last && Q->fast && !emit) {  // count the whole level at once (counting only)
+        // count the whole level at once (counting only): the last depth (static), the last `fast` (MVG)
+        if (Q->fast && d == (View::versioned ? Q->n - Q->fast : last) && !emit) {
             i64 part;
-            if constexpr (View::versioned) part = count_last_at(g, qc, lv, d, cursor, lane);
+            if constexpr (View::versioned) part = count_suffix_at(g, qc, lv, d, cursor, lane);
             else part = lane < L->cnt ? count_last(g, qc, lv, d, lane, cursor) : 0;
             for (int o = 16; o > 0; o >>= 1) part += __shfl_down_sync(FULL_MASK, part, o);
             if (lane == 0) {
@@ -581,8 +625,9 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
 
 // Incremental matching on the MVG: work id i is seed i, the column i of the rows a, b, T,
 // table of `seeds` (its prefix (a, b), timestamp and table); counts[i] its matches. Emitted
-// rows end with the seed (column width - 1 of every table). A table's `fast` asks for
-// count_last_at (count-only searches), plain says that no edge has a label.
+// rows end with the seed (column width - 1 of every table). A table's `fast` (count-only
+// searches) is the number of last depths count_suffix_at counts at once, plain says that no
+// edge has a label.
 extern "C" __global__ void match_at(MVGView mvg, int plain, int nmax, const QueryTable* __restrict__ qtabs,
                                     const int* qel, const i64* seeds, i64 n_seeds, u64* ctl, Task* queue, int* ready,
                                     i64 queue_cap, u64* state, u64* counts, int resume, int emit, int* out,

@@ -1,6 +1,7 @@
 """The GPU executor against the CPU engine: per-update matches and counts on seeded random
 mixed streams (insertions and deletions, edge labels), batch sizes 1, 7 and 64; count-only
-trees (counted at the last depth at once) on a graph without edge labels until mid-stream."""
+trees (counted at the last depth at once) on a graph without edge labels until mid-stream;
+count-only trees whose last depths are counted as a product (leaves with their own labels)."""
 
 from __future__ import annotations
 
@@ -132,4 +133,32 @@ def test_count_only_trees_equal_cpu_engine(seed, batch_size):
     g0 = _graph(rng, 50, 400, 2, 1)
     engines = [CpuEngine(g0), GpuEngine(g0)]
     cqs = [continuous_query(name, _query(*spec), g0.labels, count_only=True) for name, spec in TREES.items()]
+    assert _lock_step(engines, cqs, _stream(rng, g0, 600, labelled_from=300), batch_size) > 200
+
+
+LEAFY = {  # several last depths counted as a product: leaves with distinct labels, some sharing one
+    # with an earlier depth (injectivity against the prefix), two same-label leaves (the tail stops
+    # before the second), a leaf edge with a label
+    "fork": ([0, 1, 2, 3, 2], [(0, 1, 0), (1, 2, 0), (2, 3, 0), (0, 4, 0)]),
+    "spider": ([0, 1, 2, 2, 3, 3, 1], [(0, 1, 0), (1, 2, 0), (0, 3, 0), (3, 4, 0), (0, 5, 0), (5, 6, 0)]),
+    "twins": ([0, 1, 3, 3, 2], [(0, 1, 0), (1, 2, 0), (1, 3, 0), (0, 4, 0)]),
+    "broom-el": ([1, 0, 2, 3, 1], [(0, 1, 0), (1, 2, 0), (1, 3, 1), (0, 4, 0)]),
+}
+
+
+@pytest.mark.parametrize("batch_size", [1, 64, 1024])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_count_only_leaf_products_equal_cpu_engine(seed, batch_size):
+    """Products of the leaves' candidate counts over clean and unclean ranges, as above."""
+    from csmd.cpu.engine import CpuEngine
+    from csmd.gpu.engine import GpuEngine
+    from csmd.gpu.executor import PreparedQuery, _fast
+
+    rng = np.random.default_rng(seed)
+    g0 = _graph(rng, 60, 500, 4, 1)
+    engines = [CpuEngine(g0), GpuEngine(g0)]
+    cqs = [continuous_query(name, _query(*spec), g0.labels, count_only=True) for name, spec in LEAFY.items()]
+    tables = np.concatenate([PreparedQuery(cq).tables for cq in cqs])
+    tails = _fast(tables, tables[:, 0].astype(np.int64)).tolist()
+    assert max(tails) >= 3 and 1 in tails  # long tails, and some of one depth only
     assert _lock_step(engines, cqs, _stream(rng, g0, 600, labelled_from=300), batch_size) > 200
