@@ -6,34 +6,43 @@
 
 typedef long long i64;
 
-// out[i] = in[0] + ... + in[i] for i < n (in == out allowed): 32 lanes by shuffles, the
-// warps' totals by the first warp, chunk after chunk of blockDim.x items.
+// The inclusive prefix sum over the block of one value per thread (blockDim.x a multiple of
+// 32), and in *total the block's sum: 32 lanes by shuffles, the warps' totals by the first warp.
+template <class T>
+__device__ T block_incl(T v, T* total) {
+    __shared__ T warp_sum[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int d = 1; d < 32; d <<= 1) {
+        const T u = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) v += u;
+    }
+    if (lane == 31) warp_sum[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        T t = lane < nw ? warp_sum[lane] : (T)0;
+        for (int d = 1; d < 32; d <<= 1) {
+            const T u = __shfl_up_sync(0xffffffffu, t, d);
+            if (lane >= d) t += u;
+        }
+        if (lane < nw) warp_sum[lane] = t;
+    }
+    __syncthreads();
+    v += w ? warp_sum[w - 1] : (T)0;
+    *total = warp_sum[nw - 1];
+    __syncthreads();  // warp_sum is rewritten by the next call
+    return v;
+}
+
+// out[i] = in[0] + ... + in[i] for i < n (in == out allowed), chunk after chunk of blockDim.x items.
 template <class In, class Out>
 __device__ void block_scan(const In* in, Out* out, i64 n) {
-    __shared__ Out warp_sum[32];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     Out carry = 0;
     for (i64 base = 0; base < n; base += blockDim.x) {
         const i64 i = base + threadIdx.x;
-        Out v = i < n ? (Out)in[i] : (Out)0;
-        for (int d = 1; d < 32; d <<= 1) {
-            const Out u = __shfl_up_sync(0xffffffffu, v, d);
-            if (lane >= d) v += u;
-        }
-        if (lane == 31) warp_sum[w] = v;
-        __syncthreads();
-        if (w == 0) {
-            Out t = lane < nw ? warp_sum[lane] : (Out)0;
-            for (int d = 1; d < 32; d <<= 1) {
-                const Out u = __shfl_up_sync(0xffffffffu, t, d);
-                if (lane >= d) t += u;
-            }
-            if (lane < nw) warp_sum[lane] = t;
-        }
-        __syncthreads();
-        if (i < n) out[i] = carry + v + (w ? warp_sum[w - 1] : (Out)0);
-        carry += warp_sum[nw - 1];
-        __syncthreads();  // warp_sum is rewritten by the next chunk
+        Out total;
+        const Out v = block_incl<Out>(i < n ? (Out)in[i] : (Out)0, &total);
+        if (i < n) out[i] = carry + v;
+        carry += total;
     }
 }
 
@@ -67,20 +76,5 @@ __device__ void block_sort(i64* a, i64 n, i64* sh) {
     __syncthreads();
     block_bitonic(sh, P, [](i64 x, i64 y) { return x < y; });
     for (int i = threadIdx.x; i < n; i += blockDim.x) a[i] = sh[i];
-    __syncthreads();
-}
-
-// perm[0, n) = the indices i < n ordered by (k1[i], k2[i], i): a stable two-key argsort.
-__device__ void block_argsort2(i64* perm, i64 n, const i64* k1, const i64* k2, i64* sh) {
-    const int P = pow2_at_least(n);
-    for (int i = threadIdx.x; i < P; i += blockDim.x) sh[i] = i;
-    __syncthreads();
-    block_bitonic(sh, P, [=](i64 x, i64 y) {  // the padding (indices >= n) sorts last
-        if (x >= n || y >= n) return x < y;
-        if (k1[x] != k1[y]) return k1[x] < k1[y];
-        if (k2[x] != k2[y]) return k2[x] < k2[y];
-        return x < y;
-    });
-    for (int i = threadIdx.x; i < n; i += blockDim.x) perm[i] = sh[i];
     __syncthreads();
 }

@@ -58,12 +58,20 @@ def _launch(name: str, n: int, args) -> None:
     _kernel(name)((max(1, min(-(-n // THREADS), _SMS[0] * 8)),), (THREADS,), args)
 
 
-def _small_layout() -> tuple[int, int, int]:
-    """(rows, threads, arena words) of the fused small-batch kernels, from gpu/mvg.cu."""
-    out = cp.zeros(3, cp.int64)
+def _small_layout() -> tuple[int, int, int, int]:
+    """(rows, fused rows, threads, arena words) of the one-block kernels, from gpu/mvg.cu; raises
+    the dynamic shared memory those that sort may take to what their largest batch needs."""
+    out = cp.zeros(4, cp.int64)
     _kernel("gu_small_layout")((1,), (1,), (out,))
-    rows, threads, arena = (int(x) for x in out.get())
-    return rows, threads, arena
+    rows, fused, threads, arena = (int(x) for x in out.get())
+    for name in ("gu_small_plan", "gu_small_apply"):
+        _kernel(name).max_dynamic_shared_size_bytes = 8 * _pow2(rows)
+    return rows, fused, threads, arena
+
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n (block_ops.cuh's pow2_at_least)."""
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _view_dtype() -> np.dtype:
@@ -221,14 +229,17 @@ class DeviceMVG:
             self._view = None
             # the fused small-batch path's scratch (gpu/mvg.cu GuSmall), its counters and its
             # copy space (grown by doubling); only the updater's stream uses them, one batch after another
-            self._arena = cp.empty(self._small[2], cp.int64)
+            self._arena = cp.empty(self._small[3], cp.int64)
             self._stats = cp.empty(S_COUNT, cp.int64)
             self._live, self._incl = cp.empty(1024, cp.int32), cp.empty(1024, cp.int64)
+            self._tiles = cp.empty(1024 // THREADS + 2, cp.int64)
             self._batch, self._counters, self._lookups = Staging(), Staging(), Staging()
             self._counters.host_view(S_COUNT)  # where gu_small_apply writes its counters (pinned)
             self._pending: Replaced | None = None  # the token of a deferred batch not yet settled
             self._deferred = False  # a small batch's launches were not waited for (its staging is in use)
-            self.small_rows = self._small[0]  # the largest batch (in rows: 2 per op) of that path; 0: never
+            # the largest batch (in rows: 2 per op) planned in one block, and the largest that one
+            # block also writes (the others are written by five grid launches); 0: never
+            self.small_rows, self.fused_rows = self._small[0], self._small[1]
             # held while arrays are swapped (growth, new vertices) and while a reader on another
             # stream takes the view and enqueues its launch: a growth then waits for that launch
             self.swap = threading.RLock()
@@ -389,16 +400,19 @@ class DeviceMVG:
         return Replaced(vids, st[S_REPLACED_AT], st[S_REPLACED] + st[S_EMPTY], st[S_REPLACED])
 
     def _apply_small(self, batch: cp.ndarray, k: int, R: int, n_ins: int) -> Replaced:
-        """apply for a batch of at most GU_SMALL_ROWS rows in one-block launches (gpu/mvg.cu).
+        """apply for a batch of at most GU_SMALL_ROWS rows, planned in one block (gpu/mvg.cu);
+        up to GU_FUSED_ROWS rows the same block writes it, else five grid launches do.
 
-        The copy must not run past the pool. Where the batch's worst case fits (every insertion
-        row a vertex of its own holding the largest array so far, copied into a block of at
-        most twice the size, plus 32), room for it is made first and one launch does the batch
-        (gu_small_apply): its counters land in pinned memory, read at the next apply
-        (`_settle`), and the returned token is pending until then. Else gu_small_plan and
-        gu_small_write run with the counters read back in between, as the multi-kernel path does."""
-        rows, threads, _ = self._small
-        copy, entries = n_ins * self.max_size, n_ins * (2 * self.max_size + 34)
+        The copy must not run past the pool. Where the batch's worst case fits (each insertion row
+        a vertex of its own, copying at most the largest array so far and in all at most every
+        entry of the pool, into blocks of at most twice the size, plus 32), room for it is made
+        first and the batch's launches follow one another with no wait: its counters land in
+        pinned memory, read at the next apply (`_settle`), and the returned token is pending until
+        then. Else gu_small_plan runs and the counters are read back before the write, as the
+        multi-kernel path does."""
+        rows, _, threads, _ = self._small
+        copy = min(n_ins * self.max_size, self.bump)
+        entries = 2 * copy + 34 * n_ins
         defer = n_ins and (self.bump + entries <= len(self.e_nbr) or entries <= DEFER_GROWTH) and (
             copy < len(self._live) or copy <= DEFER_GROWTH)
         if defer:
@@ -411,30 +425,52 @@ class DeviceMVG:
             else:
                 self.free_keys[: self.n_keys].sort()
             self.n_keys, self.sorted = self.n_free, True
+        smem = 8 * _pow2(max(R, sort_free))
         plan = (self.view(), i64(R), i64(k), batch, self._arena, self._stats, self.free_keys, i64(self.n_free),
                 i64(sort_free), i64(self.n_versions), i64(self.bump))
+        fused = R <= self.fused_rows
         self._deferred = True  # the batch's upload may still be in flight
         if defer:
-            vids = cp.empty(n_ins, cp.int32)
-            _kernel("gu_small_apply")((1,), (threads,), plan + (
-                i64(n_ins), self._live, self._incl, vids, np.uint64(self._counters.host.ctypes.data)))
+            vids, out = cp.empty(n_ins, cp.int32), np.uint64(self._counters.host.ctypes.data)
+            if fused:
+                _kernel("gu_small_apply")((1,), (threads,), plan + (
+                    i64(n_ins), self._live, self._incl, vids, out), shared_mem=smem)
+            else:
+                _kernel("gu_small_plan")((1,), (threads,), plan + (out,), shared_mem=smem)
+                self._write_mid(batch, k, R, n_ins, n_ins, copy, vids)
             self._pending = Replaced(vids, mvg=self)
             return self._pending
-        _kernel("gu_small_plan")((1,), (threads,), plan)
+        _kernel("gu_small_plan")((1,), (threads,), plan + (np.uint64(0),), shared_mem=smem)
         if not n_ins:  # deletions only: applied in place, nothing allocated
             return Replaced(None)
         st = self._allocated(self._stats)
         self._copy_space(st[S_COPY])
         vids = cp.empty(st[S_NEW], cp.int32)
-        _kernel("gu_small_write")((1,), (threads,), (
-            self.view(), i64(R), i64(k), batch, self._arena, self._stats, i64(n_ins), self._live, self._incl, vids))
+        if fused:
+            _kernel("gu_small_write")((1,), (threads,), (self.view(), i64(R), i64(k), batch, self._arena, self._stats,
+                                                         i64(n_ins), self._live, self._incl, vids))
+        else:
+            self._write_mid(batch, k, R, n_ins, st[S_NEW], st[S_COPY], vids)
         return Replaced(vids, st[S_REPLACED_AT], st[S_REPLACED] + st[S_EMPTY], st[S_REPLACED])
+
+    def _write_mid(self, batch: cp.ndarray, k: int, R: int, n_ins: int, n_new: int, copy: int,
+                   vids: cp.ndarray) -> None:
+        """The write of a batch that gu_small_plan planned, over the grid (the gu_mid_* kernels):
+        n_new and copy bound the new versions and the copied entries (the kernels read both from
+        the counters), and size the grids."""
+        g, arena, stats, live, incl = self.view(), self._arena, self._stats, self._live, self._incl
+        _launch("gu_mid_flags", max(n_new, copy + 1), (g, i64(R), arena, stats, live, self._tiles))
+        _launch("gu_mid_incl", copy + 1, (stats, live, self._tiles, incl))
+        _launch("gu_mid_copy", max(copy, n_ins), (g, i64(R), i64(k), batch, arena, stats, i64(n_ins), live, incl))
+        _launch("gu_mid_close", R, (g, i64(R), i64(k), batch, arena))
+        _launch("gu_mid_publish", n_new, (g, arena, stats, vids))
 
     def _copy_space(self, total: int) -> None:
         """Room for a copy of `total` entries in the small path's flags and prefix sums."""
         if total + 1 > len(self._live):
             size = max(total + 1, 2 * len(self._live))
             self._live, self._incl = cp.empty(size, cp.int32), cp.empty(size, cp.int64)
+            self._tiles = cp.empty(size // THREADS + 2, cp.int64)  # gu_mid_flags' per-block counts
 
     def _settle(self) -> None:
         """Wait for the last small batch's launches (its staging buffers are free again) and, if
