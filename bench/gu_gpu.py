@@ -8,8 +8,8 @@ would. A batch's time is apply + release until the device is idle again (host sh
 and the upload included); the table gives the median over the timed batches.
 
 A batch of at most GU_SMALL_ROWS / 2 ops is planned by one block, then written by the same
-block (up to GU_FUSED_ROWS / 2 ops) or by five grid launches; larger ones take the multi-kernel
-path. --paths times each path on the same batches: the R-MAT stream at a few sizes, and with
+block (where it copies at most GU_FUSED_COPY entries) or by five grid launches; larger ones take
+the multi-kernel path. --paths times each path on the same batches: the R-MAT stream at a few sizes, and with
 --human DIR the first B insertions of that stream applied to a fresh DeviceMVG of its graph
 (what `csmd replay --count-only` does first), the pool grown beforehand (a "fresh" row: not).
 
@@ -32,6 +32,7 @@ from csmd.gpu.rmat import GRAPH500, rmat_graph
 
 SIZES = (1, 64, 1024, 4096, 8192, 65536, 1 << 20)
 PATH_SIZES = (64, 256, 512, 1024, 2048, 4096, 8192)  # ops, for --paths
+PATHS = ("auto", "block", "mid", "grid")  # see set_path
 WARMUP = 3  # untimed batches before each size's timed ones
 
 
@@ -78,10 +79,10 @@ def make_stream(dg, scale: int, total: int, seed: int):
 
 
 def set_path(dm: DeviceMVG, path: str, rows: int, fused: int) -> None:
-    """auto: by batch size; block: planned and written by one block; mid: planned by one block,
-    written over the grid; grid: the multi-kernel path."""
+    """auto: by batch size and copy; block: planned and written by one block; mid: planned by one
+    block, written over the grid; grid: the multi-kernel path."""
     dm.small_rows = 0 if path == "grid" else rows
-    dm.fused_rows = {"block": rows, "mid": 0}.get(path, fused)
+    dm.fused_copy = {"block": 1 << 62, "mid": -1}.get(path, fused)
 
 
 def time_batches(dm: DeviceMVG, stream, sizes, count=None, at: int = 0) -> list[tuple]:
@@ -110,12 +111,12 @@ def time_batches(dm: DeviceMVG, stream, sizes, count=None, at: int = 0) -> list[
 
 def rmat_paths(dm: DeviceMVG, stream, at: int) -> None:
     """Each path on the R-MAT stream (steady state: a GC trailing by one batch), per batch size."""
-    rows, fused = dm.small_rows, dm.fused_rows
+    rows, fused = dm.small_rows, dm.fused_copy
     print("paths on the R-MAT stream (median ms per batch, apply until the device is idle):")
-    print(f"{'batch size':>10} " + " ".join(f"{p:>9}" for p in ("block", "mid", "grid")))
+    print(f"{'batch size':>10} " + " ".join(f"{p:>9}" for p in PATHS))
     for size in PATH_SIZES:
         out = []
-        for path in ("block", "mid", "grid"):
+        for path in PATHS:
             if path != "grid" and 2 * size > rows:
                 out.append(f"{'-':>9}")
                 continue
@@ -142,12 +143,12 @@ def human_paths(root, runs_: int = 7) -> None:
     print(f"paths on the human stream's first B insertions ({g.n:,} vertices; median of {runs_}, ms):")
     print(f"{'B':>6} {'path':>6} {'host':>8} {'to idle':>8} {'device':>8} {'plan':>8}")
     for size in [s for s in PATH_SIZES if s < len(a)] + [len(a)]:
-        for path in ("block", "mid", "grid", "fresh"):
+        for path in PATHS + ("fresh",):
             host, idle, dev, plan = [], [], [], []
             for i in range(runs_ + 1):
                 dm = DeviceMVG.from_graph(g)
                 if rows is None:
-                    rows, fused = dm.small_rows, dm.fused_rows
+                    rows, fused = dm.small_rows, dm.fused_copy
                 if path != "fresh" and path != "grid" and 2 * size > rows:
                     break
                 set_path(dm, "auto" if path == "fresh" else path, rows, fused)
@@ -222,7 +223,7 @@ def main() -> None:
     if args.human:
         human_paths(args.human)
         return
-    path_updates = sum(3 * s * (20 + WARMUP) for s in PATH_SIZES) if args.paths else 0
+    path_updates = sum(len(PATHS) * s * (20 + WARMUP) for s in PATH_SIZES) if args.paths else 0
     dm, stream, n, m, t_gen, t_build = load(args.scale, args.edges, args.labels, args.seed, SIZES, path_updates)
     held0 = dm.memory_bytes
     rows = time_batches(dm, stream, SIZES)

@@ -31,7 +31,7 @@ from .module import HERE, kernel
 INF = np.iinfo(np.int64).max
 NOW = INF - 1  # a read "now": after every update, before the end of every live entry
 # the batch counters, as gpu/mvg.cu's enum names them
-_STATS = re.search(r"enum \{ (S_NEW,[^}]*) \};", (HERE / "mvg.cu").read_text()).group(1).split(", ")
+_STATS = re.split(r",\s*", re.search(r"enum \{\s*(S_NEW,[^}]*?)\s*\};", (HERE / "mvg.cu").read_text()).group(1))
 S_NEW, S_REPLACED, S_EMPTY, S_REPLACED_AT, S_FRESH, S_FRESH_ENTRIES, S_COPY, S_MAX_SIZE, S_COUNT = (
     _STATS.index(name) for name in ("S_NEW", "S_REPLACED", "S_EMPTY", "S_REPLACED_AT", "S_FRESH", "S_FRESH_ENTRIES",
                                     "S_COPY", "S_MAX_SIZE", "S_COUNT"))
@@ -59,7 +59,7 @@ def _launch(name: str, n: int, args) -> None:
 
 
 def _small_layout() -> tuple[int, int, int, int]:
-    """(rows, fused rows, threads, arena words) of the one-block kernels, from gpu/mvg.cu; raises
+    """(rows, fused copy, threads, arena words) of the one-block kernels, from gpu/mvg.cu; raises
     the dynamic shared memory those that sort may take to what their largest batch needs."""
     out = cp.zeros(4, cp.int64)
     _kernel("gu_small_layout")((1,), (1,), (out,))
@@ -92,8 +92,12 @@ def _view_dtype() -> np.dtype:
 
 
 def _grown(a: cp.ndarray, size: int, fill=None) -> cp.ndarray:
+    """a in a new array of `size` items (the rest `fill`, or not set), on the current stream: one
+    cudaMemcpyAsync, a tenth of the host time of a slice assignment (a pool grows by some
+    thirteen arrays at once)."""
     out = cp.empty(size, a.dtype) if fill is None else cp.full(size, fill, a.dtype)
-    out[: len(a)] = a
+    cp.cuda.runtime.memcpyAsync(out.data.ptr, a.data.ptr, a.nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
+                                cp.cuda.get_current_stream().ptr)
     return out
 
 
@@ -237,9 +241,9 @@ class DeviceMVG:
             self._counters.host_view(S_COUNT)  # where gu_small_apply writes its counters (pinned)
             self._pending: Replaced | None = None  # the token of a deferred batch not yet settled
             self._deferred = False  # a small batch's launches were not waited for (its staging is in use)
-            # the largest batch (in rows: 2 per op) planned in one block, and the largest that one
-            # block also writes (the others are written by five grid launches); 0: never
-            self.small_rows, self.fused_rows = self._small[0], self._small[1]
+            # the largest batch (in rows: 2 per op) planned in one block (0: none), and the largest
+            # copy (in entries) that the block also does (larger ones take five grid launches)
+            self.small_rows, self.fused_copy = self._small[0], self._small[1]
             # held while arrays are swapped (growth, new vertices) and while a reader on another
             # stream takes the view and enqueues its launch: a growth then waits for that launch
             self.swap = threading.RLock()
@@ -295,7 +299,9 @@ class DeviceMVG:
                                       self.e_lab, self.e_el, self.e_ct, self.e_dt))
 
     def _reserve(self, vertices: int = 0, versions: int = 0, entries: int = 0, free: int = 0) -> None:
-        """Make room for that many vertices, versions, entries and free-list keys (doubling)."""
+        """Make room for that many vertices, versions, entries and free-list keys: twice the size, or
+        half as much again as needed if that is more (the next batch's worst case is about as
+        large: one growth, a device-wide sync, rather than one per batch)."""
         grow = [(names, need, fill) for names, need, fill in (
             (("labels", "cur"), vertices, None),
             (("v_ct_min", "v_dt_max", "v_start", "v_prev", "v_size", "v_cls", "v_live", "v_ct_hi"), versions, None),
@@ -306,7 +312,7 @@ class DeviceMVG:
         with self.swap:
             cp.cuda.Device().synchronize()  # readers on other streams may still use the old arrays
             for names, need, fill in grow:
-                size = max(need, 2 * len(getattr(self, names[0])))
+                size = max(need + need // 2, 2 * len(getattr(self, names[0])))
                 for name in names:
                     f = -1 if name == "cur" else 0 if name == "labels" else fill
                     setattr(self, name, _grown(getattr(self, name), size, f))
@@ -401,7 +407,8 @@ class DeviceMVG:
 
     def _apply_small(self, batch: cp.ndarray, k: int, R: int, n_ins: int) -> Replaced:
         """apply for a batch of at most GU_SMALL_ROWS rows, planned in one block (gpu/mvg.cu);
-        up to GU_FUSED_ROWS rows the same block writes it, else five grid launches do.
+        where it copies at most GU_FUSED_COPY entries the same block writes it, else five grid
+        launches do (launched where the batch's worst case copies more).
 
         The copy must not run past the pool. Where the batch's worst case fits (each insertion row
         a vertex of its own, copying at most the largest array so far and in all at most every
@@ -428,15 +435,12 @@ class DeviceMVG:
         smem = 8 * _pow2(max(R, sort_free))
         plan = (self.view(), i64(R), i64(k), batch, self._arena, self._stats, self.free_keys, i64(self.n_free),
                 i64(sort_free), i64(self.n_versions), i64(self.bump))
-        fused = R <= self.fused_rows
         self._deferred = True  # the batch's upload may still be in flight
         if defer:
             vids, out = cp.empty(n_ins, cp.int32), np.uint64(self._counters.host.ctypes.data)
-            if fused:
-                _kernel("gu_small_apply")((1,), (threads,), plan + (
-                    i64(n_ins), self._live, self._incl, vids, out), shared_mem=smem)
-            else:
-                _kernel("gu_small_plan")((1,), (threads,), plan + (out,), shared_mem=smem)
+            _kernel("gu_small_apply")((1,), (threads,), plan + (
+                i64(n_ins), i64(self.fused_copy), self._live, self._incl, vids, out), shared_mem=smem)
+            if copy > self.fused_copy:  # (the kernels do nothing where the block wrote the batch)
                 self._write_mid(batch, k, R, n_ins, n_ins, copy, vids)
             self._pending = Replaced(vids, mvg=self)
             return self._pending
@@ -446,7 +450,7 @@ class DeviceMVG:
         st = self._allocated(self._stats)
         self._copy_space(st[S_COPY])
         vids = cp.empty(st[S_NEW], cp.int32)
-        if fused:
+        if st[S_COPY] <= self.fused_copy:
             _kernel("gu_small_write")((1,), (threads,), (self.view(), i64(R), i64(k), batch, self._arena, self._stats,
                                                          i64(n_ins), self._live, self._incl, vids))
         else:
@@ -455,14 +459,14 @@ class DeviceMVG:
 
     def _write_mid(self, batch: cp.ndarray, k: int, R: int, n_ins: int, n_new: int, copy: int,
                    vids: cp.ndarray) -> None:
-        """The write of a batch that gu_small_plan planned, over the grid (the gu_mid_* kernels):
+        """The write of a batch planned in one block, over the grid (the gu_mid_* kernels):
         n_new and copy bound the new versions and the copied entries (the kernels read both from
         the counters), and size the grids."""
         g, arena, stats, live, incl = self.view(), self._arena, self._stats, self._live, self._incl
         _launch("gu_mid_flags", max(n_new, copy + 1), (g, i64(R), arena, stats, live, self._tiles))
         _launch("gu_mid_incl", copy + 1, (stats, live, self._tiles, incl))
         _launch("gu_mid_copy", max(copy, n_ins), (g, i64(R), i64(k), batch, arena, stats, i64(n_ins), live, incl))
-        _launch("gu_mid_close", R, (g, i64(R), i64(k), batch, arena))
+        _launch("gu_mid_close", R, (g, i64(R), i64(k), batch, arena, stats))
         _launch("gu_mid_publish", n_new, (g, arena, stats, vids))
 
     def _copy_space(self, total: int) -> None:

@@ -30,17 +30,17 @@ LAG = 3  # batches the GC pointer trails the newest batch; reads go back that fa
 
 
 def device_mvg(g: Graph, path: str = "auto"):
-    """path: which apply every batch takes. auto: by its size (gpu/mvg.cu's GU_FUSED_ROWS and
-    GU_SMALL_ROWS); block: planned and written in one block (up to GU_SMALL_ROWS rows); mid:
-    planned in one block, written over the grid; grid: the multi-kernel path, which otherwise
-    only takes batches of more than GU_SMALL_ROWS / 2 ops."""
+    """path: which apply every batch takes. auto: by its size and its copy (gpu/mvg.cu's
+    GU_SMALL_ROWS and GU_FUSED_COPY); block: planned and written in one block (up to
+    GU_SMALL_ROWS rows); mid: planned in one block, written over the grid; grid: the multi-kernel
+    path, which otherwise only takes batches of more than GU_SMALL_ROWS / 2 ops."""
     from csmd.gpu.device_mvg import DeviceMVG
 
     dm = DeviceMVG.from_graph(g)
     if path == "grid":
         dm.small_rows = 0
     elif path in ("block", "mid"):
-        dm.fused_rows = dm.small_rows if path == "block" else 0
+        dm.fused_copy = 1 << 62 if path == "block" else -1
     return dm
 
 
@@ -231,11 +231,12 @@ def test_random_stream_matches_cpu_mvg(seed, monkeypatch):
 
 
 @pytest.mark.parametrize("ops,path,defer", [
-    (2500, "auto", True), (2500, "auto", False), (2500, "block", True), (2500, "grid", True),
-    (8000, "auto", True), (8000, "auto", False), (8000, "block", True), (8000, "block", False)])
-def test_batches_beyond_the_fused_limit_match_cpu_mvg(ops, path, defer, monkeypatch):
-    """Batches of more than GU_FUSED_ROWS / 2 ops and at most GU_SMALL_ROWS / 2 (the one-block
-    plan, then the grid's write or, forced, the block's), on few vertices with hubs: many
+    (2500, "auto", True), (2500, "auto", False), (2500, "block", True), (2500, "mid", False),
+    (2500, "grid", True), (8000, "auto", True), (8000, "auto", False), (8000, "block", True),
+    (8000, "block", False)])
+def test_large_one_block_batches_match_cpu_mvg(ops, path, defer, monkeypatch):
+    """Batches of more than the old one-block limit (2,048 ops) and at most GU_SMALL_ROWS / 2
+    (the one-block plan, then the grid's write or the block's), on few vertices with hubs: many
     deletions, re-insertions and several versions per vertex in one batch."""
     if not defer:
         monkeypatch.setattr("csmd.gpu.device_mvg.DEFER_GROWTH", 0)
@@ -244,8 +245,7 @@ def test_batches_beyond_the_fused_limit_match_cpu_mvg(ops, path, defer, monkeypa
     st = Stream(rnd, rnd.randint(200, 400), 3, 2)
     g = st.graph()
     mvg, dm = MultiVersionGraph(g), device_mvg(g, path)
-    rows, fused = dm._small[:2]  # gpu/mvg.cu's GU_SMALL_ROWS and GU_FUSED_ROWS
-    assert fused < 2 * ops <= rows
+    assert 2 * ops <= dm._small[0]  # gpu/mvg.cu's GU_SMALL_ROWS
     gc, rng, firsts = GarbageCollector(), np.random.default_rng(seed), []
     for _ in range(3):
         ops_ = st.batch(ops)
