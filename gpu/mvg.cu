@@ -7,7 +7,9 @@
 // entries. A released version keeps its block and goes to the free list of its class as
 // the key (class << 32 | vid): a later version of that class takes id and block together.
 //
-// Every kernel is a grid-stride loop with no block-level cooperation. Rows of a batch are
+// Every step is a grid-stride loop with no block-level cooperation (the one-block kernels of
+// small batches and the prefix sum of gu_mid_flags/gu_mid_incl are the exceptions, below,
+// and gu_plan sums its counters per warp). Rows of a batch are
 // the ops seen from each endpoint (2 per op), sorted by (vertex, op): a vertex's rows form
 // a segment. Copies are load-balanced over a prefix sum of the copied arrays' sizes: the
 // 32 lanes of a warp take 32 consecutive entries, so one warp copies several small arrays
