@@ -25,7 +25,7 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-from csmd.gpu.device_mvg import DeviceMVG
+from csmd.gpu.device_mvg import SOLO_COPY, DeviceMVG
 from csmd.gpu.launch import THREADS, flat_grid, i32, i64, u64
 from csmd.gpu.module import kernel
 from csmd.gpu.rmat import GRAPH500, rmat_graph
@@ -83,6 +83,7 @@ def set_path(dm: DeviceMVG, path: str, rows: int, fused: int) -> None:
     block, written over the grid; grid: the multi-kernel path."""
     dm.small_rows = 0 if path == "grid" else rows
     dm.fused_copy = {"block": 1 << 62, "mid": -1}.get(path, fused)
+    dm.solo_copy = {"block": 1 << 62, "mid": -1}.get(path, SOLO_COPY)
 
 
 def time_batches(dm: DeviceMVG, stream, sizes, count=None, at: int = 0) -> list[tuple]:

@@ -38,6 +38,12 @@ S_NEW, S_REPLACED, S_EMPTY, S_REPLACED_AT, S_FRESH, S_FRESH_ENTRIES, S_COPY, S_M
 # A small batch's allocation may grow the pool by this many entries (and its copy space as many)
 # towards room for its worst case, so that its counters need not be read back before its copy.
 DEFER_GROWTH = 1 << 20
+# A deferred small batch whose worst case copies at most this many entries is written by its one
+# block whatever it copies (one launch; one block copies some 150 entries a microsecond, so at
+# worst about 0.9 ms, a bound seldom reached: 64 ops on the human graph may copy 98,688 entries
+# and copy some 4,700); beyond it five grid launches follow, which do the write where it copies
+# more than GU_FUSED_COPY (some 0.1 ms of host time that a hub's copy repays).
+SOLO_COPY = 1 << 17
 _FORMATS = {"int*": np.uint64, "i64*": np.uint64, "i64": np.int64}
 
 
@@ -244,6 +250,7 @@ class DeviceMVG:
             # the largest batch (in rows: 2 per op) planned in one block (0: none), and the largest
             # copy (in entries) that the block also does (larger ones take five grid launches)
             self.small_rows, self.fused_copy = self._small[0], self._small[1]
+            self.solo_copy = SOLO_COPY
             # held while arrays are swapped (growth, new vertices) and while a reader on another
             # stream takes the view and enqueues its launch: a growth then waits for that launch
             self.swap = threading.RLock()
@@ -438,9 +445,11 @@ class DeviceMVG:
         self._deferred = True  # the batch's upload may still be in flight
         if defer:
             vids, out = cp.empty(n_ins, cp.int32), np.uint64(self._counters.host.ctypes.data)
+            grid = copy > self.solo_copy and copy > self.fused_copy
+            fused_copy = self.fused_copy if grid else INF
             _kernel("gu_small_apply")((1,), (threads,), plan + (
-                i64(n_ins), i64(self.fused_copy), self._live, self._incl, vids, out), shared_mem=smem)
-            if copy > self.fused_copy:  # (the kernels do nothing where the block wrote the batch)
+                i64(n_ins), i64(fused_copy), self._live, self._incl, vids, out), shared_mem=smem)
+            if grid:  # (the kernels do nothing where the block wrote the batch)
                 self._write_mid(batch, k, R, n_ins, n_ins, copy, vids)
             self._pending = Replaced(vids, mvg=self)
             return self._pending

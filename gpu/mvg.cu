@@ -480,8 +480,9 @@ GU_STEP(gu_publish, (MVGView g, i64 n_new, const i64* req, const i64* keys, cons
 // so gu_small_apply writes the batch in the same block where it copies at most fused_copy
 // entries (GU_FUSED_COPY unless the host says otherwise), and the gu_mid_* launches, which
 // read the sizes from the counters on the device, do it otherwise. The host launches those
-// only where the batch's worst case copies more than that (a single op next to a hub of an
-// R-MAT graph copies a million entries: 10 ms in one block). Either way the host needs no
+// only where the batch's worst case copies more than it leaves to one block whatever the copy
+// (DeviceMVG.solo_copy: a single op next to a hub of an R-MAT graph copies a million
+// entries, 10 ms in one block), and passes fused_copy = MVG_INF where it does not. Either way the host needs no
 // counter before the copy where it could make room for the batch's worst case beforehand
 // (DeviceMVG._apply_small): the counters are written to pinned memory and read at the next
 // apply. Else gu_small_plan runs alone and the host reads them back before the write.

@@ -40,7 +40,7 @@ def device_mvg(g: Graph, path: str = "auto"):
     if path == "grid":
         dm.small_rows = 0
     elif path in ("block", "mid"):
-        dm.fused_copy = 1 << 62 if path == "block" else -1
+        dm.fused_copy = dm.solo_copy = 1 << 62 if path == "block" else -1
     return dm
 
 
