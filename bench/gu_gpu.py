@@ -7,23 +7,32 @@ batch's replaced versions are released one batch later, as a GC trailing by one 
 would. A batch's time is apply + release until the device is idle again (host shaping
 and the upload included); the table gives the median over the timed batches.
 
-    python bench/gu_gpu.py [--scale 25] [--edges 150000000] [--labels 8]
+A batch of at most GU_SMALL_ROWS / 2 ops is planned by one block, then written by the same
+block (where it copies at most GU_FUSED_COPY entries) or by five grid launches; larger ones take
+the multi-kernel path. --paths times each path on the same batches: the R-MAT stream at a few sizes, and with
+--human DIR the first B insertions of that stream applied to a fresh DeviceMVG of its graph
+(what `csmd replay --count-only` does first), the pool grown beforehand (a "fresh" row: not).
+
+    python bench/gu_gpu.py [--scale 25] [--edges 150000000] [--labels 8] [--paths] [--human DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import cupy as cp
 import numpy as np
 
-from csmd.gpu.device_mvg import DeviceMVG
+from csmd.gpu.device_mvg import SOLO_COPY, DeviceMVG
 from csmd.gpu.launch import THREADS, flat_grid, i32, i64, u64
 from csmd.gpu.module import kernel
 from csmd.gpu.rmat import GRAPH500, rmat_graph
 
-SIZES = (1, 64, 1024, 65536, 1 << 20)
+SIZES = (1, 64, 1024, 4096, 8192, 65536, 1 << 20)
+PATH_SIZES = (64, 256, 512, 1024, 2048, 4096, 8192)  # ops, for --paths
+PATHS = ("auto", "block", "mid", "grid")  # see set_path
 WARMUP = 3  # untimed batches before each size's timed ones
 
 
@@ -69,13 +78,21 @@ def make_stream(dg, scale: int, total: int, seed: int):
     return (key // dg.n).get(), (key % dg.n).get(), label.get(), sign.get()
 
 
-def time_batches(dm: DeviceMVG, stream, sizes) -> list[tuple]:
-    """(size, batches, median s, p90 s) per batch size, consuming the stream in order."""
+def set_path(dm: DeviceMVG, path: str, rows: int, fused: int) -> None:
+    """auto: by batch size and copy; block: planned and written by one block; mid: planned by one
+    block, written over the grid; grid: the multi-kernel path."""
+    dm.small_rows = 0 if path == "grid" else rows
+    dm.fused_copy = {"block": 1 << 62, "mid": -1}.get(path, fused)
+    dm.solo_copy = {"block": 1 << 62, "mid": -1}.get(path, SOLO_COPY)
+
+
+def time_batches(dm: DeviceMVG, stream, sizes, count=None, at: int = 0) -> list[tuple]:
+    """(size, batches, median s, p90 s) per batch size, consuming the stream in order from `at`."""
     a, b, label, sign = stream
-    rows, at, pending = [], 0, None
+    rows, pending = [], None
     for size in sizes:
         times = []
-        for i in range(runs(size) + WARMUP):
+        for i in range((count or runs(size)) + WARMUP):
             s = slice(at, at + size)
             seq = np.arange(at, at + size, dtype=np.int64)
             at += size
@@ -87,15 +104,96 @@ def time_batches(dm: DeviceMVG, stream, sizes) -> list[tuple]:
             if i >= WARMUP:
                 times.append(time.perf_counter() - t)
             pending = token
-        rows.append((size, runs(size), float(np.median(times)), float(np.percentile(times, 90))))
+        rows.append((size, count or runs(size), float(np.median(times)), float(np.percentile(times, 90))))
+    if pending is not None:
+        dm.release([pending])
     return rows
 
 
-def load(scale: int, edges: int, labels: int, seed: int, sizes):
-    """The R-MAT graph in a DeviceMVG, the stream for `sizes`, and what building them cost."""
+def rmat_paths(dm: DeviceMVG, stream, at: int) -> None:
+    """Each path on the R-MAT stream (steady state: a GC trailing by one batch), per batch size."""
+    rows, fused = dm.small_rows, dm.fused_copy
+    print("paths on the R-MAT stream (median ms per batch, apply until the device is idle):")
+    print(f"{'batch size':>10} " + " ".join(f"{p:>9}" for p in PATHS))
+    for size in PATH_SIZES:
+        out = []
+        for path in PATHS:
+            if path != "grid" and 2 * size > rows:
+                out.append(f"{'-':>9}")
+                continue
+            set_path(dm, path, rows, fused)
+            (_, count, med, _), = time_batches(dm, stream, (size,), count=20, at=at)
+            at += size * (count + WARMUP)
+            out.append(f"{med * 1e3:>9.3f}")
+        print(f"{size:>10,} " + " ".join(out))
+    set_path(dm, "auto", rows, fused)
+
+
+def human_paths(root, runs_: int = 7) -> None:
+    """Each path on the first B insertions of the human stream, applied to a fresh DeviceMVG of its
+    graph: host ms (the apply call), ms until the device is idle, device ms (events around it), and
+    of it the upload and the one-block plan where the grid writes."""
+    from csmd.model.formats import read_graph
+
+    g = read_graph(root / "data.graph")
+    ins = [line.split() for line in (root / "insertion.graph").read_text().splitlines() if line.startswith("e ")]
+    a = np.array([g.index_of(int(x[1])) for x in ins], np.int64)
+    b = np.array([g.index_of(int(x[2])) for x in ins], np.int64)
+    label = np.array([int(x[3]) if len(x) > 3 else 0 for x in ins], np.int64)
+    rows = fused = None
+    print(f"paths on the human stream's first B insertions ({g.n:,} vertices; median of {runs_}, ms):")
+    print(f"{'B':>6} {'path':>6} {'host':>8} {'to idle':>8} {'device':>8} {'plan':>8}")
+    for size in [s for s in PATH_SIZES if s < len(a)] + [len(a)]:
+        for path in PATHS + ("fresh",):
+            host, idle, dev, plan = [], [], [], []
+            for i in range(runs_ + 1):
+                dm = DeviceMVG.from_graph(g)
+                if rows is None:
+                    rows, fused = dm.small_rows, dm.fused_copy
+                if path != "fresh" and path != "grid" and 2 * size > rows:
+                    break
+                set_path(dm, "auto" if path == "fresh" else path, rows, fused)
+                if path != "fresh":  # growth (a device sync) out of the timing
+                    dm._reserve(versions=dm.n_versions + 2 * size + 1024, entries=3 * dm.bump + 80 * size)
+                    dm._copy_space(dm.bump + 1)
+                cp.cuda.Device().synchronize()
+                e0, e1, em = cp.cuda.Event(), cp.cuda.Event(), []
+                write_mid = dm._write_mid
+
+                def timed_mid(*args, dm=dm, write_mid=write_mid, em=em):
+                    em.append(cp.cuda.Event())
+                    em[0].record(dm.stream)
+                    write_mid(*args)
+
+                dm._write_mid = timed_mid
+                seq = np.arange(size, dtype=np.int64)
+                s = slice(0, size)
+                t0 = time.perf_counter()
+                e0.record(dm.stream)
+                token = dm.apply(seq, a[s], b[s], label[s], np.ones(size, np.int64))
+                e1.record(dm.stream)
+                t1 = time.perf_counter()
+                dm.stream.synchronize()
+                t2 = time.perf_counter()
+                _ = token.count  # settles a deferred batch
+                if i:
+                    host.append(t1 - t0)
+                    idle.append(t2 - t0)
+                    dev.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
+                    if em:
+                        plan.append(cp.cuda.get_elapsed_time(e0, em[0]) / 1e3)
+                del dm
+            if host:
+                print(f"{size:>6} {path:>6} " + " ".join(f"{np.median(x) * 1e3:>8.3f}" for x in (host, idle, dev)) +
+                      (f" {np.median(plan) * 1e3:>8.3f}" if plan else f" {'-':>8}"))
+
+
+def load(scale: int, edges: int, labels: int, seed: int, sizes, extra: int = 0):
+    """The R-MAT graph in a DeviceMVG, the stream for `sizes` (and `extra` updates more), and what
+    building them cost."""
     t = time.perf_counter()
     dg = rmat_graph(scale, edges, labels, seed)
-    stream = make_stream(dg, scale, sum(s * (runs(s) + WARMUP) for s in sizes), seed + 7)
+    stream = make_stream(dg, scale, sum(s * (runs(s) + WARMUP) for s in sizes) + extra, seed + 7)
     t_gen = time.perf_counter() - t
     n, m = dg.n, len(dg.adj) // 2
     t = time.perf_counter()
@@ -118,9 +216,16 @@ def main() -> None:
     ap.add_argument("--edges", type=int, default=150_000_000, help="R-MAT draws (repeats are dropped)")
     ap.add_argument("--labels", type=int, default=8, help="vertex labels")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--paths", action="store_true", help="also time each apply path on the same batches")
+    ap.add_argument("--human", type=Path, help="the human dataset's folder: --paths on its insertion stream, "
+                                               "then exit")
     args = ap.parse_args()
     cp.random.seed(args.seed)
-    dm, stream, n, m, t_gen, t_build = load(args.scale, args.edges, args.labels, args.seed, SIZES)
+    if args.human:
+        human_paths(args.human)
+        return
+    path_updates = sum(len(PATHS) * s * (20 + WARMUP) for s in PATH_SIZES) if args.paths else 0
+    dm, stream, n, m, t_gen, t_build = load(args.scale, args.edges, args.labels, args.seed, SIZES, path_updates)
     held0 = dm.memory_bytes
     rows = time_batches(dm, stream, SIZES)
     updates = sum(s * (runs(s) + WARMUP) for s in SIZES)
@@ -132,6 +237,8 @@ def main() -> None:
     print("stream: half deletions of existing edges, half insertions of new R-MAT edges, random order; "
           "time per batch = apply + release of the previous batch's versions, until the device is idle")
     table(rows)
+    if args.paths:
+        rmat_paths(dm, stream, updates)
     # the fixed cost per batch, where copies cost next to nothing
     del dm, stream
     cp.get_default_memory_pool().free_all_blocks()

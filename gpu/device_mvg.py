@@ -31,13 +31,19 @@ from .module import HERE, kernel
 INF = np.iinfo(np.int64).max
 NOW = INF - 1  # a read "now": after every update, before the end of every live entry
 # the batch counters, as gpu/mvg.cu's enum names them
-_STATS = re.search(r"enum \{ (S_NEW,[^}]*) \};", (HERE / "mvg.cu").read_text()).group(1).split(", ")
+_STATS = re.split(r",\s*", re.search(r"enum \{\s*(S_NEW,[^}]*?)\s*\};", (HERE / "mvg.cu").read_text()).group(1))
 S_NEW, S_REPLACED, S_EMPTY, S_REPLACED_AT, S_FRESH, S_FRESH_ENTRIES, S_COPY, S_MAX_SIZE, S_COUNT = (
     _STATS.index(name) for name in ("S_NEW", "S_REPLACED", "S_EMPTY", "S_REPLACED_AT", "S_FRESH", "S_FRESH_ENTRIES",
                                     "S_COPY", "S_MAX_SIZE", "S_COUNT"))
 # A small batch's allocation may grow the pool by this many entries (and its copy space as many)
 # towards room for its worst case, so that its counters need not be read back before its copy.
 DEFER_GROWTH = 1 << 20
+# A deferred small batch whose worst case copies at most this many entries is written by its one
+# block whatever it copies (one launch; one block copies some 150 entries a microsecond, so at
+# worst about 0.9 ms, a bound seldom reached: 64 ops on the human graph may copy 98,688 entries
+# and copy some 4,700); beyond it five grid launches follow, which do the write where it copies
+# more than GU_FUSED_COPY (some 0.1 ms of host time that a hub's copy repays).
+SOLO_COPY = 1 << 17
 _FORMATS = {"int*": np.uint64, "i64*": np.uint64, "i64": np.int64}
 
 
@@ -58,12 +64,20 @@ def _launch(name: str, n: int, args) -> None:
     _kernel(name)((max(1, min(-(-n // THREADS), _SMS[0] * 8)),), (THREADS,), args)
 
 
-def _small_layout() -> tuple[int, int, int]:
-    """(rows, threads, arena words) of the fused small-batch kernels, from gpu/mvg.cu."""
-    out = cp.zeros(3, cp.int64)
+def _small_layout() -> tuple[int, int, int, int]:
+    """(rows, fused copy, threads, arena words) of the one-block kernels, from gpu/mvg.cu; raises
+    the dynamic shared memory those that sort may take to what their largest batch needs."""
+    out = cp.zeros(4, cp.int64)
     _kernel("gu_small_layout")((1,), (1,), (out,))
-    rows, threads, arena = (int(x) for x in out.get())
-    return rows, threads, arena
+    rows, fused, threads, arena = (int(x) for x in out.get())
+    for name in ("gu_small_plan", "gu_small_apply"):
+        _kernel(name).max_dynamic_shared_size_bytes = 8 * _pow2(rows)
+    return rows, fused, threads, arena
+
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n (block_ops.cuh's pow2_at_least)."""
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _view_dtype() -> np.dtype:
@@ -84,8 +98,12 @@ def _view_dtype() -> np.dtype:
 
 
 def _grown(a: cp.ndarray, size: int, fill=None) -> cp.ndarray:
+    """a in a new array of `size` items (the rest `fill`, or not set), on the current stream: one
+    cudaMemcpyAsync, a tenth of the host time of a slice assignment (a pool grows by some
+    thirteen arrays at once)."""
     out = cp.empty(size, a.dtype) if fill is None else cp.full(size, fill, a.dtype)
-    out[: len(a)] = a
+    cp.cuda.runtime.memcpyAsync(out.data.ptr, a.data.ptr, a.nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
+                                cp.cuda.get_current_stream().ptr)
     return out
 
 
@@ -221,14 +239,18 @@ class DeviceMVG:
             self._view = None
             # the fused small-batch path's scratch (gpu/mvg.cu GuSmall), its counters and its
             # copy space (grown by doubling); only the updater's stream uses them, one batch after another
-            self._arena = cp.empty(self._small[2], cp.int64)
+            self._arena = cp.empty(self._small[3], cp.int64)
             self._stats = cp.empty(S_COUNT, cp.int64)
             self._live, self._incl = cp.empty(1024, cp.int32), cp.empty(1024, cp.int64)
+            self._tiles = cp.empty(1024 // THREADS + 2, cp.int64)
             self._batch, self._counters, self._lookups = Staging(), Staging(), Staging()
             self._counters.host_view(S_COUNT)  # where gu_small_apply writes its counters (pinned)
             self._pending: Replaced | None = None  # the token of a deferred batch not yet settled
             self._deferred = False  # a small batch's launches were not waited for (its staging is in use)
-            self.small_rows = self._small[0]  # the largest batch (in rows: 2 per op) of that path; 0: never
+            # the largest batch (in rows: 2 per op) planned in one block (0: none), and the largest
+            # copy (in entries) that the block also does (larger ones take five grid launches)
+            self.small_rows, self.fused_copy = self._small[0], self._small[1]
+            self.solo_copy = SOLO_COPY
             # held while arrays are swapped (growth, new vertices) and while a reader on another
             # stream takes the view and enqueues its launch: a growth then waits for that launch
             self.swap = threading.RLock()
@@ -284,7 +306,9 @@ class DeviceMVG:
                                       self.e_lab, self.e_el, self.e_ct, self.e_dt))
 
     def _reserve(self, vertices: int = 0, versions: int = 0, entries: int = 0, free: int = 0) -> None:
-        """Make room for that many vertices, versions, entries and free-list keys (doubling)."""
+        """Make room for that many vertices, versions, entries and free-list keys: twice the size, or
+        half as much again as needed if that is more (the next batch's worst case is about as
+        large: one growth, a device-wide sync, rather than one per batch)."""
         grow = [(names, need, fill) for names, need, fill in (
             (("labels", "cur"), vertices, None),
             (("v_ct_min", "v_dt_max", "v_start", "v_prev", "v_size", "v_cls", "v_live", "v_ct_hi"), versions, None),
@@ -295,7 +319,7 @@ class DeviceMVG:
         with self.swap:
             cp.cuda.Device().synchronize()  # readers on other streams may still use the old arrays
             for names, need, fill in grow:
-                size = max(need, 2 * len(getattr(self, names[0])))
+                size = max(need + need // 2, 2 * len(getattr(self, names[0])))
                 for name in names:
                     f = -1 if name == "cur" else 0 if name == "labels" else fill
                     setattr(self, name, _grown(getattr(self, name), size, f))
@@ -389,16 +413,20 @@ class DeviceMVG:
         return Replaced(vids, st[S_REPLACED_AT], st[S_REPLACED] + st[S_EMPTY], st[S_REPLACED])
 
     def _apply_small(self, batch: cp.ndarray, k: int, R: int, n_ins: int) -> Replaced:
-        """apply for a batch of at most GU_SMALL_ROWS rows in one-block launches (gpu/mvg.cu).
+        """apply for a batch of at most GU_SMALL_ROWS rows, planned in one block (gpu/mvg.cu);
+        where it copies at most GU_FUSED_COPY entries the same block writes it, else five grid
+        launches do (launched where the batch's worst case copies more).
 
-        The copy must not run past the pool. Where the batch's worst case fits (every insertion
-        row a vertex of its own holding the largest array so far, copied into a block of at
-        most twice the size, plus 32), room for it is made first and one launch does the batch
-        (gu_small_apply): its counters land in pinned memory, read at the next apply
-        (`_settle`), and the returned token is pending until then. Else gu_small_plan and
-        gu_small_write run with the counters read back in between, as the multi-kernel path does."""
-        rows, threads, _ = self._small
-        copy, entries = n_ins * self.max_size, n_ins * (2 * self.max_size + 34)
+        The copy must not run past the pool. Where the batch's worst case fits (each insertion row
+        a vertex of its own, copying at most the largest array so far and in all at most every
+        entry of the pool, into blocks of at most twice the size, plus 32), room for it is made
+        first and the batch's launches follow one another with no wait: its counters land in
+        pinned memory, read at the next apply (`_settle`), and the returned token is pending until
+        then. Else gu_small_plan runs and the counters are read back before the write, as the
+        multi-kernel path does."""
+        rows, _, threads, _ = self._small
+        copy = min(n_ins * self.max_size, self.bump)
+        entries = 2 * copy + 34 * n_ins
         defer = n_ins and (self.bump + entries <= len(self.e_nbr) or entries <= DEFER_GROWTH) and (
             copy < len(self._live) or copy <= DEFER_GROWTH)
         if defer:
@@ -411,30 +439,51 @@ class DeviceMVG:
             else:
                 self.free_keys[: self.n_keys].sort()
             self.n_keys, self.sorted = self.n_free, True
+        smem = 8 * _pow2(max(R, sort_free))
         plan = (self.view(), i64(R), i64(k), batch, self._arena, self._stats, self.free_keys, i64(self.n_free),
                 i64(sort_free), i64(self.n_versions), i64(self.bump))
         self._deferred = True  # the batch's upload may still be in flight
         if defer:
-            vids = cp.empty(n_ins, cp.int32)
+            vids, out = cp.empty(n_ins, cp.int32), np.uint64(self._counters.host.ctypes.data)
+            grid = copy > self.solo_copy and copy > self.fused_copy
+            fused_copy = self.fused_copy if grid else INF
             _kernel("gu_small_apply")((1,), (threads,), plan + (
-                i64(n_ins), self._live, self._incl, vids, np.uint64(self._counters.host.ctypes.data)))
+                i64(n_ins), i64(fused_copy), self._live, self._incl, vids, out), shared_mem=smem)
+            if grid:  # (the kernels do nothing where the block wrote the batch)
+                self._write_mid(batch, k, R, n_ins, n_ins, copy, vids)
             self._pending = Replaced(vids, mvg=self)
             return self._pending
-        _kernel("gu_small_plan")((1,), (threads,), plan)
+        _kernel("gu_small_plan")((1,), (threads,), plan + (np.uint64(0),), shared_mem=smem)
         if not n_ins:  # deletions only: applied in place, nothing allocated
             return Replaced(None)
         st = self._allocated(self._stats)
         self._copy_space(st[S_COPY])
         vids = cp.empty(st[S_NEW], cp.int32)
-        _kernel("gu_small_write")((1,), (threads,), (
-            self.view(), i64(R), i64(k), batch, self._arena, self._stats, i64(n_ins), self._live, self._incl, vids))
+        if st[S_COPY] <= self.fused_copy:
+            _kernel("gu_small_write")((1,), (threads,), (self.view(), i64(R), i64(k), batch, self._arena, self._stats,
+                                                         i64(n_ins), self._live, self._incl, vids))
+        else:
+            self._write_mid(batch, k, R, n_ins, st[S_NEW], st[S_COPY], vids)
         return Replaced(vids, st[S_REPLACED_AT], st[S_REPLACED] + st[S_EMPTY], st[S_REPLACED])
+
+    def _write_mid(self, batch: cp.ndarray, k: int, R: int, n_ins: int, n_new: int, copy: int,
+                   vids: cp.ndarray) -> None:
+        """The write of a batch planned in one block, over the grid (the gu_mid_* kernels):
+        n_new and copy bound the new versions and the copied entries (the kernels read both from
+        the counters), and size the grids."""
+        g, arena, stats, live, incl = self.view(), self._arena, self._stats, self._live, self._incl
+        _launch("gu_mid_flags", max(n_new, copy + 1), (g, i64(R), arena, stats, live, self._tiles))
+        _launch("gu_mid_incl", copy + 1, (stats, live, self._tiles, incl))
+        _launch("gu_mid_copy", max(copy, n_ins), (g, i64(R), i64(k), batch, arena, stats, i64(n_ins), live, incl))
+        _launch("gu_mid_close", R, (g, i64(R), i64(k), batch, arena, stats))
+        _launch("gu_mid_publish", n_new, (g, arena, stats, vids))
 
     def _copy_space(self, total: int) -> None:
         """Room for a copy of `total` entries in the small path's flags and prefix sums."""
         if total + 1 > len(self._live):
             size = max(total + 1, 2 * len(self._live))
             self._live, self._incl = cp.empty(size, cp.int32), cp.empty(size, cp.int64)
+            self._tiles = cp.empty(size // THREADS + 2, cp.int64)  # gu_mid_flags' per-block counts
 
     def _settle(self) -> None:
         """Wait for the last small batch's launches (its staging buffers are free again) and, if

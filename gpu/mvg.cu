@@ -7,7 +7,9 @@
 // entries. A released version keeps its block and goes to the free list of its class as
 // the key (class << 32 | vid): a later version of that class takes id and block together.
 //
-// Every kernel is a grid-stride loop with no block-level cooperation. Rows of a batch are
+// Every step is a grid-stride loop with no block-level cooperation (the one-block kernels of
+// small batches and the prefix sum of gu_mid_flags/gu_mid_incl are the exceptions, below,
+// and gu_plan sums its counters per warp). Rows of a batch are
 // the ops seen from each endpoint (2 per op), sorted by (vertex, op): a vertex's rows form
 // a segment. Copies are load-balanced over a prefix sum of the copied arrays' sizes: the
 // 32 lanes of a warp take 32 consecutive entries, so one warp copies several small arrays
@@ -29,7 +31,10 @@
 
 // counters of an applied batch, read back by the host once per batch (device_mvg.py parses
 // this enum). S_MAX_SIZE: the largest new version, which bounds a later batch's allocation.
-enum { S_NEW, S_REPLACED, S_EMPTY, S_REPLACED_AT, S_FRESH, S_FRESH_ENTRIES, S_COPY, S_MAX_SIZE, S_COUNT };
+// S_WRITTEN: gu_small_apply wrote the batch itself (the gu_mid_* launches after it do nothing);
+// S_DONE: the blocks of gu_mid_flags that are done.
+enum { S_NEW, S_REPLACED, S_EMPTY, S_REPLACED_AT, S_FRESH, S_FRESH_ENTRIES, S_COPY, S_MAX_SIZE, S_WRITTEN, S_DONE,
+       S_COUNT };
 
 __device__ __forceinline__ int size_class(i64 size) {
     if (!size) return 0;
@@ -219,26 +224,44 @@ GU_STEP(gu_split, (MVGView g, i64 R, i64 k, const i64* batch, const i64* keys, c
 GU_STEP(gu_plan, (MVGView g, i64 R, const i64* keys, const int* seg, const int* insc, const int* ins, const int* row0,
         const i64* ts0, const int* first, i64* req, int* s_old, int* s_size, int* s_ndel, i64* stats),
         (g, R, keys, seg, insc, ins, row0, ts0, first, req, s_old, s_size, s_ndel, stats)) {
-    const int n_seg = seg[R - 1];
-    GRID_STRIDE(s, R) {
-        if (s >= n_seg || ts0[s] == MVG_INF) {
+    const int n_seg = seg[R - 1], lane = threadIdx.x & 31;
+    // warp by warp, so that the counters take one atomic per warp, not one per segment (all of
+    // them hit the same words: thousands of them took a one-block plan some 0.1 ms)
+    for (i64 w = blockIdx.x * (i64)blockDim.x + threadIdx.x - lane; w < R; w += (i64)gridDim.x * blockDim.x) {
+        const i64 s = w + lane;
+        unsigned long long made = 0, replaced = 0, empty = 0;
+        i64 max_size = 0, at = -1;
+        if (s < R && (s >= n_seg || ts0[s] == MVG_INF)) {
             req[s] = MVG_INF;
-            continue;
+        } else if (s < R) {
+            const int r0 = row0[s], r1 = row0[s + 1];
+            const int n_ins = insc[r1 - 1] - (insc[r0] - ins[r0]);
+            const int old = g.cur[keys[r0] >> 32];
+            const int size = (old >= 0 ? g.v_live[old] : 0) + n_ins;
+            s_old[s] = old;
+            s_size[s] = size;
+            s_ndel[s] = (r1 - first[s]) - n_ins;
+            req[s] = (i64)size_class(size) << 32 | s;
+            made = 1;
+            max_size = size;
+            if (old >= 0) {
+                (g.v_cls[old] ? replaced : empty) = 1;
+                at = ts0[s];
+            }
         }
-        const int r0 = row0[s], r1 = row0[s + 1];
-        const int n_ins = insc[r1 - 1] - (insc[r0] - ins[r0]);
-        const int old = g.cur[keys[r0] >> 32];
-        const int size = (old >= 0 ? g.v_live[old] : 0) + n_ins;
-        s_old[s] = old;
-        s_size[s] = size;
-        s_ndel[s] = (r1 - first[s]) - n_ins;
-        req[s] = (i64)size_class(size) << 32 | s;
-        atomicAdd((unsigned long long*)(stats + S_NEW), 1ull);
-        atomicMax(stats + S_MAX_SIZE, (i64)size);
-        if (old >= 0) {
-            atomicAdd((unsigned long long*)(stats + (g.v_cls[old] ? S_REPLACED : S_EMPTY)), 1ull);
-            atomicMax(stats + S_REPLACED_AT, ts0[s]);
+        for (int d = 16; d; d >>= 1) {
+            made += __shfl_xor_sync(0xffffffffu, made, d);
+            replaced += __shfl_xor_sync(0xffffffffu, replaced, d);
+            empty += __shfl_xor_sync(0xffffffffu, empty, d);
+            max_size = max(max_size, __shfl_xor_sync(0xffffffffu, max_size, d));
+            at = max(at, __shfl_xor_sync(0xffffffffu, at, d));
         }
+        if (lane || !made) continue;
+        atomicAdd((unsigned long long*)(stats + S_NEW), made);
+        atomicMax(stats + S_MAX_SIZE, max_size);
+        if (replaced) atomicAdd((unsigned long long*)(stats + S_REPLACED), replaced);
+        if (empty) atomicAdd((unsigned long long*)(stats + S_EMPTY), empty);
+        if (at >= 0) atomicMax(stats + S_REPLACED_AT, at);
     }
 }
 
@@ -448,17 +471,25 @@ GU_STEP(gu_publish, (MVGView g, i64 n_new, const i64* req, const i64* keys, cons
     }
 }
 
-// ---- fused small batches -----------------------------------------------------------------------
-// A batch of at most GU_SMALL_ROWS rows (GU_SMALL_ROWS / 2 ops) is applied by two one-block
-// kernels that run the steps above in order, with block-wide sorts and prefix sums between
-// them: two launches instead of about twenty, which is most of a small batch's cost on the
-// host. small_plan does everything up to the allocation, small_write copies, merges and
-// publishes. Where the host could make room for the batch's worst case beforehand
-// (DeviceMVG._apply_small), gu_small_apply runs both and the host reads the counters later;
-// else gu_small_plan and gu_small_write run them with the counters read back in between.
-// Their scratch arrays are carved from one arena of GU_SMALL_ARENA words that the host
-// allocates once.
-#define GU_SMALL_ROWS 4096
+// ---- batches of up to GU_SMALL_ROWS rows -------------------------------------------------------
+// Such a batch is planned in one block: small_plan runs the steps above up to the allocation
+// in order, with block-wide sorts and prefix sums between them (in shared memory: 8 bytes per
+// row, rounded up to a power of two, given at launch). What follows, the copy and the merge,
+// is bound by the copied arrays, not by the rows: one block copies some 150 entries a
+// microsecond, and a grid-wide write costs five launches (gu_mid_*, some 60 us of host time),
+// so gu_small_apply writes the batch in the same block where it copies at most fused_copy
+// entries (GU_FUSED_COPY unless the host says otherwise), and the gu_mid_* launches, which
+// read the sizes from the counters on the device, do it otherwise. The host launches those
+// only where the batch's worst case copies more than it leaves to one block whatever the copy
+// (DeviceMVG.solo_copy: a single op next to a hub of an R-MAT graph copies a million
+// entries, 10 ms in one block), and passes fused_copy = MVG_INF where it does not. Either way the host needs no
+// counter before the copy where it could make room for the batch's worst case beforehand
+// (DeviceMVG._apply_small): the counters are written to pinned memory and read at the next
+// apply. Else gu_small_plan runs alone and the host reads them back before the write.
+// Scratch arrays are carved from one arena of GU_SMALL_ARENA words that the host allocates
+// once. device_mvg.py reads these constants through gu_small_layout.
+#define GU_SMALL_ROWS 16384
+#define GU_FUSED_COPY 8192
 #define GU_SMALL_THREADS 1024
 #define GU_SMALL_ARENA (15 * GU_SMALL_ROWS + 6 * (GU_SMALL_ROWS + 1))
 
@@ -476,14 +507,45 @@ struct GuSmall {
     }
 };
 
-// out: GU_SMALL_ROWS, GU_SMALL_THREADS, GU_SMALL_ARENA (read by the host once).
+// out: GU_SMALL_ROWS, GU_FUSED_COPY, GU_SMALL_THREADS, GU_SMALL_ARENA (read by the host once).
 extern "C" __global__ void gu_small_layout(i64* out) {
     out[0] = GU_SMALL_ROWS;
-    out[1] = GU_SMALL_THREADS;
-    out[2] = GU_SMALL_ARENA;
+    out[1] = GU_FUSED_COPY;
+    out[2] = GU_SMALL_THREADS;
+    out[3] = GU_SMALL_ARENA;
+}
+
+// The insertion rows in entry order per vertex, as gu_ins_keys and two stable argsorts give them
+// on the grid path: perm[0, n_ins) and their pair keys i_pair. Rows are sorted by (vertex, op),
+// so segment order is vertex order; one sort of the pairs in shared memory ranks them, and one
+// sort of (segment, pair rank, row) keys (21 bits each: R <= 2^21) orders the insertion rows.
+__device__ __forceinline__ void small_ins_order(const MVGView& g, i64 R, i64 k, const i64* batch, const GuSmall& s,
+                                                i64* sh) {
+    const int P = pow2_at_least(R);
+    for (i64 r = threadIdx.x; r < P; r += blockDim.x) {
+        i64 key = MVG_INF;
+        if (r < R) {
+            const Op o = row_op(batch, k, s.keys[r]);
+            key = s.pair[r] = pair_key(g.labels[o.nbr], o.nbr);
+        }
+        sh[r] = key;
+    }
+    __syncthreads();
+    block_sort_shared(sh, P);
+    for (i64 r = threadIdx.x; r < R; r += blockDim.x)
+        s.owner[r] = s.ins[r] ? (i64)(s.seg[r] - 1) << 42 | lower_bound(sh, R, s.pair[r]) << 21 | r : MVG_INF;
+    __syncthreads();
+    block_sort(s.owner, R, sh);
+    for (i64 q = threadIdx.x; q < R; q += blockDim.x) {
+        if (s.owner[q] == MVG_INF) break;
+        s.perm[q] = s.owner[q] & ((1 << 21) - 1);
+        s.i_pair[q] = s.pair[s.perm[q]];
+    }
+    __syncthreads();
 }
 
 // sort_free > 0: the free list's first sort_free keys are sorted first (at most GU_SMALL_ROWS).
+// sh: 8 * pow2_at_least(max(R, sort_free)) bytes.
 __device__ __forceinline__ void small_plan(const MVGView& g, i64 R, i64 k, const i64* batch, const GuSmall& s,
                                            i64* stats, i64* free_keys, i64 n_free, i64 sort_free, i64 n_versions,
                                            i64 bump, i64* sh) {
@@ -510,22 +572,18 @@ __device__ __forceinline__ void small_plan(const MVGView& g, i64 R, i64 k, const
                   s.q_vid, s.q_start, s.q_old);
     __syncthreads();
     gu_stats_step(R, s.ends, stats);
-    __syncthreads();
+    small_ins_order(g, R, k, batch, s, sh);
 }
 
 // live, incl: room for stats[S_COPY] + 1 items; vids: room for stats[S_NEW] (the replaced
 // versions, for the GC).
 __device__ __forceinline__ void small_write(const MVGView& g, i64 R, i64 k, const i64* batch, const GuSmall& s,
-                                            const i64* stats, i64 n_ins, int* live, i64* incl, int* vids, i64* sh) {
+                                            const i64* stats, i64 n_ins, int* live, i64* incl, int* vids) {
     const i64 n_new = stats[S_NEW], total = stats[S_COPY], *old_end = s.ends + 2 * R;
     gu_versions_step(g, n_new, s.req, s.q_vid, s.q_start, s.ts0, s.s_old, s.s_size, s.s_ndel);
-    gu_ins_keys_step(g, R, k, batch, s.keys, s.pair, s.owner);
     gu_copy_flags_step(g, total, n_new, old_end, s.q_old, live);
     __syncthreads();
-    block_argsort2(s.perm, R, s.owner, s.pair, sh);
     block_scan(live, incl, total + 1);
-    for (i64 q = threadIdx.x; q < n_ins; q += blockDim.x) s.i_pair[q] = s.pair[s.perm[q]];
-    __syncthreads();
     // the old side and the insertion side of the merge write disjoint entries
     gu_copy_step(g, total, n_new, old_end, s.q_old, s.q_start, s.req, live, incl, s.row0, s.insc, s.ins, s.i_pair);
     gu_insert_step(g, n_ins, k, batch, s.keys, s.perm, s.i_pair, s.seg, s.row0, s.insc, s.ins, s.s_slot, old_end,
@@ -537,31 +595,105 @@ __device__ __forceinline__ void small_write(const MVGView& g, i64 R, i64 k, cons
     for (i64 j = threadIdx.x; j < n_new; j += blockDim.x) vids[j] = s.q_old[j];
 }
 
+// out: where the counters also go (pinned host memory, read by the host later with no copy
+// to enqueue), or null.
 extern "C" __global__ void __launch_bounds__(GU_SMALL_THREADS)
 gu_small_plan(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, i64* stats, i64* free_keys, i64 n_free,
-              i64 sort_free, i64 n_versions, i64 bump) {
-    __shared__ i64 sh[GU_SMALL_ROWS];
+              i64 sort_free, i64 n_versions, i64 bump, i64* out) {
+    extern __shared__ i64 sh[];
     small_plan(g, R, k, batch, GuSmall(arena), stats, free_keys, n_free, sort_free, n_versions, bump, sh);
+    if (out && threadIdx.x < S_COUNT) out[threadIdx.x] = stats[threadIdx.x];
 }
 
 extern "C" __global__ void __launch_bounds__(GU_SMALL_THREADS)
 gu_small_write(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, const i64* stats, i64 n_ins, int* live,
                i64* incl, int* vids) {
-    __shared__ i64 sh[GU_SMALL_ROWS];
-    small_write(g, R, k, batch, GuSmall(arena), stats, n_ins, live, incl, vids, sh);
+    small_write(g, R, k, batch, GuSmall(arena), stats, n_ins, live, incl, vids);
 }
 
-// Both in one launch, where the host made room for the batch's worst case beforehand; the
-// counters are also written to `out` (pinned host memory: the host reads them later, with no
-// copy to enqueue).
+// Both in one launch, where the host made room for the batch's worst case beforehand; the write
+// only if it copies at most fused_copy entries (else the gu_mid_* launches that follow do it).
 extern "C" __global__ void __launch_bounds__(GU_SMALL_THREADS)
 gu_small_apply(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, i64* stats, i64* free_keys, i64 n_free,
-               i64 sort_free, i64 n_versions, i64 bump, i64 n_ins, int* live, i64* incl, int* vids, i64* out) {
-    __shared__ i64 sh[GU_SMALL_ROWS];
+               i64 sort_free, i64 n_versions, i64 bump, i64 n_ins, i64 fused_copy, int* live, i64* incl, int* vids,
+               i64* out) {
+    extern __shared__ i64 sh[];
     const GuSmall s(arena);
     small_plan(g, R, k, batch, s, stats, free_keys, n_free, sort_free, n_versions, bump, sh);
     if (threadIdx.x < S_COUNT) out[threadIdx.x] = stats[threadIdx.x];
-    small_write(g, R, k, batch, s, stats, n_ins, live, incl, vids, sh);
+    if (stats[S_COPY] > fused_copy) return;
+    small_write(g, R, k, batch, s, stats, n_ins, live, incl, vids);
+    if (threadIdx.x == 0) stats[S_WRITTEN] = 1;
+}
+
+// The write of a planned batch over the grid, in the order of small_write, one launch per
+// barrier. Each launch takes its sizes from the counters (the host may know only bounds), and
+// does nothing where gu_small_apply wrote the batch.
+// gu_mid_flags: the new versions' rows and the copy flags; tiles[t] gets the live entries of
+// items [t B, (t + 1) B) of the copy space's total + 1 (B = blockDim.x), and the last block
+// to finish turns tiles into their inclusive prefix sum. gu_mid_incl (same block size)
+// completes incl from it.
+extern "C" __global__ void gu_mid_flags(MVGView g, i64 R, i64* arena, i64* stats, int* live, i64* tiles) {
+    if (stats[S_WRITTEN]) return;
+    const GuSmall s(arena);
+    const i64 n_new = stats[S_NEW], total = stats[S_COPY], *old_end = s.ends + 2 * R;
+    gu_versions_step(g, n_new, s.req, s.q_vid, s.q_start, s.ts0, s.s_old, s.s_size, s.s_ndel);
+    for (i64 base = (i64)blockIdx.x * blockDim.x; base <= total; base += (i64)gridDim.x * blockDim.x) {
+        const i64 x = base + threadIdx.x;
+        int f = 0;
+        if (x < total) {
+            i64 j, o;
+            f = g.e_dt[copy_source(g, n_new, old_end, s.q_old, x, &j, &o)] == MVG_INF;
+        }
+        if (x <= total) live[x] = f;
+        const int c = __syncthreads_count(f);
+        if (threadIdx.x == 0) tiles[base / blockDim.x] = c;
+    }
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last = atomicAdd((unsigned long long*)(stats + S_DONE), 1ull) == gridDim.x - 1;
+    __syncthreads();
+    if (last) {  // every other block's tiles are written (and bypass this SM's L1: volatile)
+        __threadfence();
+        block_scan((const volatile i64*)tiles, tiles, total / blockDim.x + 1);
+    }
+}
+
+extern "C" __global__ void gu_mid_incl(const i64* stats, const int* live, const i64* tiles, i64* incl) {
+    if (stats[S_WRITTEN]) return;
+    const i64 total = stats[S_COPY];
+    for (i64 base = (i64)blockIdx.x * blockDim.x; base <= total; base += (i64)gridDim.x * blockDim.x) {
+        const i64 x = base + threadIdx.x, t = base / blockDim.x;
+        i64 sum;
+        const i64 v = block_incl<i64>(x <= total ? live[x] : 0, &sum);
+        if (x <= total) incl[x] = v + (t ? tiles[t - 1] : 0);
+    }
+}
+
+extern "C" __global__ void gu_mid_copy(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, const i64* stats,
+                                       i64 n_ins, const int* live, const i64* incl) {
+    if (stats[S_WRITTEN]) return;
+    const GuSmall s(arena);
+    const i64 n_new = stats[S_NEW], total = stats[S_COPY], *old_end = s.ends + 2 * R;
+    gu_copy_step(g, total, n_new, old_end, s.q_old, s.q_start, s.req, live, incl, s.row0, s.insc, s.ins, s.i_pair);
+    gu_insert_step(g, n_ins, k, batch, s.keys, s.perm, s.i_pair, s.seg, s.row0, s.insc, s.ins, s.s_slot, old_end,
+                   s.q_old, s.q_vid, s.q_start, live, incl);
+}
+
+extern "C" __global__ void gu_mid_close(MVGView g, i64 R, i64 k, const i64* batch, i64* arena, const i64* stats) {
+    if (stats[S_WRITTEN]) return;
+    const GuSmall s(arena);
+    gu_close_step(g, R, k, batch, s.keys, s.seg, s.ts0, s.first, s.s_slot, s.q_start, s.s_size);
+}
+
+extern "C" __global__ void gu_mid_publish(MVGView g, i64* arena, const i64* stats, int* vids) {
+    if (stats[S_WRITTEN]) return;
+    const GuSmall s(arena);
+    const i64 n_new = stats[S_NEW];
+    gu_publish_step(g, n_new, s.req, s.keys, s.row0, s.ts0, s.q_vid, s.q_old);
+    GRID_STRIDE(j, n_new) vids[j] = s.q_old[j];
 }
 
 // ---- garbage collection -----------------------------------------------------------------------

@@ -29,14 +29,18 @@ OPS = {1: 150, 7: 300, 64: 640, 1024: 3072}  # updates per stream, by batch size
 LAG = 3  # batches the GC pointer trails the newest batch; reads go back that far
 
 
-def device_mvg(g: Graph, fused: bool = True):
-    """fused=False: every batch through the multi-kernel path, which otherwise only takes batches
-    of more than 2,048 ops."""
+def device_mvg(g: Graph, path: str = "auto"):
+    """path: which apply every batch takes. auto: by its size and its copy (gpu/mvg.cu's
+    GU_SMALL_ROWS and GU_FUSED_COPY); block: planned and written in one block (up to
+    GU_SMALL_ROWS rows); mid: planned in one block, written over the grid; grid: the multi-kernel
+    path, which otherwise only takes batches of more than GU_SMALL_ROWS / 2 ops."""
     from csmd.gpu.device_mvg import DeviceMVG
 
     dm = DeviceMVG.from_graph(g)
-    if not fused:
+    if path == "grid":
         dm.small_rows = 0
+    elif path in ("block", "mid"):
+        dm.fused_copy = dm.solo_copy = 1 << 62 if path == "block" else -1
     return dm
 
 
@@ -190,12 +194,13 @@ def test_random_stream_matches_cpu_mvg(seed, monkeypatch):
     size = BATCH_SIZES[seed % len(BATCH_SIZES)]
     st = Stream(rnd, rnd.randint(30, 300), rnd.randint(1, 4), rnd.randint(1, 3))
     g = st.graph()
-    # the fused small-batch kernels and the multi-kernel path, each on half of the seeds; of the
-    # fused half, half may not grow the pool for a batch's worst case (hubs then take the path
-    # that reads the counters between the two launches)
-    if seed % 8 in (2, 3):
+    # the one-block kernels on half of the seeds, the one-block plan with the grid's write and the
+    # multi-kernel path on a quarter each; of the first two, some may not grow the pool for a
+    # batch's worst case (hubs then take the path that reads the counters before the write)
+    if seed % 8 in (2, 3, 5):
         monkeypatch.setattr("csmd.gpu.device_mvg.DEFER_GROWTH", 0)
-    mvg, dm = MultiVersionGraph(g), device_mvg(g, fused=seed % 8 < 4)
+    path = (("auto",) * 4 + ("mid", "mid", "grid", "grid"))[seed % 8]
+    mvg, dm = MultiVersionGraph(g), device_mvg(g, path)
     gc = GarbageCollector()
     rng = np.random.default_rng(seed)
     firsts, released = [], 0
@@ -223,6 +228,36 @@ def test_random_stream_matches_cpu_mvg(seed, monkeypatch):
             assert dm.live_versions == mvg.v_vertex.n - released
         check(mvg, dm, st, rng, t_lo, ops)
     assert dm.live_versions == mvg.v_vertex.n - released
+
+
+@pytest.mark.parametrize("ops,path,defer", [
+    (2500, "auto", True), (2500, "auto", False), (2500, "block", True), (2500, "mid", False),
+    (2500, "grid", True), (8000, "auto", True), (8000, "auto", False), (8000, "block", True),
+    (8000, "block", False)])
+def test_large_one_block_batches_match_cpu_mvg(ops, path, defer, monkeypatch):
+    """Batches of more than the old one-block limit (2,048 ops) and at most GU_SMALL_ROWS / 2
+    (the one-block plan, then the grid's write or the block's), on few vertices with hubs: many
+    deletions, re-insertions and several versions per vertex in one batch."""
+    if not defer:
+        monkeypatch.setattr("csmd.gpu.device_mvg.DEFER_GROWTH", 0)
+    seed = ops + len(path) + defer
+    rnd = random.Random(seed)
+    st = Stream(rnd, rnd.randint(200, 400), 3, 2)
+    g = st.graph()
+    mvg, dm = MultiVersionGraph(g), device_mvg(g, path)
+    assert 2 * ops <= dm._small[0]  # gpu/mvg.cu's GU_SMALL_ROWS
+    gc, rng, firsts = GarbageCollector(), np.random.default_rng(seed), []
+    for _ in range(3):
+        ops_ = st.batch(ops)
+        firsts.append(int(ops_[0][0]))
+        token, replaced = dm.apply(*ops_), mvg.apply(*ops_)
+        assert token.count == len(replaced)
+        if token.count:
+            assert token.replaced_at == max(at for _, at in replaced)
+            gc.replaced([(token, token.replaced_at)])
+        t_lo = firsts[max(0, len(firsts) - 2)]
+        dm.release(gc.finished(gc.pointer, t_lo))
+        check(mvg, dm, st, rng, t_lo, ops_)
 
 
 # ---- memory over a long stream -------------------------------------------------------------------------
