@@ -22,7 +22,7 @@ queries) is frozen out of the cyclic garbage collector's sight (gc.freeze): a fu
 collection walks every tracked object, and over a process with CuPy, numba and pyarrow
 loaded one took 70-85 ms on the device host, a stall every record in flight waited for
 (the paced p99 at batch 1 went from 5 to 140 ms). Later full collections walk only what
-the stream made; the heap is unfrozen when the stream ends.
+the stream made; the heap is unfrozen when the stream ends (the last one, where several run).
 
 A source may also yield Markers between records: each passes every stage in order,
 so what it does at the updater (take a consistent snapshot) or at the executor
@@ -37,6 +37,7 @@ import queue
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +54,27 @@ DEFAULT_BATCH_SIZE = 64
 DEFAULT_BATCH_WAIT = 0.000125  # seconds: 0.125 ms
 SWITCH_INTERVAL = 0.0002  # seconds; process-wide (sys.setswitchinterval), set when the stage threads start
 _END = object()
+
+
+class _Frozen:
+    runs = 0  # streams running in this process: the last one to end unfreezes the heap
+    lock = threading.Lock()
+
+
+@contextmanager
+def heap_frozen():
+    """The heap as it is now out of the cyclic collector's sight until the block ends (see the
+    module's docstring); blocks may overlap (pipelines in several threads)."""
+    with _Frozen.lock:
+        gc.freeze()
+        _Frozen.runs += 1
+    try:
+        yield
+    finally:
+        with _Frozen.lock:
+            _Frozen.runs -= 1
+            if not _Frozen.runs:
+                gc.unfreeze()
 
 
 @dataclass
@@ -318,11 +340,8 @@ class Pipeline:
     # -- driving -------------------------------------------------------------------------------
     def run(self, source, on_result) -> Stats:
         """Stream `source` through the pipeline; on_result(BatchResult or Marker) is called in stream order."""
-        gc.freeze()  # see the module's docstring; nothing is lost: unfrozen objects are collected as before
-        try:
+        with heap_frozen():
             return self._run(source, on_result)
-        finally:
-            gc.unfreeze()
 
     def _run(self, source, on_result) -> Stats:
         self._gu_done, self._executed = False, 0
