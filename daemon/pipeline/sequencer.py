@@ -123,6 +123,16 @@ class _BlockRecords(Mapping):
         return iter(range(self.first, self.first + len(self.block)))
 
 
+def record_positions(record_of: Mapping, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The input partition and offset (the last two parts of the origin) of the record of each
+    update in seq: from the block's columns where the batch was cut from one (no Update made)."""
+    if isinstance(record_of, _BlockRecords):
+        block = record_of.block
+        return np.full(len(seq), block.partition, np.int64), block.lineno[np.asarray(seq) - record_of.first]
+    origins = [record_of[s].origin for s in np.asarray(seq).tolist()]
+    return (np.array([o[1] for o in origins], np.int64), np.array([o[2] for o in origins], np.int64))
+
+
 class _Checked(NamedTuple):
     """Edge records checked together (Sequencer._check): per record its ops's columns, whether
     it is valid, and why not (an index into IGNORED_REASONS, -1 when valid)."""

@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from csmd.connectors.kafka import KafkaSink, KafkaSource, client_config, ensure_topics
+from csmd.connectors.records import load_scanner
 from csmd.engines import continuous_engine, warm_up
 from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
@@ -108,7 +109,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         engine = continuous_engine(bs["backend"], g0, "[pipeline] backend", threads=bs["threads"] or None)
         # the first record does not wait for numba's compiled code to load; not on the GPU, where a
         # second engine would take device memory (task queue, pools) that the live one may need
-        warm = warm_up(engine.name)[0] if engine.name == "cpu" else 0.0
+        warm = (warm_up(engine.name)[0] if engine.name == "cpu" else 0.0) + load_scanner()
         self.pipe = Pipeline(g0, engine=engine, batch_size=bs["batch_size"], batch_wait=bs["batch_wait_ms"] / 1000,
                              queue_depth=bs["queue_depth"], max_batch=bs["max_batch"], first_seq=seq0,
                              retired=st.retired)  # deleted vertices keep their ids
