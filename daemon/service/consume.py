@@ -83,7 +83,11 @@ class ConsumeLoop:
                 self._take(self.source.poll(min(self.cfg["input"]["max_poll_records"], room), 0.02))
             self.sink.poll(0)
             now = time.monotonic()
-            if now >= next_commit:
+            # a daemon with every record done commits at once, not at the next interval: the end of a
+            # burst is delivered (and a cluster's shard progress moves) up to an interval sooner
+            idle = not self.tracker.pending() and self.tracker.committable() != self._done_at_commit
+            if now >= next_commit or idle:
+                self._done_at_commit = self.tracker.committable()
                 if self.sink.transactional:  # a transaction ends where no record is half done
                     self._drain()
                     self._commit_all()

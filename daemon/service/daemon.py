@@ -73,6 +73,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self._next_offsets: dict[int, int] = {}  # input partition -> next offset to submit
         self._suppress: dict[int, int] = {}  # input partition -> deltas below this offset were delivered
         self._committed: dict[int, int] = {}
+        self._done_at_commit: dict = {}  # the tracker's done prefix when the last commit started
         self._requests = None  # producer of admin requests (outside any transaction of the daemon's)
         self.cluster: ClusterMember | None = None  # [cluster] enabled: shards of the matching work
         self._error_logged: dict[int, float] = {}  # Kafka error code -> when it was last logged
