@@ -181,3 +181,39 @@ def test_while_replayed_changes_wait_every_record_goes_alone():
     d._take(recs)
     assert not any(isinstance(it, RecordBlock) for it in d.handed)
     assert handed_updates(d.handed) == [u for u in one_by_one(recs) if not isinstance(u, tuple)]
+
+
+# ---- start-up ---------------------------------------------------------------------------------------
+def test_after_the_output_warm_up_the_first_batch_loads_no_module():
+    """Whatever the first publish would import on first use (pyarrow's lazy imports, pandas where it
+    is installed) is imported by warm_output at start, not in the first batch's latency."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import numpy as np
+from csmd.connectors.kafka import arrow_messages
+from csmd.engine import QueryDeltas, UpdateBatch
+from csmd.model.formats import Update
+from csmd.model.graph import Graph
+from csmd.pipeline.deltas import DeltaEncoder
+from csmd.pipeline.sequencer import Vertices
+from csmd.pipeline.stages import BatchResult
+from csmd.service.daemon import warm_output
+vertices = Vertices(Graph.from_edges([0] * 4, [0, 1, 2], [1, 2, 3], [0] * 3))
+warm_output(vertices, 1 << 20)
+before = set(sys.modules)
+z = np.zeros(0, np.int64)
+seq = np.array([5, 6], np.int64)
+batch = UpdateBatch(5, 7, z, z, z, z, z, z, z, z, np.zeros(0, np.int32), 4,
+                    {5: Update("e", 0, 1, 0, "in/0/9", ("in", 0, 9)), 6: Update("e", 1, 2, 0, "in/0/10", ("in", 0, 10))},
+                    [0.0, 0.0], 2)
+deltas = [QueryDeltas("Q_%d" % q, seq, np.array([1, -1], np.int8), None, 3, 2, np.array([3, 2])) for q in range(3)]
+for _q, rb, _o in DeltaEncoder(vertices).encode(BatchResult(batch, deltas, 0.0)):
+    rb.column("sign").to_numpy()
+    arrow_messages(rb, 1 << 20)
+print(sorted(set(sys.modules) - before))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
