@@ -7,10 +7,10 @@ per stage, the calls, wall seconds and CPU seconds of the calling thread. Only w
 happens after the first input record arrives counts: start-up (numba's cache, the warm-up
 stream, joining the group) is not the stream's. At exit it writes them to DIR/NAME.json, with
 the times (time.time()) of the timeline's events. The timers cost some microseconds a
-call; the most frequent, the consume loop's per record, about 1 us.
+call; the most frequent is the consume loop's, once per poll.
 
 Stages, by what a cluster does with them:
-- replicated (every instance does all of it): consume (decode each record, hand it on),
+- replicated (every instance does all of it): consume (decode a poll's records, hand them on),
   sequence, apply;
 - split (only the owner of a record's shard): match (the engine's search of the ops
   selected: wall seconds, the engine's thread pool does the work while the calling thread
@@ -43,7 +43,7 @@ from csmd.service.consume import ConsumeLoop
 from csmd.service.output import Output
 
 STAGES = {  # stage -> the methods whose time is its time
-    "consume": [(ConsumeLoop, "_submit")],
+    "consume": [(ConsumeLoop, "_take")],
     "sequence": [(Sequencer, "sequence")],
     "apply": [(CpuEngine, "apply")],
     "match": [(CompiledEngine, "submit"), (CpuEngine, "submit")],
@@ -86,11 +86,13 @@ def _install() -> None:
     for stage, methods in STAGES.items():
         for cls, name in methods:
             setattr(cls, name, _timed(stage, cls.__dict__[name]))
-    submit, output, sync = ConsumeLoop._submit, Pipeline._output, ClusterMember.sync
+    take, output, sync = ConsumeLoop._take, Pipeline._output, ClusterMember.sync
 
-    def first_record(self, rec):
+    def first_record(self, records):
+        if not records:
+            return take(self, records)
         _events.setdefault("first record", time.time())
-        submit(self, rec)
+        take(self, records)
         _events["last record"] = time.time()
 
     def batch_out(self, item, on_result):
@@ -108,7 +110,7 @@ def _install() -> None:
         if self.live and "first record" in _events:  # when the progress of its shards first reached each offset
             _events.setdefault(f"committed {min(self.progress.get(s, -1) for s in self.live)}", time.time())
 
-    ConsumeLoop._submit, Pipeline._output, ClusterMember.sync = first_record, batch_out, committed
+    ConsumeLoop._take, Pipeline._output, ClusterMember.sync = first_record, batch_out, committed
 
 
 def _write(path: str) -> None:

@@ -13,14 +13,22 @@ dead-letter topic and goes on.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from csmd.errors import InputError
-from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update, in_int64, parse_update
+from csmd.model.formats import (DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update, UpdateBlock, in_int64,
+                                parse_update)
 from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, JSON, TEXT
+
+try:
+    from .textscan import scan_records
+except ImportError:  # no numba: every record is decoded on its own
+    scan_records = None
 
 FORMATS = ("auto", "arrow", "json", "text")
 _CONTENT_TYPES = {ARROW_STREAM: "arrow", "application/vnd.apache.arrow.file": "arrow", JSON: "json", TEXT: "text"}
@@ -49,6 +57,49 @@ class Record:
 
 class BadRecord(Exception):
     """A record that cannot be decoded; str() is the reason (for the dead-letter header)."""
+
+
+@dataclass(frozen=True)
+class RecordBlock(UpdateBlock):
+    """Consecutive input records of one partition that hold one update each, in columns: row i
+    is the Update that decode_updates makes of record (path, partition, lineno[i]): `path` is
+    the input, `lineno` the records' offsets."""
+
+    def source(self, line: int) -> str:
+        return f"{self.path}/{self.partition}/{line}"
+
+
+def plain_runs(records: list[Record], fmt: str = "auto", str_ids: bool = False):
+    """The records of one input partition, in order: runs of records that are each one plain
+    update line (connectors/textscan.py) as RecordBlocks, decoded in one compiled pass, and
+    every other record as itself, for decode_updates. A record in a block is the one update
+    that decode_updates would make of it; with a declared content type, another input
+    format, string ids or without numba, every record is left to decode_updates."""
+    if scan_records is None or fmt not in ("auto", "text") or str_ids or not records:
+        yield from records
+        return
+    values = [r.value for r in records]
+    ends = np.cumsum([len(v) for v in values])
+    op, u, v, label = scan_records(np.frombuffer(b"".join(values), np.uint8), ends)
+    for i in np.flatnonzero([CONTENT_TYPE in r.headers for r in records]).tolist():
+        op[i] = -1
+    cuts = np.flatnonzero(np.diff(op >= 0, prepend=False, append=False)).tolist()  # where runs start and end
+    done = 0
+    for lo, hi in zip(cuts[::2], cuts[1::2]):
+        yield from records[done:lo]
+        first = records[lo]
+        yield RecordBlock(first.input, np.fromiter((r.offset for r in records[lo:hi]), np.int64, hi - lo),
+                          op[lo:hi], u[lo:hi], v[lo:hi], label[lo:hi], partition=first.partition)
+        done = hi
+    yield from records[done:]
+
+
+def load_scanner() -> float:
+    """Load plain_runs' compiled scanner (numba's cache) now, not in the first poll; its seconds."""
+    t0 = time.monotonic()
+    if scan_records is not None:
+        scan_records(np.frombuffer(b"e 1 2", np.uint8), np.array([5], np.int64))
+    return time.monotonic() - t0
 
 
 def sniff(value: bytes) -> str:

@@ -5,7 +5,8 @@ doubt: after stripping ASCII whitespace, `e`, `-e`, `v` or `-v` and its fields, 
 spaces or tabs, each an integer of at most 18 digits (so it fits int64), labels between 0 and
 2^31-1. Blank and `#` lines are skipped as poll skips them. Any other line (a bad one, a
 19-digit id, a `+`, a non-ASCII byte, a form feed that splitlines would cut at) stops the scan
-and is left to the line-by-line path, which decides it exactly as before.
+and is left to the line-by-line path, which decides it exactly as before. scan_records
+reads a Kafka poll's records the same way, each record one line (connectors/records.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,55 @@ def _is_space(c):  # what bytes.strip() removes
 
 
 @njit(cache=True, nogil=True)
+def _plain(buf, s, e, val):
+    """The op (an index into formats.OPS) of the line buf[s:e] (stripped, not blank, not a
+    comment) if it is plain, its fields in val[:3] and its label in val[3]; -1 if not plain."""
+    op = -1
+    if buf[s] == 45:  # '-'
+        s += 1
+        op = 1 if s < e and buf[s] == 101 else 3 if s < e and buf[s] == 118 else -1
+    else:
+        op = 0 if buf[s] == 101 else 2 if buf[s] == 118 else -1
+    s += 1
+    if op < 0 or s == e or (buf[s] != 32 and buf[s] != 9):
+        return -1
+    k = 0  # fields read
+    while s < e:
+        while s < e and (buf[s] == 32 or buf[s] == 9):
+            s += 1
+        if s == e:
+            break
+        neg = buf[s] == 45
+        s += neg
+        digits = 0
+        x = 0
+        while s < e and 48 <= buf[s] <= 57:
+            x = x * 10 + (buf[s] - 48)
+            digits += 1
+            s += 1
+        if not (0 < digits <= _MAX_DIGITS and k < 3 and (s == e or buf[s] == 32 or buf[s] == 9)):
+            return -1
+        val[k] = -x if neg else x
+        k += 1
+    if not FIELDS[op, 0] <= k <= FIELDS[op, 1]:
+        return -1
+    label = val[k - 1] if k == 3 or op == 2 else 0
+    if label < 0 or label > _MAX_LABEL:
+        return -1
+    val[3] = label
+    return op
+
+
+@njit(cache=True, nogil=True)
+def _stripped(buf, s, e):
+    while s < e and _is_space(buf[s]):
+        s += 1
+    while e > s and _is_space(buf[e - 1]):
+        e -= 1
+    return s, e
+
+
+@njit(cache=True, nogil=True)
 def scan(buf, pos, lineno):
     """The plain lines of buf[pos:] up to the first other one. buf holds whole lines (the last
     may lack its newline); lineno is the number of the line at pos. Returns (rows, where the
@@ -39,55 +89,45 @@ def scan(buf, pos, lineno):
     out_u = np.empty(cap, np.int64)
     out_v = np.empty(cap, np.int64)
     out_label = np.empty(cap, np.int64)
-    val = np.zeros(3, np.int64)
+    val = np.zeros(4, np.int64)
     rows = 0
     while pos < n:
         end = pos
         while end < n and buf[end] != 10:
             end += 1
-        s, e = pos, end
-        while s < e and _is_space(buf[s]):
-            s += 1
-        while e > s and _is_space(buf[e - 1]):
-            e -= 1
+        s, e = _stripped(buf, pos, end)
         if s < e and buf[s] != 35:  # not blank, not a comment: must be plain
-            op = -1
-            if buf[s] == 45:  # '-'
-                s += 1
-                op = 1 if s < e and buf[s] == 101 else 3 if s < e and buf[s] == 118 else -1
-            else:
-                op = 0 if buf[s] == 101 else 2 if buf[s] == 118 else -1
-            s += 1
-            if op < 0 or s == e or (buf[s] != 32 and buf[s] != 9):
-                break
-            k = 0  # fields read
-            ok = True
-            while s < e and ok:
-                while s < e and (buf[s] == 32 or buf[s] == 9):
-                    s += 1
-                if s == e:
-                    break
-                neg = buf[s] == 45
-                s += neg
-                digits = 0
-                x = 0
-                while s < e and 48 <= buf[s] <= 57:
-                    x = x * 10 + (buf[s] - 48)
-                    digits += 1
-                    s += 1
-                ok = 0 < digits <= _MAX_DIGITS and k < 3 and (s == e or buf[s] == 32 or buf[s] == 9)
-                if ok:
-                    val[k] = -x if neg else x
-                    k += 1
-            if not ok or not FIELDS[op, 0] <= k <= FIELDS[op, 1]:
-                break
-            label = val[k - 1] if k == 3 or op == 2 else 0
-            if label < 0 or label > _MAX_LABEL:
+            op = _plain(buf, s, e, val)
+            if op < 0:
                 break
             out_line[rows], out_op[rows], out_u[rows] = lineno, op, val[0]
             out_v[rows] = val[1] if op < 2 else -1
-            out_label[rows] = label
+            out_label[rows] = val[3]
             rows += 1
         pos = end + 1
         lineno += 1
     return (rows, pos, lineno, out_line[:rows], out_op[:rows], out_u[:rows], out_v[:rows], out_label[:rows])
+
+
+@njit(cache=True, nogil=True)
+def scan_records(buf, ends):
+    """Input records, each a single plain line: buf holds the records' bytes one after the other,
+    record i ending at ends[i]. Returns per record its op (-1 where the record, stripped, is not
+    one plain line: empty, blank, a comment, several lines, anything else), u, v and label."""
+    n = len(ends)
+    op = np.full(n, -1, np.int8)
+    u = np.zeros(n, np.int64)
+    v = np.full(n, -1, np.int64)
+    label = np.zeros(n, np.int64)
+    val = np.zeros(4, np.int64)
+    start = 0
+    for i in range(n):
+        s, e = _stripped(buf, start, ends[i])
+        start = ends[i]
+        if s < e and buf[s] != 35:
+            op[i] = _plain(buf, s, e, val)
+            if op[i] >= 0:
+                u[i] = val[0]
+                v[i] = val[1] if op[i] < 2 else -1
+                label[i] = val[3]
+    return op, u, v, label

@@ -113,6 +113,31 @@ def test_batches_cut_from_one_block_are_sequenced_as_their_updates(seed, first, 
     assert 0 < checks[0] < from_block / 2  # most batches took their ops from rows checked before them
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_block_batches_that_name_a_pair_again_are_sequenced_in_segments_as_their_updates(seed, monkeypatch):
+    """Batches of a block over few vertices, so that most name some pair twice or more (an edge
+    inserted and deleted again in one batch): checked in segments free of repeats, each against
+    the state the segments before it leave, they are what the general path makes of them."""
+    rng = np.random.default_rng(seed)
+    g0, fast, slow = two_sequencers(rng, n=8)
+    segments, in_segments = [], fast._in_segments
+
+    def counted(block):
+        got = in_segments(block)
+        segments.append(got is not None)
+        return got
+
+    monkeypatch.setattr(fast, "_in_segments", counted)
+    for i in range(40):
+        k = int(rng.integers(2, 64))
+        u, v = (g0.ext_ids[rng.integers(0, g0.n, k)] for _ in range(2))
+        op = rng.choice([OPS.index(INSERT_EDGE), OPS.index(DELETE_EDGE)], k).astype(np.int8)
+        block = UpdateBlock("s.txt", np.arange(k) + 100 * i, op, u, v, rng.integers(0, 2, k))
+        got, want = fast.sequence(block, [0.0] * k), slow.sequence(block.updates(), [0.0] * k)
+        assert_same(got, want, fast, slow)
+    assert sum(segments) > 10 and not all(segments)  # some repeat pairs too often: record by record
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_the_vertex_table_looks_up_what_the_index_holds(seed):
     """Vertices.lookup gives index.get(x, -1) for any int64 x, while vertices are added (ids inside

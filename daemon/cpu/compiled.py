@@ -148,7 +148,9 @@ class CompiledEngine(CpuEngine):
         """The batch's edge ops whose end labels match some anchor edge's: no other op seeds a
         search, so only these go to the kernel (most, in a stream, when few queries are registered)."""
         # the batch's vertices are in the label table: the batch was applied before
-        return seeded_ops(self.mvg.labels.a, batch.edge_a, batch.edge_b, anchors)
+        # contiguous: one compiled variant whichever way the batch was sequenced (CompiledGraph.apply)
+        return seeded_ops(self.mvg.labels.a, np.ascontiguousarray(batch.edge_a), np.ascontiguousarray(batch.edge_b),
+                          anchors)
 
     def _match(self, view, ps, depth, ops, lo, hi, materialize, width):
         """match_edges for the ops (seq, a, b, label) lo..hi-1, with this thread's memo; ops numbered from 0."""

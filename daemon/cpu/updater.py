@@ -280,7 +280,9 @@ class CompiledGraph(MultiVersionGraph):
     def apply(self, seq, a, b, label, sign):
         if not len(seq):
             return []
-        ops = [np.asarray(x, np.int64) for x in (seq, a, b, label, sign)]
+        # contiguous always: one compiled variant, the one the start-up warm-up loads (a general
+        # batch's columns are strided, a numpy-sequenced one's are not)
+        ops = [np.ascontiguousarray(x, np.int64) for x in (seq, a, b, label, sign)]
         used = self._used()
         while True:
             done, ok, n_e, n_g, n_v, old, at = _apply(self._arena(), used, *ops)

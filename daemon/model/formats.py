@@ -13,7 +13,7 @@ Every malformed input raises InputError(file, line, reason).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -301,7 +301,9 @@ class UpdateBlock:
     """Consecutive one-update lines of a stream file, in columns: row i is the Update that
     parse_update makes of line lineno[i] (op: an index into OPS). A reader fills it without a
     Python step per line; the pipeline cuts it into batches and sequences edge-only batches
-    of it with numpy, making Update objects only where a delta needs its record."""
+    of it with numpy, making Update objects only where a delta needs its record. The input
+    records of row i are (path, partition, lineno[i]): a subclass reads other inputs
+    (connectors.records.RecordBlock: Kafka records, lineno their offsets)."""
 
     path: str
     lineno: np.ndarray  # int64
@@ -310,30 +312,35 @@ class UpdateBlock:
     v: np.ndarray  # int64; -1 for vertex ops
     label: np.ndarray  # int64
     cut_from: tuple | None = None  # (block, row): what rows() cut these rows from, and where
+    partition: int = 0
 
     def __len__(self) -> int:
         return len(self.lineno)
 
+    def source(self, line: int) -> str:
+        """Where the update of row `line` (its lineno) comes from, for people."""
+        return f"{self.path}:{line}"
+
     def update(self, i: int) -> Update:
         line = int(self.lineno[i])
-        return Update(OPS[self.op[i]], int(self.u[i]), int(self.v[i]), int(self.label[i]), f"{self.path}:{line}",
-                      (self.path, 0, line))
+        return Update(OPS[self.op[i]], int(self.u[i]), int(self.v[i]), int(self.label[i]), self.source(line),
+                      (self.path, self.partition, line))
 
     def updates(self) -> list[Update]:
         return [self.update(i) for i in range(len(self))]
 
     def rows(self, lo: int, hi: int) -> "UpdateBlock":
         root, at = self.cut_from or (self, 0)
-        return UpdateBlock(self.path, self.lineno[lo:hi], self.op[lo:hi], self.u[lo:hi], self.v[lo:hi],
-                           self.label[lo:hi], (root, at + lo))
+        return replace(self, lineno=self.lineno[lo:hi], op=self.op[lo:hi], u=self.u[lo:hi], v=self.v[lo:hi],
+                       label=self.label[lo:hi], cut_from=(root, at + lo))
 
     @staticmethod
     def concat(blocks: list["UpdateBlock"]) -> "UpdateBlock":
-        """Blocks of one file, in order."""
+        """Blocks of one file (or input partition), in order."""
         if len(blocks) == 1:
             return blocks[0]
-        return UpdateBlock(blocks[0].path, *(np.concatenate([getattr(b, f) for b in blocks])
-                                             for f in ("lineno", "op", "u", "v", "label")))
+        return replace(blocks[0], cut_from=None, **{f: np.concatenate([getattr(b, f) for b in blocks])
+                                                    for f in ("lineno", "op", "u", "v", "label")})
 
 
 def parse_update(line: str, path, lineno, source: str | None = None, origin: tuple | None = None) -> Update | None:

@@ -28,6 +28,7 @@ FIRST_WINDOW, MAX_WINDOW = 1 << 11, 1 << 16  # block rows checked ahead: at firs
 # integer external ids below TABLE_SPAN times the vertex count plus TABLE_MIN are looked up
 # in an array (Vertices.table), sparser ones in the dict alone
 TABLE_SPAN, TABLE_MIN = 4, 1 << 16
+MAX_SEGMENTS = 8  # a block batch that names pairs again is checked in at most this many runs free of repeats
 FEW_RECORDS = 16  # batches of Updates up to this size are sequenced record by record (about half the time)
 # why an update changed nothing: the keys of Sequencer.ignored (the daemon's metric shows each from the start)
 IGNORED_REASONS = (SELF_LOOP, DUPLICATE_INSERT, MISSING_DELETE, DUPLICATE_VERTEX, MISSING_VERTEX) = (
@@ -123,6 +124,16 @@ class _BlockRecords(Mapping):
         return iter(range(self.first, self.first + len(self.block)))
 
 
+def record_positions(record_of: Mapping, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The input partition and offset (the last two parts of the origin) of the record of each
+    update in seq: from the block's columns where the batch was cut from one (no Update made)."""
+    if isinstance(record_of, _BlockRecords):
+        block = record_of.block
+        return np.full(len(seq), block.partition, np.int64), block.lineno[np.asarray(seq) - record_of.first]
+    origins = [record_of[s].origin for s in np.asarray(seq).tolist()]
+    return (np.array([o[1] for o in origins], np.int64), np.array([o[2] for o in origins], np.int64))
+
+
 class _Checked(NamedTuple):
     """Edge records checked together (Sequencer._check): per record its ops's columns, whether
     it is valid, and why not (an index into IGNORED_REASONS, -1 when valid)."""
@@ -133,6 +144,7 @@ class _Checked(NamedTuple):
     sign: np.ndarray
     valid: np.ndarray
     reason: np.ndarray
+    key: np.ndarray  # the vertex pair (negative: none, a self-loop)
     invalid: np.ndarray  # invalid[i]: how many of the first i records are not valid
 
 
@@ -183,18 +195,46 @@ class Sequencer:
             checked = self._check(root.op[at:hi], ids, root.label[at:hi], k)
             if checked is None:
                 self._checked = None
-                return None
+                checked = self._in_segments(block)
+                return None if checked is None else self._batch(checked, 0, k, _BlockRecords(block, self.next_seq),
+                                                                arrived)
             # the next window: twice what was free of repeats this time (a long run grows, a short one shrinks)
             self._window = min(max(2 * len(checked.valid), k), MAX_WINDOW)
             last = (root, at, checked, at)
         self._checked = last[:3] + (at + k,)
         return self._batch(last[2], at - last[1], k, _BlockRecords(block, self.next_seq), arrived)
 
-    def _check(self, op, ids, label, need: int) -> _Checked | None:
+    def _in_segments(self, block: UpdateBlock) -> _Checked | None:
+        """A block batch of edge records that names some vertex pair again (a stream that undoes
+        what it did, a batch across two rounds of it), checked in segments that name no pair
+        twice, each against the latest state as the segments before it leave it. None where a
+        segment would start at a record _check refuses (a vertex record, an unknown vertex), or
+        after MAX_SEGMENTS segments: a batch that repeats pairs that often goes record by record."""
+        parts, changed, lo = [], None, 0
+        while lo < len(block) and len(parts) < MAX_SEGMENTS:
+            ids = self.vertices.lookup(np.concatenate([block.u[lo:], block.v[lo:]]))
+            part = self._check(block.op[lo:], ids, block.label[lo:], 1, changed)
+            if part is None:
+                return None
+            parts.append(part)
+            lo += len(part.valid)
+            # the pairs this segment changed, over those the earlier ones changed: their labels now (-1: absent)
+            keys = np.concatenate([part.key[part.valid]] + ([changed[0]] if changed else []))
+            labels = np.concatenate([np.where(part.sign > 0, part.label, -1)[part.valid]] + ([changed[1]] if changed else []))
+            keys, first = np.unique(keys, return_index=True)  # this segment's first: it comes later
+            changed = (keys, labels[first])
+        if lo < len(block):
+            return None
+        cols = [np.concatenate([getattr(p, f) for p in parts]) for f in _Checked._fields[:-1]]
+        return _Checked(*cols, np.concatenate(([0], np.cumsum(~cols[_Checked._fields.index("valid")]))))
+
+    def _check(self, op, ids, label, need: int, changed: tuple | None = None) -> _Checked | None:
         """The longest prefix of these records (op: an index into OPS; ids: the internal ids of
         their u's, then of their v's, -1 unknown) that are edge records between known vertices
         and name no vertex pair twice, checked against the latest state (with no pair twice, no
-        record's outcome depends on another's); None if it is shorter than `need`."""
+        record's outcome depends on another's); None if it is shorter than `need`. changed:
+        pairs that records before these changed in the same batch, not applied yet (sorted keys,
+        their live labels, -1 where absent)."""
         m = len(op)
         a, b = ids[:m], ids[m:]
         pair = a != b
@@ -211,13 +251,17 @@ class Sequencer:
         a, b, pair, insert = a[:stop], b[:stop], pair[:stop], op[:stop] == OPS.index(INSERT_EDGE)
         live = np.full(stop, -1, np.int64)
         live[pair] = self.engine.live_edge_labels(a[pair], b[pair])
+        if changed is not None and len(changed[0]):
+            at = np.minimum(np.searchsorted(changed[0], key[:stop]), len(changed[0]) - 1)
+            hit = changed[0][at] == key[:stop]
+            live[hit] = changed[1][at[hit]]
         valid = pair & ((live < 0) == insert)  # an insertion of an absent edge, a deletion of a live one
         reason = np.full(stop, -1, np.int8)
         for r, rows in enumerate((insert & ~pair, insert & pair & ~valid, ~insert & ~valid)):  # IGNORED_REASONS
             reason[rows] = r
         # an insertion carries its record's label, a deletion the stored edge's: it is what vanishes
         return _Checked(a, b, np.where(insert, label[:stop], live), insert * np.int64(2) - 1, valid, reason,
-                        np.concatenate(([0], np.cumsum(~valid))))
+                        key[:stop], np.concatenate(([0], np.cumsum(~valid))))
 
     def _batch(self, checked: _Checked, lo: int, k: int, record_of, arrived) -> UpdateBatch:
         """The batch of the checked records lo .. lo + k - 1, numbered from next_seq."""

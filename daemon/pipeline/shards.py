@@ -27,6 +27,7 @@ from dataclasses import fields
 import numpy as np
 
 from csmd.engine import UpdateBatch
+from csmd.pipeline.sequencer import record_positions
 from csmd.pipeline.stages import BatchResult, Marker, Pipeline
 
 _ARRAYS = [f.name for f in fields(UpdateBatch) if f.name.startswith(("edge_", "vertex_"))]
@@ -68,13 +69,12 @@ class _Kept:
     def __init__(self, batch: UpdateBatch, shards: int):
         self.batch = batch
         self.edge_key, self.vertex_key = (self._key(batch, seq, shards) for seq in (batch.edge_seq, batch.vertex_seq))
-        self.last_offset = max((r.origin[2] for r in batch.record_of.values()), default=-1)
+        offsets = record_positions(batch.record_of, np.arange(batch.first_seq, batch.end_seq))[1]
+        self.last_offset = int(offsets.max()) if len(offsets) else -1
 
     @staticmethod
     def _key(batch, seq, shards):
-        origins = [batch.record_of[s].origin for s in seq.tolist()]
-        part = np.array([o[1] for o in origins], np.int64)
-        offset = np.array([o[2] for o in origins], np.int64)
+        part, offset = record_positions(batch.record_of, seq)
         return shard_of(part, offset, shards), offset
 
     def part(self, owned: dict[int, int], shards: int) -> UpdateBatch:

@@ -12,12 +12,31 @@ import time
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from csmd.connectors.records import BadRecord, Record, decode_updates
+from csmd.connectors.records import BadRecord, Record, RecordBlock, decode_updates, plain_runs
 from csmd.service.checkpointing import CheckpointMarker
 
 
 class ConsumeLoop:
     """The Daemon's part that runs in the main thread."""
+
+    def _take(self, records: list[Record]) -> None:
+        """A poll's records, into the pipeline in order. Runs of plain one-update text records go
+        as one block each (decoded together, one hand-off, one bookkeeping step: what every
+        instance of a cluster pays for every record); the others, and every record while
+        replayed control changes wait for their position, one at a time."""
+        if self._scheduled or len(self.source.partitions) > 1:  # a block is of one partition
+            items = records
+        else:
+            items = plain_runs(records, self.cfg["input"]["format"], self._str_ids)
+        for item in items:
+            if isinstance(item, RecordBlock):
+                offsets = item.lineno.tolist()
+                self.metrics.inc("csmd_records_total", len(offsets))
+                self.tracker.submitted_run(item.path, item.partition, offsets)
+                self._inq.put(item)
+                self._next_offsets[item.partition] = offsets[-1] + 1
+            else:
+                self._submit(item)
 
     def _submit(self, rec: Record) -> None:
         self._release_scheduled(rec)
@@ -61,11 +80,14 @@ class ConsumeLoop:
             if self.paused:
                 self.sink.poll(0.02)
             else:
-                for rec in self.source.poll(min(self.cfg["input"]["max_poll_records"], room), 0.02):
-                    self._submit(rec)
+                self._take(self.source.poll(min(self.cfg["input"]["max_poll_records"], room), 0.02))
             self.sink.poll(0)
             now = time.monotonic()
-            if now >= next_commit:
+            # a daemon with every record done commits at once, not at the next interval: the end of a
+            # burst is delivered (and a cluster's shard progress moves) up to an interval sooner
+            idle = not self.tracker.pending() and self.tracker.committable() != self._done_at_commit
+            if now >= next_commit or idle:
+                self._done_at_commit = self.tracker.committable()
                 if self.sink.transactional:  # a transaction ends where no record is half done
                     self._drain()
                     self._commit_all()

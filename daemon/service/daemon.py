@@ -28,12 +28,15 @@ import time
 
 import numpy as np
 
-from csmd.connectors.kafka import KafkaSink, KafkaSource, client_config, ensure_topics
+from csmd.connectors.kafka import KafkaSink, KafkaSource, arrow_messages, client_config, ensure_topics
+from csmd.connectors.records import load_scanner
+from csmd.engine import QueryDeltas, UpdateBatch
 from csmd.engines import continuous_engine, warm_up
+from csmd.model.formats import Update
 from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.sequencer import IGNORED_REASONS
-from csmd.pipeline.stages import Pipeline
+from csmd.pipeline.stages import BatchResult, Pipeline
 from csmd.service.checkpointing import Checkpointing
 from csmd.service.cluster import ClusterMember
 from csmd.service.consume import ConsumeLoop
@@ -72,6 +75,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self._next_offsets: dict[int, int] = {}  # input partition -> next offset to submit
         self._suppress: dict[int, int] = {}  # input partition -> deltas below this offset were delivered
         self._committed: dict[int, int] = {}
+        self._done_at_commit: dict = {}  # the tracker's done prefix when the last commit started
         self._requests = None  # producer of admin requests (outside any transaction of the daemon's)
         self.cluster: ClusterMember | None = None  # [cluster] enabled: shards of the matching work
         self._error_logged: dict[int, float] = {}  # Kafka error code -> when it was last logged
@@ -108,7 +112,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         engine = continuous_engine(bs["backend"], g0, "[pipeline] backend", threads=bs["threads"] or None)
         # the first record does not wait for numba's compiled code to load; not on the GPU, where a
         # second engine would take device memory (task queue, pools) that the live one may need
-        warm = warm_up(engine.name)[0] if engine.name == "cpu" else 0.0
+        warm = (warm_up(engine.name)[0] if engine.name == "cpu" else 0.0) + load_scanner()
         self.pipe = Pipeline(g0, engine=engine, batch_size=bs["batch_size"], batch_wait=bs["batch_wait_ms"] / 1000,
                              queue_depth=bs["queue_depth"], max_batch=bs["max_batch"], first_seq=seq0,
                              retired=st.retired)  # deleted vertices keep their ids
@@ -122,6 +126,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self.metrics.bind("csmd_gc_released_total", lambda: {(): self.pipe.gc.released})
         self.totals = {s.name: [0, 0] for s in specs}
         self.encoder = DeltaEncoder(self.pipe.vertices)
+        warm += warm_output(self.pipe.vertices, t["max_message_bytes"])
         self.tracker = DeliveryTracker(on_done=lambda t0: self.metrics.latency.observe(time.monotonic() - np.asarray(t0)))
         k = self.cfg["kafka"]
         self.sink = KafkaSink(conf, t["output"], t["max_message_bytes"], self._fail, self.cfg["delivery"]["timeout_s"],
@@ -227,6 +232,21 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
             "queries": {n: {"positive": t[0], "negative": t[1]} for n, t in self.totals.items() if n in self.specs},
             "cluster": self.cluster.stats() if self.cluster is not None else None,
         }
+
+
+def warm_output(vertices, max_bytes: int) -> float:
+    """Encode one count delta with a throwaway encoder and serialize it as the output does: what
+    the first batch's publish would load on first use loads now (pyarrow's lazy imports pull in
+    pandas where it is installed: 0.5 s of the first batch's latency on the device host, on every
+    instance of a cluster). Returns the seconds it took."""
+    t0 = time.monotonic()
+    z = np.zeros(0, np.int64)
+    batch = UpdateBatch(0, 1, z, z, z, z, z, z, z, z, np.zeros(0, np.int32), 0, {0: Update("e", 0, 1)}, [t0], 1)
+    delta = QueryDeltas("warm-up", np.zeros(1, np.int64), np.ones(1, np.int8), None, 1, 0, np.ones(1, np.int64))
+    for _query, record_batch, _origins in DeltaEncoder(vertices).encode(BatchResult(batch, [delta], t0)):
+        record_batch.column("sign").to_numpy()
+        arrow_messages(record_batch, max_bytes)
+    return time.monotonic() - t0
 
 
 def on_stop_signal(daemon: Daemon, signum: int) -> None:

@@ -56,6 +56,16 @@ class DeliveryTracker:
             else:
                 self._advance([origin[:2]])
 
+    def submitted_run(self, input: str, partition: int, offsets: list[int]) -> None:
+        """Input records of one partition entered the daemon, in order, holding one update each
+        (submitted for each, under one lock)."""
+        key, now = (input, partition), time.monotonic()
+        entries = [_Entry((input, partition, o), 1, now) for o in offsets]
+        with self._lock:
+            self._entries.update((e.origin, e) for e in entries)
+            self._by_partition.setdefault(key, deque()).extend(entries)
+            self._unexecuted.extend(entries)
+
     def sending(self, origins) -> None:
         """A Kafka record covering these input records was produced."""
         with self._lock:

@@ -1,0 +1,219 @@
+"""The daemon's intake in chunks gives what it gives record by record: a poll's plain one-update
+records decoded together into blocks (plain_runs), handed to the pipeline one block at a time
+and booked in one step (DeliveryTracker.submitted_run), against decode_updates and submitted
+called for each record, the independent truth."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from csmd.connectors import records as records_module
+from csmd.connectors.records import BadRecord, Record, RecordBlock, decode_updates, plain_runs
+from csmd.model.formats import UpdateBlock
+from csmd.service.config import load_config
+from csmd.service.daemon import Daemon
+from csmd.service.delivery import DeliveryTracker
+
+from test_stream_reader import ODD, PLAIN
+
+# records a stream file never has: one plain line with line breaks or blanks around it (one update, named
+# by its record, as decode_updates names a record's only update), several lines, JSON, declared types
+AROUND = ["e {a} {b}\n", "e {a} {b}\r\n", "e {a} {b}\r", " e {a} {b} ", "\ne {a} {b}", "e {a} {b}\n\n"]
+MULTI = ["e {a} {b}\ne {b} {a}", "e {a} {b}\n# note", "e {a} {b}\x1c", "{{\"op\": \"e\", \"u\": {a}, \"v\": {b}}}"]
+TYPES = [None, None, None, {"content-type": b"text/plain"}, {"content-type": b"application/json"}]
+
+
+def random_records(rng: random.Random, n: int, first: int = 0) -> list[Record]:
+    out = []
+    for off in range(first, first + n):
+        r = rng.random()
+        pick = rng.choice(ODD) if r < 0.1 else rng.choice(MULTI + AROUND) if r < 0.2 else rng.choice(PLAIN)
+        ids = [rng.choice([rng.randrange(50), -rng.randrange(1, 10**18)]) for _ in range(2)]
+        value = pick.format(a=ids[0], b=ids[1], l=rng.randrange(3)).encode("utf-8", "surrogateescape")
+        headers = rng.choice(TYPES) if rng.random() < 0.1 else None
+        out.append(Record("in", 0, off, value, dict(headers or {})))
+    return out
+
+
+def one_by_one(recs: list[Record], fmt: str = "auto", str_ids: bool = False) -> list:
+    """Each record's updates (op, u, v, label, source, origin), or its offset and reason when refused."""
+    out = []
+    for rec in recs:
+        try:
+            out.extend(decode_updates(rec, fmt, str_ids))
+        except BadRecord as exc:
+            out.append((rec.offset, str(exc)))
+    return out
+
+
+def expanded(items, fmt: str = "auto", str_ids: bool = False) -> list:
+    out = []
+    for it in items:
+        out.extend(it.updates() if isinstance(it, UpdateBlock) else one_by_one([it], fmt, str_ids))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_plain_runs_decode_every_record_as_decode_updates_does(seed):
+    rng = random.Random(seed)
+    recs = random_records(rng, rng.randrange(1, 300), first=rng.randrange(10**6))
+    items = list(plain_runs(recs))
+    assert expanded(items) == one_by_one(recs)  # the same Updates, sources and origins, the same refusals
+    assert [r.offset for it in items for r in ([it] if isinstance(it, Record) else [])] == \
+        [r.offset for r in recs if not any(isinstance(it, RecordBlock) and r.offset in it.lineno for it in items)]
+    assert any(isinstance(it, RecordBlock) for it in items)
+
+
+def test_what_is_not_one_plain_line_is_left_to_decode_updates():
+    recs = [Record("in", 0, i, p.format(a=5, b=6, l=1).encode("utf-8", "surrogateescape"))
+            for i, p in enumerate(ODD + MULTI + ["", "  ", "# note"])]
+    recs += [Record("in", 0, 99, b"e 1 2", {"content-type": b"text/plain"})]  # declared: decode_updates decides
+    items = list(plain_runs(recs))
+    assert items == recs
+
+
+@pytest.mark.parametrize("fmt, str_ids", [("json", False), ("arrow", False), ("auto", True)])
+def test_no_blocks_where_the_format_or_the_ids_say_otherwise(fmt, str_ids):
+    recs = random_records(random.Random(1), 50)
+    items = list(plain_runs(recs, fmt, str_ids))
+    assert items == recs
+    assert expanded(items, fmt, str_ids) == one_by_one(recs, fmt, str_ids)
+
+
+def test_without_numba_every_record_is_decoded_alone(monkeypatch):
+    monkeypatch.setattr(records_module, "scan_records", None)  # what the import leaves without numba
+    recs = random_records(random.Random(2), 50)
+    assert list(plain_runs(recs)) == recs
+
+
+# ---- delivery -------------------------------------------------------------------------------------------
+def test_a_run_is_booked_as_its_records_one_by_one():
+    rng = random.Random(4)
+    for _ in range(30):
+        runs, single = DeliveryTracker(), DeliveryTracker()
+        n = 0
+        while n < 60:
+            k = rng.randrange(1, 8)
+            if rng.random() < 0.5:
+                runs.submitted_run("in", 0, list(range(n, n + k)))
+            else:
+                for o in range(n, n + k):
+                    runs.submitted(("in", 0, o), 1)
+            for o in range(n, n + k):
+                single.submitted(("in", 0, o), 1)
+            n += k
+        executed, outstanding = 0, []
+        while executed < n or outstanding:
+            if executed < n and (not outstanding or rng.random() < 0.5):
+                step = rng.randint(1, n - executed)
+                covered = [("in", 0, o) for o in range(executed, executed + step) if rng.random() < 0.3]
+                for t in (runs, single):
+                    t.sending(covered)
+                    t.executed(step)
+                outstanding.append(covered)
+                executed += step
+            else:
+                acked = outstanding.pop(rng.randrange(len(outstanding)))
+                for t in (runs, single):
+                    t.acked(acked)
+            assert runs.pending() == single.pending() and runs.committable() == single.committable()
+        assert runs.committable() == {("in", 0): n}
+
+
+# ---- the consume loop's hand-off ------------------------------------------------------------------------
+class _Source:
+    partitions = [0]
+
+
+class _Sink:
+    transactional = False
+
+    def __init__(self):
+        self.dead = []
+
+    def produce(self, topic, value, key, headers, on_ack, origins):
+        self.dead.append((int(headers["csmd-offset"]), headers["csmd-error"].decode()))
+
+
+def _daemon() -> Daemon:
+    cfg = load_config(None)
+    cfg["topics"]["input"] = "in"  # the records' input: their dead letters are tracked
+    d = Daemon(cfg)
+    d.source, d.sink, d.tracker, d._str_ids = _Source(), _Sink(), DeliveryTracker(), False
+    d._inq.put = lambda item, put=d._inq.put: (d.handed.append(item), put(item))
+    d.handed = []
+    return d
+
+
+def handed_updates(items) -> list:
+    return [u for it in items for u in (it.updates() if isinstance(it, UpdateBlock) else [it])]
+
+
+def test_a_poll_is_handed_on_in_order_one_block_per_run_and_every_record_is_pending():
+    d = _daemon()
+    rng = random.Random(6)
+    polls, off = [], 0
+    for _ in range(5):  # offsets continue from poll to poll
+        polls.append(random_records(rng, rng.randrange(1, 200), first=off))
+        off += len(polls[-1])
+    for p in polls:
+        d._take(p)
+    every = [r for p in polls for r in p]
+    truth = one_by_one(every)
+    updates = [u for u in truth if not isinstance(u, tuple)]
+    assert handed_updates(d.handed) == updates  # stream order, the same Updates
+    assert d.sink.dead == [u for u in truth if isinstance(u, tuple)]  # refused records, with their reasons
+    blocks = [it for it in d.handed if isinstance(it, RecordBlock)]
+    assert blocks and len(d.handed) == len(blocks) + sum(not isinstance(it, RecordBlock) for it in d.handed)
+    assert sum(len(b) for b in blocks) > len(d.handed) - len(blocks)  # most updates went in blocks
+    # backpressure counts records, however they were handed on: every one is pending until done
+    assert d.tracker.pending() == len(every)
+    assert d._next_offsets == {0: off}
+
+
+def test_while_replayed_changes_wait_every_record_goes_alone():
+    d = _daemon()
+    d._scheduled = [object()]  # a replayed control change not yet due
+    d._release_scheduled = lambda rec: None
+    recs = random_records(random.Random(7), 40)
+    d._take(recs)
+    assert not any(isinstance(it, RecordBlock) for it in d.handed)
+    assert handed_updates(d.handed) == [u for u in one_by_one(recs) if not isinstance(u, tuple)]
+
+
+# ---- start-up ---------------------------------------------------------------------------------------
+def test_after_the_output_warm_up_the_first_batch_loads_no_module():
+    """Whatever the first publish would import on first use (pyarrow's lazy imports, pandas where it
+    is installed) is imported by warm_output at start, not in the first batch's latency."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import numpy as np
+from csmd.connectors.kafka import arrow_messages
+from csmd.engine import QueryDeltas, UpdateBatch
+from csmd.model.formats import Update
+from csmd.model.graph import Graph
+from csmd.pipeline.deltas import DeltaEncoder
+from csmd.pipeline.sequencer import Vertices
+from csmd.pipeline.stages import BatchResult
+from csmd.service.daemon import warm_output
+vertices = Vertices(Graph.from_edges([0] * 4, [0, 1, 2], [1, 2, 3], [0] * 3))
+warm_output(vertices, 1 << 20)
+before = set(sys.modules)
+z = np.zeros(0, np.int64)
+seq = np.array([5, 6], np.int64)
+batch = UpdateBatch(5, 7, z, z, z, z, z, z, z, z, np.zeros(0, np.int32), 4,
+                    {5: Update("e", 0, 1, 0, "in/0/9", ("in", 0, 9)), 6: Update("e", 1, 2, 0, "in/0/10", ("in", 0, 10))},
+                    [0.0, 0.0], 2)
+deltas = [QueryDeltas("Q_%d" % q, seq, np.array([1, -1], np.int8), None, 3, 2, np.array([3, 2])) for q in range(3)]
+for _q, rb, _o in DeltaEncoder(vertices).encode(BatchResult(batch, deltas, 0.0)):
+    rb.column("sign").to_numpy()
+    arrow_messages(rb, 1 << 20)
+print(sorted(set(sys.modules) - before))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
