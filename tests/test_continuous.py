@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import random
 import subprocess
+import time
 import sys
 from collections import Counter
 
@@ -14,7 +15,9 @@ import pytest
 
 from brute import embeddings
 from csmd.model.formats import read_graph, read_query
+import csmd.cli.replay as replay_module
 from csmd.cli.replay import decoded_updates, replay
+from csmd.cpu import compiled
 from csmd.engines import continuous_engine
 from csmd.pipeline.stages import Pipeline, _Frozen, heap_frozen
 
@@ -264,6 +267,36 @@ def test_compiled_deltas_are_byte_identical_to_numpy(tmp_path, seed):
             files[backend], pipe = delta_file(tmp_path, g0, queries, batch_size, count_only, backend)
             assert pipe.engine.name == backend
         assert files["cpu"] == files["numpy"], (seed, count_only)
+
+
+@pytest.mark.parametrize("seed", range(320, 324))
+def test_compiled_batches_split_over_threads_overlap_and_give_the_same_deltas(tmp_path, seed, monkeypatch):
+    """Every batch split over two threads, each chunk slowed down: the executor submits the next
+    batches while earlier ones are still searched (several in flight), compactions forced
+    every few releases wait for them, and the delta file is the one of batches of one."""
+    qpaths, _ = make_case(tmp_path, seed, steps=80)
+    reference, _, _ = run_replay(tmp_path, qpaths, batch_size=1, threaded=False, name="ref.arrow")
+    monkeypatch.setattr(compiled, "SPLIT_SECONDS", -1.0)
+    engines, in_flight = [], [0]
+    match = compiled.CompiledEngine._match
+
+    def slow_match(self, *args):
+        in_flight[0] = max(in_flight[0], self._searches)
+        time.sleep(0.002)
+        return match(self, *args)
+
+    def engine(backend, g0):
+        e = compiled.CompiledEngine(g0, threads=2)
+        free, releases = e.mvg.free, iter(range(1 << 30))
+        e.mvg.free = lambda versions: free(versions) or next(releases) % 3 == 2
+        engines.append(e)
+        return e
+
+    monkeypatch.setattr(compiled.CompiledEngine, "_match", slow_match)
+    monkeypatch.setattr(replay_module, "continuous_engine", engine)
+    table, _, pipe = run_replay(tmp_path, qpaths, batch_size=2, name="split.arrow", threaded=True)
+    assert table.equals(reference)
+    assert in_flight[0] >= 2 and engines[0].mvg.compactions > 0 and engines[0]._searches == 0
 
 
 @pytest.mark.parametrize("seed", range(400, 406))

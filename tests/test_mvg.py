@@ -54,7 +54,7 @@ def test_reads_at_every_readable_timestamp_match_the_model(graph_type, seed):
         g.free([tok for at, tok in held if at < first])
         held = [(at, tok) for at, tok in held if at >= first]
         if step % 25 == 24:
-            g._compact()
+            g.compact()
         k = 64
         a, b = rng.integers(0, n, (2, k))
         t = rng.integers(first, seq + 1, k)

@@ -20,13 +20,14 @@ from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import MultiVersionGraph
 from csmd.cpu.updater import CompiledGraph
-from csmd.cpu.workers import chunks, run_chunks, thread_count
-from csmd.engine import ContinuousQuery, Done, Matches, SearchResult, StaticMatcher, UpdateBatch
+from csmd.cpu.workers import chunks, run_chunks, start_chunks, thread_count
+from csmd.engine import ContinuousQuery, Done, Matches, Pending, SearchResult, StaticMatcher, UpdateBatch
 from csmd.model.plan import Plan, make_plan, plan_query
 
 STEP_CANDIDATES = 1 << 20  # candidates a static search looks at between two time-limit checks (a few ms)
-SPLIT_SECONDS = 0.0005  # a batch is split over threads when the last one searched longer (else handing
-                        # chunks to the pool costs more than it saves: the floor of a light query)
+SPLIT_SECONDS = 0.0005  # a batch is split over threads when the last one's chunks searched longer in
+                        # all (else handing chunks to the pool costs more than it saves: the floor of a
+                        # light query)
 STATIC_MEMO_BYTES = 64 << 20  # a static search memoises segment counts when that fits in this
 _arenas: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> its arena (`csmd match` runs many queries on one)
 
@@ -115,7 +116,10 @@ class CompiledEngine(CpuEngine):
 
     The kernel runs without the GIL, so the updater may apply later batches meanwhile:
     it reads a copy of the newest-version table (the one array apply changes in place)
-    taken between two applies, and holds `_reading` so no compaction moves the arena.
+    taken between two applies, and counts as a search in flight so no compaction moves the
+    arena. A batch split over the thread pool is submitted without waiting for it: the
+    executor stage submits the next batch meanwhile, whose chunks take the threads that the
+    last chunks of this one leave idle (the output stage waits for each in stream order).
     """
 
     name = "cpu"
@@ -163,33 +167,34 @@ class CompiledEngine(CpuEngine):
                                                             mine.memo, mine.sid)
         return counts, rows, row_q, row_op + lo
 
-    def submit(self, batch: UpdateBatch, queries: list[CompiledQuery]) -> Done:
+    def submit(self, batch: UpdateBatch, queries: list[CompiledQuery]) -> Pending:
         ps, materialize, width, anchors = self._plans(queries)
         seeded = self._seeded(batch, anchors)
         if not len(seeded):
             return Done({})
         ops = tuple(x[seeded] for x in (batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label))
         with self._writing:
-            self._reading.acquire()
+            self._search_started()
             view = graph_view(self.mvg, self.mvg.cur.view().copy())
         depth = int(ps.depth.max())
 
         def part(lo, hi):
-            return self._match(view, ps, depth, ops, lo, hi, materialize, width)
+            t0 = time.perf_counter()
+            return self._match(view, ps, depth, ops, lo, hi, materialize, width), time.perf_counter() - t0
 
-        t0 = time.perf_counter()
         threads = self.threads if self._last > SPLIT_SECONDS else 1
-        try:
-            parts = run_chunks(part, chunks(len(seeded), threads), threads)
-        finally:
-            self._reading.release()
-        self._last = time.perf_counter() - t0
+        # in flight until its last chunk has run: a compaction waits for that, not for the output
+        # stage to collect it (the output stage may be the one that compacts)
+        wait = start_chunks(part, chunks(len(seeded), threads), threads, self._search_ended)
+        return _Search(self, wait, queries, ops[0])
+
+    def _matches(self, parts, queries: list[CompiledQuery], seq: np.ndarray) -> dict[str, Matches]:
+        """The matches of a batch's searched chunks (in order), by query."""
         if len(parts) == 1:
             counts, rows, row_q, row_op = parts[0]
         else:
             counts = np.concatenate([p[0] for p in parts], axis=1)
             rows, row_q, row_op = (np.concatenate([p[i] for p in parts]) for i in (1, 2, 3))
-        seq = ops[0]
         out = {}
         for i, cq in enumerate(queries):
             if cq.count_only:
@@ -200,4 +205,21 @@ class CompiledEngine(CpuEngine):
                 mine = np.flatnonzero(row_q == i)
                 if len(mine):
                     out[cq.name] = Matches(seq[row_op[mine]], rows=np.ascontiguousarray(rows[mine, : cq.q.n]))
-        return Done(out)
+        return out
+
+
+class _Search(Pending):
+    """A batch's search, split over the thread pool: its chunks' matches put together when
+    waited for."""
+
+    def __init__(self, engine: CompiledEngine, wait, queries: list[CompiledQuery], seq: np.ndarray):
+        self._engine, self._wait, self._queries, self._seq = engine, wait, queries, seq
+        self._out: dict[str, Matches] | None = None
+
+    def result(self) -> dict[str, Matches]:
+        if self._out is None:
+            parts = self._wait()
+            self._engine._last = sum(seconds for _, seconds in parts)
+            self._out = self._engine._matches([p for p, _ in parts], self._queries, self._seq)
+        return self._out
+

@@ -30,9 +30,10 @@ class CpuMatcher(StaticMatcher):
 
 
 class CpuEngine(ContinuousEngine):
-    """Appends never disturb a read at an earlier timestamp, so apply runs beside submit;
-    a compaction moves entries, so it excludes both: `_writing` covers the updater stage
-    (apply and the latest-state reads), `_reading` the executor's searches."""
+    """Appends never disturb a read at an earlier timestamp, so apply runs beside the searches
+    of earlier batches (several may be in flight); a compaction moves entries, so it excludes
+    both: `_writing` covers the updater stage (apply and the latest-state reads) and the start
+    of a search, and a compaction, under it, waits until no search is in flight."""
 
     name = "numpy"
     staged_threads = False
@@ -41,7 +42,8 @@ class CpuEngine(ContinuousEngine):
     def __init__(self, g0: Graph):
         self.mvg = self.graph_type(g0)
         self._writing = threading.Lock()
-        self._reading = threading.Lock()
+        self._searches = 0  # searches in flight
+        self._idle = threading.Condition()  # notified when that count drops to 0
         self.released = 0
 
     def apply(self, batch: UpdateBatch):
@@ -51,9 +53,23 @@ class CpuEngine(ContinuousEngine):
             return self.mvg.apply(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
 
     def release(self, tokens) -> None:
-        with self._writing, self._reading:
-            self.mvg.free(tokens)
+        with self._writing:
+            if self.mvg.free(tokens):
+                with self._idle:  # no search starts meanwhile: that takes _writing
+                    self._idle.wait_for(lambda: not self._searches)
+                self.mvg.compact()
         self.released += len(tokens)
+
+    def _search_started(self) -> None:
+        """Under _writing: a search of the graph as it is now is in flight until _search_ended."""
+        with self._idle:
+            self._searches += 1
+
+    def _search_ended(self) -> None:
+        with self._idle:
+            self._searches -= 1
+            if not self._searches:
+                self._idle.notify_all()
 
     def live_edge_labels(self, a, b):
         with self._writing:
@@ -72,11 +88,15 @@ class CpuEngine(ContinuousEngine):
 
     def submit(self, batch: UpdateBatch, queries: list[PreparedQuery]) -> Done:
         out = {}
-        with self._reading:
+        with self._writing:
+            self._search_started()
+        try:
             for pq in queries:
                 m = match_batch(self.mvg, batch, pq)
                 if m is not None:
                     out[pq.name] = m
+        finally:
+            self._search_ended()
         return Done(out)
 
     def stats(self) -> EngineStats:

@@ -315,11 +315,11 @@ class MultiVersionGraph:
         return pos
 
     # ---- garbage collection ------------------------------------------------------------------------
-    def free(self, versions) -> None:
-        """Release versions no pending read can reach (the GC decided that)."""
+    def free(self, versions) -> bool:
+        """Release versions no pending read can reach (the GC decided that); True when so many
+        entries are free that `compact` is due (it moves entries: no search may run meanwhile)."""
         self.freed_entries += self._free(versions)
-        if self.freed_entries > max(self.e_nbr.n // 2, 1 << 16):
-            self._compact()
+        return self.freed_entries > max(self.e_nbr.n // 2, 1 << 16)
 
     def _free(self, versions) -> int:
         """Mark the versions freed (each once); returns how many entries they held."""
@@ -332,7 +332,7 @@ class MultiVersionGraph:
     def live_versions(self) -> int:
         return int(self.v_live.view().sum())
 
-    def _compact(self) -> None:
+    def compact(self) -> None:
         """Drop freed versions' entries; version ids stay, group ids and entry offsets move."""
         live = np.flatnonzero(self.v_live.view())
         es, ee = self.v_es.a[live], self.v_ee.a[live]

@@ -308,7 +308,7 @@ class CompiledGraph(MultiVersionGraph):
         return edge_labels(graph_view(self), np.asarray(a, np.int64), np.asarray(b, np.int64),
                            np.asarray(ts, np.int64))
 
-    def _compact(self) -> None:
+    def compact(self) -> None:
         used = self._used()
         _compact(self._arena(), used)
         self._set_used(used)

@@ -39,10 +39,34 @@ def chunks(n: int, threads: int) -> list[tuple[int, int]]:
 
 def run_chunks(fn, ranges: list[tuple[int, int]], threads: int) -> list:
     """[fn(lo, hi) for each range], run on `threads` threads (a shared pool per count)."""
+    return start_chunks(fn, ranges, threads)()
+
+
+def start_chunks(fn, ranges: list[tuple[int, int]], threads: int, done=lambda: None):
+    """run_chunks without the wait: the chunks start on the shared pool, behind those started
+    before, and the function returned waits for their list; on one thread (or one range)
+    they run here and now. done() is called once every chunk has run (or raised), on the
+    thread of the last one."""
     if threads == 1 or len(ranges) == 1:
-        return [fn(lo, hi) for lo, hi in ranges]
+        try:
+            out = [fn(lo, hi) for lo, hi in ranges]
+        finally:
+            done()
+        return lambda: out
     with _lock:
         pool = _pools.get(threads)
         if pool is None:
             pool = _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="csmd-cpu")
-    return list(pool.map(lambda r: fn(*r), ranges))
+    left, counting = [len(ranges)], threading.Lock()
+
+    def one_done(_future) -> None:
+        with counting:
+            left[0] -= 1
+            last = not left[0]
+        if last:
+            done()
+
+    futures = [pool.submit(fn, lo, hi) for lo, hi in ranges]
+    for f in futures:
+        f.add_done_callback(one_done)
+    return lambda: [f.result() for f in futures]
