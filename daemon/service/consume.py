@@ -85,9 +85,10 @@ class ConsumeLoop:
             now = time.monotonic()
             # a daemon with every record done commits at once, not at the next interval: the end of a
             # burst is delivered (and a cluster's shard progress moves) up to an interval sooner
-            idle = not self.tracker.pending() and self.tracker.committable() != self._done_at_commit
+            done = self.tracker.committable()
+            idle = not self.tracker.pending() and done != self._done_at_commit
             if now >= next_commit or idle:
-                self._done_at_commit = self.tracker.committable()
+                self._done_at_commit = done
                 if self.sink.transactional:  # a transaction ends where no record is half done
                     self._drain()
                     self._commit_all()
