@@ -3,12 +3,13 @@
 Throughput, for two workloads, count-only (every human match would be some 10^9 delta
 rows): the human insertion stream with Q_1..Q_100 registered, and the mixed
 insert/delete stream made from yeast (bench/replay_yeast.py's, seeded) with its 17
-queries. --rounds R makes each stream R rounds long, so that the measurement is the
+queries. --rounds H Y makes the streams H and Y rounds long (32 and 4: some 2.5 and 6 s
+on one instance of the compiled engine), so that the measurement is the
 steady state (as in production) rather than start-up and drain: round 1 is the stream
 itself, round 2 undoes it (every insertion deleted, every deletion re-inserted), round 3
 does it again, and so on, each round in its own seeded order. Every update of every round
 changes the graph and is matched at its own timestamp: real work, not padding. One human
-round lasts about 0.5 s on one instance, too short for the split part to show (start-up
+round lasts about 0.1 s on one instance, too short for the split part to show (start-up
 of the pipeline, the last batch's drain and the commit interval weigh as much).
 
 Before the measured runs of a workload, one unmeasured run (one instance, a piece of its
@@ -28,7 +29,7 @@ replicated), only the matching is split.
 workload and instance count, where each instance's time went: thread CPU seconds of the
 replicated stages (consume, sequence, apply), of the split ones (match: wall seconds, on
 the engine's threads; canonical, publish, acks) and of the cluster's bookkeeping, the
-longest single call of any stage but match, the ops it matched, and when (seconds after
+longest single call of any stage but match, the (op, query) pairs it matched, and when (seconds after
 the first record was produced) it had taken in the last record, put out the last batch
 and committed the last progress.
 
@@ -38,8 +39,9 @@ moves again (Kafka noticed, the survivor re-matched the shard from its progress 
 its deltas are acknowledged), for two session timeouts.
 
 Median (and best) of --runs runs; prints a table. Embedded broker; --backend cpu (the
-compiled engine) or numpy (its matching is some 10x slower, so the share that scales
-weighs more).
+compiled engine), numpy (its matching is some 10x slower, so the share that scales
+weighs more) or gpu (each instance on its own GPU: a on GPU 0, b on GPU 1, ..., mod
+--gpus; the failover runs stay on the compiled engine).
 """
 
 from __future__ import annotations
@@ -104,17 +106,23 @@ def in_rounds(lines: list[str], rounds: int) -> list[str]:
 
 
 def cluster(root: Path, bootstrap: str, w: Workload, tag: str, threads: int, backend: str = "cpu",
-            command=CSMD, **settings) -> Cluster:
+            command=CSMD, gpus: int = 1, **settings) -> Cluster:
+    """Daemons for the workload; with the GPU engine, instance a on GPU 0, b on GPU 1, ... (mod `gpus`)."""
     work = root / tag
     work.mkdir()
     overrides = {"graph": {"initial": str(w.graph)},
                  "queries": {"paths": [str(q) for q in w.queries], "count_only": True},
                  "pipeline": {"backend": backend}, "log": {"level": "warning"}}
-    return Cluster(work, bootstrap, [], SHARDS, overrides, {"CSMD_THREADS": str(threads)}, command, **settings)
+
+    def env(name: str) -> dict:
+        gpu = {"CUDA_VISIBLE_DEVICES": str((ord(name) - ord("a")) % gpus)} if backend == "gpu" else {}
+        return {"CSMD_THREADS": str(threads), **gpu}
+
+    return Cluster(work, bootstrap, [], SHARDS, overrides, env, command, **settings)
 
 
 def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
-               stages: bool) -> tuple[float, dict[str, dict] | None]:
+               stages: bool, gpus: int = 1) -> tuple[float, dict[str, dict] | None]:
     """Updates/s of `n` instances; with `stages`, each instance's stage timers and events, the
     event times in seconds after the first record was produced."""
     lines = w.lines
@@ -122,7 +130,8 @@ def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
     timers = root / f"stages-{tag}"
     timers.mkdir()
     with broker(root, tag) as b:
-        c = cluster(root, b.bootstrap, w, tag, threads, backend, [*STAGE_TIMERS, str(timers)] if stages else CSMD)
+        c = cluster(root, b.bootstrap, w, tag, threads, backend, [*STAGE_TIMERS, str(timers)] if stages else CSMD,
+                    gpus)
         names = [chr(ord("a") + i) for i in range(n)]
         c.start(*names)
         c.wait_balanced(names)
@@ -194,10 +203,11 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=400.0, help="updates/s offered during the failover runs")
     ap.add_argument("--sessions", type=int, nargs="*", default=[2000, 10000], help="session timeouts (ms)")
     ap.add_argument("--threads", type=int, help="matching threads per instance (default: cores // most instances)")
-    ap.add_argument("--backend", choices=("cpu", "numpy"), default="cpu",
+    ap.add_argument("--backend", choices=("cpu", "numpy", "gpu"), default="cpu",
                     help="the engine of the throughput runs (numpy: slower matching, so it weighs more)")
+    ap.add_argument("--gpus", type=int, default=1, help="with --backend gpu: instance i runs on GPU i mod GPUS")
     ap.add_argument("--workloads", nargs="+", choices=("human", "yeast"), default=["human", "yeast"])
-    ap.add_argument("--rounds", type=int, default=4,
+    ap.add_argument("--rounds", type=int, nargs=2, default=[32, 4], metavar=("HUMAN", "YEAST"),
                     help="rounds of each stream: the stream, its undoing, the stream again, ... (1: the stream alone)")
     ap.add_argument("--stages", action="store_true", help="time each instance's stages (bench/stage_timers.py)")
     args = ap.parse_args()
@@ -211,22 +221,26 @@ def main() -> None:
         try:
             for name in args.workloads:
                 make = {"human": human_workload, "yeast": yeast_workload}[name]
-                w = workloads[name] = make(args.datasets, root, args.rounds)
-                first = w.lines[:len(w.lines) // args.rounds]
+                rounds = dict(zip(("human", "yeast"), args.rounds))[name]
+                w = workloads[name] = make(args.datasets, root, rounds)
+                first = w.lines[:len(w.lines) // rounds]
                 throughput(root, w._replace(lines=in_rounds(first[:200], 2)), 1, "warm-up", threads, args.backend,
-                           False)
+                           False, args.gpus)
                 for n in args.instances:
-                    runs = [throughput(root, w, n, r, threads, args.backend, args.stages) for r in range(args.runs)]
+                    runs = [throughput(root, w, n, r, threads, args.backend, args.stages, args.gpus)
+                            for r in range(args.runs)]
                     rates[name, n] = [rate for rate, _ in runs]
                     stages[name, n] = runs[-1][1]
                     print(f"done: {name}, {n} instances", file=sys.stderr)
-            human = workloads.get("human") or human_workload(args.datasets, root, args.rounds)
+            human = workloads.get("human") or human_workload(args.datasets, root, args.rounds[0])
             for ms in args.sessions:
                 failovers[ms] = statistics.median(failover(root, human, ms, args.rate, r) for r in range(args.runs))
                 print(f"done: failover, session timeout {ms} ms", file=sys.stderr)
         finally:
             kill_leftovers()
-    print(f"\n{SHARDS} shards; embedded Tansu broker (a fresh one per run); {args.backend} engine, {threads} matching threads per instance; "
+    engine = (f"gpu engine, {args.gpus} GPUs (instance i on GPU i mod {args.gpus})" if args.backend == "gpu"
+              else f"{args.backend} engine, {threads} matching threads per instance")
+    print(f"\n{SHARDS} shards; embedded Tansu broker (a fresh one per run); {engine}; "
           f"{os.cpu_count()} cores on this machine, shared by the broker and every instance; count-only; median of {args.runs} runs\n")
     print(f"{'workload':>34} {'instances':>9} {'updates/s':>10} {'speed-up':>9} {'best run':>9}")
     for name, w in workloads.items():
@@ -252,7 +266,7 @@ def print_stages(workloads: dict[str, Workload], stages: dict) -> None:
           "of a stage but match; seconds after the first record was produced when the instance had taken in the "
           "last record, put out its last batch, committed the end\n")
     cols = [*REPLICATED, *SPLIT, *BOOKKEEPING]
-    print(f"{'workload':>8} {'n':>2} {'inst':>4} {'batches':>7} {'ops':>7} " + " ".join(f"{c:>8.8}" for c in cols)
+    print(f"{'workload':>8} {'n':>2} {'inst':>4} {'batches':>7} {'pairs':>8} " + " ".join(f"{c:>8.8}" for c in cols)
           + f" {'longest':>16} {'last in':>8} {'last out':>8} {'committed':>9}")
     for (name, n), found in stages.items():
         end = len(workloads[name].lines)
@@ -262,7 +276,7 @@ def print_stages(workloads: dict[str, Workload], stages: dict) -> None:
             committed = min((v for k, v in ev.items() if k.startswith("committed ") and int(k.split()[1]) >= end),
                             default=float("nan"))
             longest = max((c for c in cols if c != "match" and c in t), key=lambda c: t[c][3])
-            print(f"{name:>8} {n:>2} {inst:>4} {batches:>7} {ops:>7} "
+            print(f"{name:>8} {n:>2} {inst:>4} {batches:>7} {ops:>8} "
                   + " ".join(f"{t.get(c, (0, 0, 0))[1 if c == 'match' else 2]:>8.3f}" for c in cols)
                   + f" {longest:>10.10} {t[longest][3]:>5.3f}"
                   + f" {ev.get('last record', float('nan')):>8.3f} {ev.get('last batch out', float('nan')):>8.3f}"

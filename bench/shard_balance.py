@@ -2,8 +2,9 @@
 
 Matches bench/cluster.py's stream (--workload, --rounds) one record at a time on the
 compiled engine with one thread, timing each (record, query) search alone; then deals
-the work out as a cluster would: each record (or each record and query) to the shard
-its hash names, the 12 shards evenly over the instances. The bound is the total over
+the work out as a cluster would: each record to the shard its hash names, or each
+(record, query) to the daemon's shard for it (pipeline/shards.py: the record's hash
+shifted by the query's), the 12 shards evenly over the instances. The bound is the total over
 the busiest instance's share (the replicated part and the per-batch costs left out).
 Each trial places the stream elsewhere in the topic (offsets shifted, so other hashes)
 and deals the shards out by another even map: the median, the 10th percentile and the
@@ -31,7 +32,7 @@ from csmd.engines import continuous_engine  # noqa: E402
 from csmd.model.formats import read_graph, read_query  # noqa: E402
 from csmd.pipeline.queries import continuous_query  # noqa: E402
 from csmd.pipeline.sequencer import Sequencer, Vertices  # noqa: E402
-from csmd.pipeline.shards import shard_of  # noqa: E402
+from csmd.pipeline.shards import record_hash, shard_of  # noqa: E402
 
 
 def costs(w, root: Path) -> tuple[np.ndarray, list[str]]:
@@ -56,19 +57,18 @@ def costs(w, root: Path) -> tuple[np.ndarray, list[str]]:
     return out, [f.stem for f in files]
 
 
-def bounds(cost: np.ndarray, n: int, trials: int) -> dict[str, list[float]]:
+def bounds(cost: np.ndarray, names: list[str], n: int, trials: int) -> dict[str, list[float]]:
     """Speed-up bounds of n instances, by unit, one per trial."""
     rng = np.random.default_rng(n)
-    records, queries = cost.shape
     total = cost.sum()
     out = {"record": [], "(record, query)": []}
     for trial in range(trials):
-        offsets = np.arange(records) + trial * 1_000_003
+        offsets = np.arange(len(cost)) + trial * 1_000_003
         owner = rng.permutation(SHARDS) % n  # shard -> instance, evenly
-        busy = np.bincount(owner[shard_of(0, offsets, SHARDS)], cost.sum(1), n)
+        busy = np.bincount(owner[record_hash(0, offsets, SHARDS)], cost.sum(1), n)
         out["record"].append(total / busy.max())
-        keys = (offsets[:, None] * queries + np.arange(queries)[None, :]).ravel()
-        busy = np.bincount(owner[shard_of(0, keys, SHARDS)], cost.ravel(), n)
+        shard = np.stack([shard_of(0, offsets, SHARDS, q) for q in names], axis=1)  # the daemon's split
+        busy = np.bincount(owner[shard].ravel(), cost.ravel(), n)
         out["(record, query)"].append(total / busy.max())
     return out
 
@@ -93,7 +93,7 @@ def main() -> None:
     print("heaviest queries: " + ", ".join(f"{names[j]} {share[j]:.0%}" for j in np.argsort(share)[::-1][:3]))
     print(f"\n{'instances':>9} {'unit':>16} {'median':>7} {'p10':>6} {'worst':>6}   (speed-up bound, {args.trials} trials)")
     for n in (2, 4):
-        for unit, b in bounds(cost, n, args.trials).items():
+        for unit, b in bounds(cost, names, n, args.trials).items():
             print(f"{n:>9} {unit:>16} {np.median(b):>6.2f}x {np.percentile(b, 10):>5.2f}x {min(b):>5.2f}x")
 
 

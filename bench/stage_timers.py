@@ -12,9 +12,9 @@ call; the most frequent is the consume loop's, once per poll.
 Stages, by what a cluster does with them:
 - replicated (every instance does all of it): consume (decode a poll's records, hand them on),
   sequence, apply;
-- split (only the owner of a record's shard): match (the engine's search of the ops
-  selected: wall seconds, the engine's thread pool does the work while the calling thread
-  waits), canonical (the deltas in their order), publish (Arrow encoding, producing) and
+- split (only the owner of a (record, query) shard): match (the engine's search of the
+  ops selected: wall seconds of submitting it and of waiting for it, the engine's thread
+  pool does the work), canonical (the deltas in their order), publish (Arrow encoding, producing) and
   acks (the producer's delivery reports): only owned records have deltas;
 - cluster bookkeeping: select (which ops are this instance's, the batches kept for
   re-matches), sync (read every shard's progress, commit the live ones), poll (the group
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from csmd.cli import main
 from csmd.connectors.kafka import KafkaSink
-from csmd.cpu.compiled import CompiledEngine
+from csmd.cpu.compiled import CompiledEngine, _Search
 from csmd.cpu.engine import CpuEngine
 from csmd.pipeline.sequencer import Sequencer
 from csmd.pipeline.shards import ShardWork
@@ -46,7 +46,7 @@ STAGES = {  # stage -> the methods whose time is its time
     "consume": [(ConsumeLoop, "_take")],
     "sequence": [(Sequencer, "sequence")],
     "apply": [(CpuEngine, "apply")],
-    "match": [(CompiledEngine, "submit"), (CpuEngine, "submit")],
+    "match": [(CompiledEngine, "submit"), (CpuEngine, "submit"), (_Search, "result")],
     "canonical": [(Pipeline, "_deltas")],
     "publish": [(Output, "_publish")],
     "acks": [(KafkaSink, "poll")],
@@ -103,7 +103,7 @@ def _install() -> None:
                 t = _timers.setdefault("ops matched", [0, 0, 0])
                 t[0] += 1  # batches
                 t[1] += item[0].records
-                t[2] += len(item[1].edge_seq) + len(item[1].vertex_seq)
+                t[2] += sum((len(w.edge_seq) + len(w.vertex_seq)) * len(qs) for w, qs, _p in item[2])  # (op, query)
 
     def committed(self, done, end):
         sync(self, done, end)

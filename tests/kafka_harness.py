@@ -252,7 +252,8 @@ def kill_leftovers() -> None:
 class Cluster:
     """Daemon processes with [cluster] enabled sharing one stream's matching: one config each (its admin
     port and instance name). cluster: [cluster] settings; overrides: other config sections; env: the
-    processes' extra environment; command: what runs `csmd` (as DaemonProcess)."""
+    processes' extra environment (or a function of the member's name giving it); command: what runs
+    `csmd` (as DaemonProcess)."""
 
     def __init__(self, tmp_path, bootstrap, queries, shards: int, overrides=None, env=None, command=CSMD,
                  **cluster):
@@ -273,7 +274,8 @@ class Cluster:
             cfg = self.tmp / f"{name}.toml"
             cfg.write_text(config_text(self.t, self.queries, admin_port=port,
                                        cluster={**self.settings, "instance": name}, **self.overrides))
-            self.members[name] = DaemonProcess(cfg, self.tmp / f"{name}.log", port, self.env, self.command)
+            env = self.env(name) if callable(self.env) else self.env
+            self.members[name] = DaemonProcess(cfg, self.tmp / f"{name}.log", port, env, self.command)
 
         threads = [threading.Thread(target=one, args=(n,)) for n in names]
         for t in threads:

@@ -28,7 +28,7 @@ from csmd.engines import continuous_engine
 from csmd.errors import CsmdError
 from csmd.model.formats import read_graph, read_query
 from csmd.pipeline.deltas import DeltaEncoder
-from csmd.pipeline.shards import ShardChange, ShardWork, shard_of
+from csmd.pipeline.shards import ShardChange, ShardWork, query_shift, record_hash, shard_of
 from csmd.pipeline.stages import Pipeline
 from csmd.service.config import load_config
 
@@ -109,11 +109,75 @@ def test_a_shard_handed_over_is_matched_once_on_each_side_of_its_progress(tmp_pa
         assert not set(old) & set(new), "no delta is published by both owners"
 
 
-def test_shard_of_spreads_records():
-    s = shard_of(0, range(12000), 12)
+def test_shard_of_spreads_records_and_each_records_queries():
+    s = record_hash(0, range(12000), 12)
     assert set(s.tolist()) == set(range(12))
     assert Counter(s.tolist()).most_common()[-1][1] > 800  # every shard gets a fair share
-    assert (shard_of(0, [5, 6], 12) == shard_of([0, 0], [5, 6], 12)).all()
+    assert (record_hash(0, [5, 6], 12) == record_hash([0, 0], [5, 6], 12)).all()
+    names = [f"Q_{i}" for i in range(1, 101)]
+    assert (shard_of(0, [7] * 100, 12, names[0]) == shard_of(0, 7, 12, names[0])).all()
+    assert {int(shard_of(0, 7, 12, q)[0]) for q in names} == set(range(12))  # one record's queries: every shard
+    # A query's shift is part of what a deployment's committed progress means: it must not change
+    # between versions (a query moved to another shard could skip records between two progresses).
+    assert [query_shift(q, 12) for q in ("Q_1", "query_sparse_8_3", "query_dense_8_3")] == [0, 4, 6]
+
+
+def _one_update_batches(n: int, first: int = 0):
+    from csmd.engine import UpdateBatch
+    from csmd.model.formats import Update
+    import numpy as np
+
+    z = np.zeros(0, np.int64)
+    for k in range(first, first + n):
+        rec = Update("e", 1, 2, 0, "", ("in", 0, k))
+        yield UpdateBatch(k, k + 1, np.array([k]), np.array([0]), np.array([1]), np.array([0]), np.array([1]),
+                          z, z, z, np.zeros(0, np.int32), 2, {k: rec}, [], 1)
+
+
+def _block(records: int):
+    """One batch of `records` one-edge records (offsets 0..records-1)."""
+    from csmd.engine import UpdateBatch
+    import numpy as np
+
+    parts = list(_one_update_batches(records))
+    return UpdateBatch(0, records, *(np.concatenate([getattr(b, f) for b in parts]) for f in (
+        "edge_seq", "edge_a", "edge_b", "edge_label", "edge_sign", "vertex_seq", "vertex_id", "vertex_sign")),
+        np.zeros(0, np.int32), 2, {k: b.record_of[k] for b in parts for k in b.record_of}, [], records)
+
+
+class _Q:
+    def __init__(self, name):
+        self.name = name
+
+
+def test_an_instance_matches_exactly_its_record_query_pairs_in_one_search_per_selection():
+    """select: each query gets the ops of the records whose (record, query) shard is owned (checked
+    against shard_of), the queries together exactly once; queries selecting the same ops share a
+    search, so an owner of every shard searches once."""
+    shards, records = 12, 300
+    registered = [(_Q(f"Q_{i}"), object()) for i in range(1, 41)]
+    everything = ShardWork(shards, 0, 0)
+    everything.owned = {s: 0 for s in range(shards)}
+    batch = _block(records)
+    parts = everything.select(batch, registered)
+    assert len(parts) == 1 and parts[0][0] is batch and sorted(map(id, parts[0][1])) == sorted(map(id, registered))
+    for owned in ({0: 0, 5: 0, 7: 0}, {s: 0 for s in range(0, shards, 2)}, {3: 100, 4: 0}):
+        work = ShardWork(shards, 0, 0)
+        work.owned = owned
+        parts = work.select(batch, registered)
+        assert len(parts) <= len({query_shift(q.name, shards) for q, _ in registered})
+        seen = [q for _w, qs in parts for q, _ in qs]
+        for w, qs in parts:
+            for q, _ in qs:
+                shard = shard_of(0, batch.edge_seq, shards, q.name)  # record offset = seq here
+                want = [s for s, sh in zip(batch.edge_seq.tolist(), shard.tolist())
+                        if sh in owned and s >= owned[sh]]
+                assert w.edge_seq.tolist() == want, (owned, q.name)
+        assert len(seen) == len(set(seen))  # each query in one part at most
+        missing = {q.name for q, _ in registered} - {q.name for q in seen}
+        for name in missing:  # a query left out has no owned record in the batch
+            assert not any(sh in owned and s >= owned[sh] for s, sh in
+                           zip(batch.edge_seq.tolist(), shard_of(0, batch.edge_seq, shards, name).tolist()))
 
 
 def test_the_benchmarks_longer_streams_change_the_graph_with_every_update(tmp_path):
@@ -146,22 +210,15 @@ def test_the_benchmarks_longer_streams_change_the_graph_with_every_update(tmp_pa
 
 def test_the_kept_window_follows_the_floor():
     """Batches (and the GC's versions) are kept back to the slowest shard's progress, no further."""
-    from csmd.engine import UpdateBatch
-    from csmd.model.formats import Update
-    import numpy as np
-
     work = ShardWork(4, 0, 0)
-    z = np.zeros(0, np.int64)
-    for k in range(10):
-        rec = Update("e", 1, 2, 0, "", ("in", 0, k))
-        work.select(UpdateBatch(k, k + 1, np.array([k]), np.array([0]), np.array([1]), np.array([0]), np.array([1]),
-                                z, z, z, np.zeros(0, np.int32), 2, {k: rec}, [], 1))
+    for b in _one_update_batches(10):
+        work.select(b, [])
     assert (work.retained, work.hold_seq) == (10, 0)
     work.set_floor(6)
     assert (work.retained, work.hold_seq, work.kept_from) == (4, 6, 6)
     work.set_floor(3)  # the floor never goes back
     assert (work.retained, work.hold_seq, work.kept_from) == (4, 6, 6)
-    _batch, gaps = work.gain({0: 2, 1: 7})
+    _batch, _parts, gaps = work.gain({0: 2, 1: 7}, [])
     assert gaps == {0: 6}  # progress 2 is older than anything kept: reported, not silently skipped
 
 
@@ -201,7 +258,9 @@ class ProgressWatch:
 
 
 def shards_of(table: pa.Table) -> list[int]:
-    return shard_of(table.column("partition").to_numpy(), table.column("offset").to_numpy(), SHARDS).tolist()
+    """The (record, query) shard of each delta."""
+    return [int(shard_of(p, o, SHARDS, q)[0]) for q, p, o in zip(*(table.column(c).to_pylist()
+                                                                    for c in ("query", "partition", "offset")))]
 
 
 def test_three_instances_equal_replay_and_each_delta_comes_from_its_shards_owner(tmp_path, kafka_bootstrap,
@@ -313,7 +372,7 @@ def test_an_instance_added_mid_stream_takes_shards_with_no_loss(tmp_path, kafka_
     assert after["c"] <= moved
     ids = list(zip(*(table.column(k).to_pylist() for k in ("offset", "query", "index"))))
     twice = {i for i, n in Counter(ids).items() if n > 1}
-    dup_shards = set(shard_of(0, [o for o, _q, _i in twice], SHARDS).tolist()) if twice else set()
+    dup_shards = {int(shard_of(0, o, SHARDS, q)[0]) for o, q, _i in twice}
     assert dup_shards <= moved, "duplicates only of records in flight on shards that moved"
     assert c.stop("a", "b", "c") == [0, 0, 0]
 

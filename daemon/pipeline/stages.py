@@ -296,36 +296,47 @@ class Pipeline:
             with self._applied:
                 self._applied.wait_for(lambda: self._gu_done or self._applied_batches > index + self.executor_lag)
         self.stats.max_ahead = max(self.stats.max_ahead, self._applied_batches - index - 1)
-        work = batch
-        if self.shards is not None:
-            work = self.shards.select(batch)
+        registered = list(self.queries.values())
+        if self.shards is None:
+            parts = [(batch, registered)]
+        else:
+            parts = self.shards.select(batch, registered)
             self.gc.hold(self.shards.hold_seq)
-        registered = list(self.queries.values())
-        return batch, work, registered, self._submit(work, registered)
+        return batch, registered, self._submit(parts)
 
-    def _submit(self, work: UpdateBatch, registered):
-        searched = [pq for cq, pq in registered if pq is not None]
-        return self.engine.submit(work, searched) if searched else None
+    def _submit(self, parts) -> list:
+        """Submit each (ops, the queries that match them); (ops, queries, pending or None) for each."""
+        out = []
+        for work, queries in parts:
+            searched = [pq for _cq, pq in queries if pq is not None]
+            out.append((work, queries, self.engine.submit(work, searched) if searched else None))
+        return out
 
-    def _deltas(self, work: UpdateBatch, registered, pending) -> list[QueryDeltas]:
-        matches = pending.result() if pending is not None else {}
+    def _deltas(self, batch: UpdateBatch, registered, submitted) -> list[QueryDeltas]:
+        """Every registered query's deltas for the batch, in registration order (a query whose
+        shards hold none of its ops has none)."""
         labels = self.vertices.labels
-        return [canonical(cq, matches.get(cq.name) if pq is not None else vertex_matches(cq, work, labels), work)
-                for cq, pq in registered]
+        found = {}
+        for work, queries, pending in submitted:
+            matches = pending.result() if pending is not None else {}
+            for cq, pq in queries:
+                m = matches.get(cq.name) if pq is not None else vertex_matches(cq, work, labels)
+                found[cq.name] = canonical(cq, m, work)
+        return [found[cq.name] if cq.name in found else canonical(cq, None, batch) for cq, _pq in registered]
 
-    def match_now(self, work: UpdateBatch) -> list[QueryDeltas]:
-        """Match ops of batches applied earlier, each at its own timestamp, for the queries registered
-        now (a gained shard's re-match); from the executor stage, while their versions are held."""
-        registered = list(self.queries.values())
-        return self._deltas(work, registered, self._submit(work, registered))
+    def match_now(self, batch: UpdateBatch, parts) -> list[QueryDeltas]:
+        """Match ops of batches applied earlier, each at its own timestamp (a gained shard's
+        re-match): `parts` are (ops, queries) as ShardWork gives them, `batch` knows every
+        op's record; from the executor stage, while their versions are held."""
+        return self._deltas(batch, list(self.queries.values()), self._submit(parts))
 
     def _output(self, item, on_result) -> None:
         """Wait for a batch's matches, put them in canonical order and hand them on (stream order)."""
         if isinstance(item, Marker):
             on_result(item)
             return
-        b, work, registered, pending = item
-        deltas = self._deltas(work, registered, pending)
+        b, registered, submitted = item
+        deltas = self._deltas(b, registered, submitted)
         now = time.monotonic()
         on_result(BatchResult(b, deltas, now))
         self.stats.records += b.records
