@@ -171,7 +171,7 @@ class Executor:
         key = tuple(id(pq) for pq in queries)
         grp = self._groups.get(key)
         if grp is None:  # cached groups hold their queries, so an id is not reused while cached
-            if len(self._groups) >= 8:
+            if len(self._groups) >= 32:  # a cluster instance searches up to [cluster] shards query sets a batch
                 self._groups.clear()
             with self.stream:  # the tables' upload is ordered before the searches that read them
                 grp = self._groups[key] = _Group(queries)

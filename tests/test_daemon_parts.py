@@ -300,3 +300,98 @@ def test_the_stop_signal_handler_neither_logs_nor_locks():
     d = SimpleNamespace(stopping=threading.Event(), stop_signal=None, log=NoLog())
     on_stop_signal(d, signal.SIGTERM)
     assert d.stopping.is_set() and d.stop_signal == "SIGTERM"
+
+
+def test_arrow_messages_are_the_bytes_a_stream_writer_writes_whatever_schema_came_last():
+    """The output's IPC messages keep the last schema's message: they must stay what pyarrow's
+    stream writer writes, across schemas in turn and when a batch is split to fit."""
+    from csmd.connectors.kafka import arrow_messages
+    from csmd.schemas import deltas_schema
+
+    def written(batch):
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, batch.schema) as w:
+            w.write_batch(batch)
+        return sink.getvalue().to_pybytes()
+
+    rng = np.random.default_rng(5)
+    batches = []
+    for id_type in (pa.int64(), pa.string(), pa.int64()):
+        n = int(rng.integers(1, 40))
+        ids = [[int(x) for x in rng.integers(0, 99, 3)] for _ in range(n)]
+        batches.append(pa.record_batch([
+            pa.array(["Q_1"] * n), pa.array(rng.choice([-1, 1], n).astype(np.int8)), pa.array(np.arange(n)),
+            pa.array(["s"] * n), pa.array([[str(v) if id_type == pa.string() else v for v in r] for r in ids],
+                                          pa.list_(id_type)),
+            pa.array(np.ones(n, np.int64)), pa.array(["in"] * n), pa.array(np.zeros(n, np.int32)),
+            pa.array(np.arange(n)), pa.array(np.arange(n))], schema=deltas_schema(id_type)))
+    for b in batches:
+        assert arrow_messages(b, 1 << 20) == [written(b)]
+        assert arrow_messages(b.slice(1), 1 << 20) == [written(b.slice(1))]
+    big = batches[0]
+    parts = arrow_messages(big, len(written(big.slice(0, 2))) + 8)  # split by rows to fit
+    assert len(parts) > 1 and all(len(p) <= len(written(big.slice(0, 2))) + 8 for p in parts)
+    assert pa.Table.from_batches([b for p in parts for b in ipc.open_stream(p)]).equals(pa.Table.from_batches([big]))
+
+
+def test_metrics_series_with_labels_keep_their_counts_whatever_the_keyword_order():
+    m = Metrics()
+    for _ in range(3):
+        m.inc("csmd_deltas_total", 2, query="q", sign="+")
+        m.inc("csmd_deltas_total", 1, sign="+", query="q")
+    m.inc("csmd_deltas_total", 5, query="r", sign="-")
+    text = m.prometheus()
+    assert metric(text, "csmd_deltas_total", query="q", sign="+") == 9
+    assert metric(text, "csmd_deltas_total", query="r", sign="-") == 5
+    assert m.get("csmd_deltas_total", sign="+", query="q") == 9
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_delta_ids_number_each_records_deltas_per_query_across_batches(seed):
+    """The encoder's ids against their definition, computed row by row: (input, partition,
+    offset) of the update's record, and `index`, the count of the query's earlier deltas of that
+    record (a record's updates may span batches); sources and counts carried through."""
+    from types import SimpleNamespace
+
+    from csmd.engine import QueryDeltas, UpdateBatch
+    from csmd.model.graph import Graph
+    from csmd.pipeline.deltas import DeltaEncoder
+    from csmd.pipeline.sequencer import Vertices
+
+    rng = random.Random(seed)
+    enc = DeltaEncoder(Vertices(Graph.from_edges([0, 1, 2, 3], [0], [1])))
+    seen: dict = {}
+    seq, offset = 0, 0
+    record = Update("e", 0, 1, 0, "r0", ("in", rng.randrange(3), 0))
+    for _batch in range(6):
+        record_of, first = {}, seq
+        for _ in range(rng.randrange(1, 30)):
+            if rng.random() < 0.6:  # a new record; else the record goes on (several updates)
+                offset += rng.randrange(1, 3)
+                record = Update("e", 0, 1, 0, f"r{offset}", (rng.choice(["in", "in2"]), rng.randrange(3), offset))
+            record_of[seq] = record
+            seq += 1
+        deltas = []
+        for q in ("Q_a", "Q_b", "Q_c"):
+            s = np.array(sorted(rng.choices(range(first, seq), k=rng.randrange(0, 40))), np.int64)
+            counts = np.array([rng.randrange(1, 5) for _ in s], np.int64)
+            deltas.append(QueryDeltas(q, s, np.where(s % 2 == 0, 1, -1).astype(np.int8), None, 0, 0, counts))
+        z = np.zeros(0, np.int64)
+        batch = UpdateBatch(first, seq, z, z, z, z, z, z, z, z, np.zeros(0, np.int32), 4, record_of)
+        items = enc.encode(SimpleNamespace(batch=batch, deltas=deltas))
+        assert [q for q, _b, _o in items] == [d.name for d in deltas if len(d.seq)]
+        for (q, rb, origins), d in zip(items, [d for d in deltas if len(d.seq)]):
+            got = rb.to_pydict()
+            want_index, want_origins = [], []
+            for s in d.seq.tolist():
+                o = record_of[s].origin
+                want_index.append(seen.get((q, o), 0))
+                seen[(q, o)] = want_index[-1] + 1
+                if not want_origins or want_origins[-1] != o:
+                    want_origins.append(o)
+            assert got["index"] == want_index
+            assert list(zip(got["input"], got["partition"], got["offset"])) == [record_of[s].origin for s in d.seq]
+            assert got["source"] == [record_of[s].source for s in d.seq.tolist()]
+            assert got["count"] == d.counts.tolist() and got["seq"] == d.seq.tolist()
+            assert got["sign"] == d.sign.tolist() and got["vertices"] == [[]] * len(d.seq)
+            assert origins == want_origins

@@ -25,9 +25,9 @@ from csmd.engine import ContinuousQuery, Done, Matches, Pending, SearchResult, S
 from csmd.model.plan import Plan, make_plan, plan_query
 
 STEP_CANDIDATES = 1 << 20  # candidates a static search looks at between two time-limit checks (a few ms)
-SPLIT_SECONDS = 0.0005  # a batch is split over threads when the last one's chunks searched longer in
-                        # all (else handing chunks to the pool costs more than it saves: the floor of a
-                        # light query)
+SPLIT_SECONDS = 0.0005  # a batch is split over threads when its search should take longer (the last
+                        # search of its queries' seconds per op, times its ops): else handing chunks to
+                        # the pool costs more than it saves (the floor of a light query)
 STATIC_MEMO_BYTES = 64 << 20  # a static search memoises segment counts when that fits in this
 _arenas: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> its arena (`csmd match` runs many queries on one)
 
@@ -128,25 +128,22 @@ class CompiledEngine(CpuEngine):
     def __init__(self, g0, threads: int | None = None):
         super().__init__(g0)
         self.threads = thread_count() if threads is None else threads
-        self._registered = None  # the last query list submitted and its flattened plans
+        # query lists submitted (their ids) -> _QuerySet: a cluster instance submits one per set of
+        # shards its queries select, so several alternate from batch to batch
+        self._sets: dict[tuple, _QuerySet] = {}
         self._memos = threading.local()  # per thread: its Memo and the memo's last search id
-        self._last = 0.0  # seconds the last batch's search took
 
     def prepare(self, query: ContinuousQuery) -> CompiledQuery:
         return CompiledQuery(query)
 
-    def _plans(self, queries: list[CompiledQuery]):
-        """(plan set, materialize, width, anchors): anchors are the sorted end-label pairs
-        (label << 32 | label) of every plan's anchor edge, in both orientations."""
-        last = self._registered
-        if last is None or len(last[0]) != len(queries) or any(a is not b for a, b in zip(last[0], queries)):
-            ps = joined([cq.ps for cq in queries])
-            materialize = np.array([not cq.count_only for cq in queries], np.bool_)
-            width = max(cq.q.n for cq in queries)
-            lx, ly = ps.qlab[ps.off].astype(np.int64), ps.qlab[ps.off + 1].astype(np.int64)
-            anchors = np.unique(np.concatenate([lx << 32 | ly, ly << 32 | lx]))
-            self._registered = last = (list(queries), ps, materialize, width, anchors)
-        return last[1:]
+    def _plans(self, queries: list[CompiledQuery]) -> _QuerySet:
+        key = tuple(id(q) for q in queries)
+        found = self._sets.get(key)
+        if found is None:  # a set holds its queries, so an id is not reused while it is kept
+            if len(self._sets) >= 32:
+                self._sets.clear()
+            found = self._sets[key] = _QuerySet(queries)
+        return found
 
     def _seeded(self, batch: UpdateBatch, anchors: np.ndarray) -> np.ndarray:
         """The batch's edge ops whose end labels match some anchor edge's: no other op seeds a
@@ -168,8 +165,9 @@ class CompiledEngine(CpuEngine):
         return counts, rows, row_q, row_op + lo
 
     def submit(self, batch: UpdateBatch, queries: list[CompiledQuery]) -> Pending:
-        ps, materialize, width, anchors = self._plans(queries)
-        seeded = self._seeded(batch, anchors)
+        qs = self._plans(queries)
+        ps, materialize, width = qs.ps, qs.materialize, qs.width
+        seeded = self._seeded(batch, qs.anchors)
         if not len(seeded):
             return Done({})
         ops = tuple(x[seeded] for x in (batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label))
@@ -182,11 +180,11 @@ class CompiledEngine(CpuEngine):
             t0 = time.perf_counter()
             return self._match(view, ps, depth, ops, lo, hi, materialize, width), time.perf_counter() - t0
 
-        threads = self.threads if self._last > SPLIT_SECONDS else 1
+        threads = self.threads if qs.per_op * len(seeded) > SPLIT_SECONDS else 1
         # in flight until its last chunk has run: a compaction waits for that, not for the output
         # stage to collect it (the output stage may be the one that compacts)
         wait = start_chunks(part, chunks(len(seeded), threads), threads, self._search_ended)
-        return _Search(self, wait, queries, ops[0])
+        return _Search(self, wait, qs, ops[0])
 
     def _matches(self, parts, queries: list[CompiledQuery], seq: np.ndarray) -> dict[str, Matches]:
         """The matches of a batch's searched chunks (in order), by query."""
@@ -212,14 +210,28 @@ class _Search(Pending):
     """A batch's search, split over the thread pool: its chunks' matches put together when
     waited for."""
 
-    def __init__(self, engine: CompiledEngine, wait, queries: list[CompiledQuery], seq: np.ndarray):
-        self._engine, self._wait, self._queries, self._seq = engine, wait, queries, seq
+    def __init__(self, engine: CompiledEngine, wait, qs: _QuerySet, seq: np.ndarray):
+        self._engine, self._wait, self._qs, self._seq = engine, wait, qs, seq
         self._out: dict[str, Matches] | None = None
 
     def result(self) -> dict[str, Matches]:
         if self._out is None:
             parts = self._wait()
-            self._engine._last = sum(seconds for _, seconds in parts)
-            self._out = self._engine._matches([p for p, _ in parts], self._queries, self._seq)
+            self._qs.per_op = sum(seconds for _, seconds in parts) / len(self._seq)
+            self._out = self._engine._matches([p for p, _ in parts], self._qs.queries, self._seq)
         return self._out
+
+
+class _QuerySet:
+    """Queries submitted together: their flattened plans, (label << 32 | label) of every plan's
+    anchor edge in both orientations, and the seconds per seeded op of their last search."""
+
+    def __init__(self, queries: list[CompiledQuery]):
+        self.queries = list(queries)
+        self.ps = ps = joined([cq.ps for cq in queries])
+        self.materialize = np.array([not cq.count_only for cq in queries], np.bool_)
+        self.width = max(cq.q.n for cq in queries)
+        lx, ly = ps.qlab[ps.off].astype(np.int64), ps.qlab[ps.off + 1].astype(np.int64)
+        self.anchors = np.unique(np.concatenate([lx << 32 | ly, ly << 32 | lx]))
+        self.per_op = float("inf")  # unknown: the first search is split (it may be a catch-up's big batch)
 

@@ -35,6 +35,10 @@ class DeltaEncoder:
             self._ext = np.concatenate([self._ext, np.array(ext_ids[len(self._ext):], self._ext.dtype)])
         return self._ext
 
+    def _no_vertices(self, n: int) -> pa.Array:
+        """n empty vertex lists (count-only deltas)."""
+        return pa.ListArray.from_arrays(np.zeros(n + 1, np.int32), pa.array([], self.id_type))
+
     def encode(self, result) -> list[tuple[str, pa.RecordBatch, list[tuple]]]:
         """(query, record batch, origins in it) for every query with deltas in this batch: slices
         of one record batch, since building one costs more than its rows for the few deltas a
@@ -46,12 +50,17 @@ class DeltaEncoder:
         bounds = np.cumsum([0] + [len(d.seq) for d in parts])
         n = int(bounds[-1])
         seq = np.concatenate([d.seq for d in parts])
-        recs = [record_of[s] for s in seq.tolist()]
-        origins = [r.origin for r in recs]
+        # the records of the distinct updates (far fewer than the rows: every query's deltas of an
+        # update name it), and a code per distinct origin, so the per-row work is numpy's
+        useq, inv = np.unique(seq, return_inverse=True)
+        urecs = [record_of[s] for s in useq.tolist()]
+        codes: dict = {}
+        code = np.array([codes.setdefault(r.origin, len(codes)) for r in urecs], np.int64)[inv.reshape(-1)]
+        origins = list(codes)  # code -> origin
         # index: position within each run of equal origins of a query, continuing the run that
         # the query's previous batch ended with
         new = np.ones(n, bool)
-        new[1:] = [origins[i] != origins[i - 1] for i in range(1, n)]
+        new[1:] = code[1:] != code[:-1]
         new[bounds[:-1]] = True
         starts = np.flatnonzero(new)
         index = np.arange(n, dtype=np.int64) - np.repeat(starts, np.diff(np.append(starts, n)))
@@ -59,25 +68,25 @@ class DeltaEncoder:
         for i, d in enumerate(parts):
             lo, hi = bounds[i], bounds[i + 1]
             last_origin, carry = self._last.get(d.name, (None, 0))
-            if origins[lo] == last_origin:
+            if origins[code[lo]] == last_origin:
                 index[lo: starts[runs[i] + 1] if runs[i] + 1 < runs[i + 1] else hi] += carry
-            self._last[d.name] = (origins[hi - 1], int(index[hi - 1]) + 1)
+            self._last[d.name] = (origins[code[hi - 1]], int(index[hi - 1]) + 1)
         vertices = pa.concat_arrays([
-            vertex_lists(self.ext_ids(), d.rows, self.id_type) if d.rows is not None
-            else pa.array([[]] * len(d.seq), pa.list_(self.id_type)) for d in parts])
+            vertex_lists(self.ext_ids(), d.rows, self.id_type) if d.rows is not None else self._no_vertices(len(d.seq))
+            for d in parts]) if any(d.rows is not None for d in parts) else self._no_vertices(n)
         names = np.array([d.name for d in parts], dtype=object)
         batch = pa.record_batch([
             pa.array(np.repeat(names, np.diff(bounds)), pa.string()),
             pa.array(np.concatenate([d.sign for d in parts]), pa.int8()),
             pa.array(seq, pa.int64()),
-            pa.array([r.source for r in recs], pa.string()),
+            pa.array(np.array([r.source for r in urecs], object)[inv.reshape(-1)], pa.string()),
             vertices,
             pa.array(np.concatenate([np.ones(len(d.seq), np.int64) if d.rows is not None else d.counts
                                      for d in parts]), pa.int64()),
-            pa.array([o[0] for o in origins], pa.string()),
-            pa.array([o[1] for o in origins], pa.int32()),
-            pa.array([o[2] for o in origins], pa.int64()),
+            pa.array(np.array([o[0] for o in origins], object)[code], pa.string()),
+            pa.array(np.array([o[1] for o in origins], np.int32)[code], pa.int32()),
+            pa.array(np.array([o[2] for o in origins], np.int64)[code], pa.int64()),
             pa.array(index, pa.int64()),
         ], schema=self.schema)
         return [(d.name, batch.slice(bounds[i], bounds[i + 1] - bounds[i]),
-                 [origins[j] for j in starts[runs[i]: runs[i + 1]].tolist()]) for i, d in enumerate(parts)]
+                 [origins[c] for c in code[starts[runs[i]: runs[i + 1]]].tolist()]) for i, d in enumerate(parts)]

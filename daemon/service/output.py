@@ -86,10 +86,16 @@ class Output:
             tot = self.totals.setdefault(d.name, [0, 0])
             tot[0] += d.positive
             tot[1] += d.negative
-        items = self._unsuppressed(self.encoder.encode(result))
-        for query, batch, _origins in items:  # what is published (not what a restart holds back)
-            sign, count = batch.column("sign").to_numpy(), batch.column("count").to_numpy()
-            pos, neg = int(count[sign > 0].sum()), int(count[sign < 0].sum())
+        items = self.encoder.encode(result)
+        if self._suppress:  # what is published: not what a restart holds back
+            items = self._unsuppressed(items)
+            published = []
+            for query, batch, _origins in items:
+                sign, count = batch.column("sign").to_numpy(), batch.column("count").to_numpy()
+                published.append((query, int(count[sign > 0].sum()), int(count[sign < 0].sum())))
+        else:  # everything: the counts are known (the encoder's items are the deltas with rows, in order)
+            published = [(d.name, d.positive, d.negative) for d in result.deltas if len(d.seq)]
+        for query, pos, neg in published:
             if pos:
                 self.metrics.inc("csmd_deltas_total", pos, query=query, sign="+")
             if neg:
