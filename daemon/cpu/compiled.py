@@ -136,7 +136,7 @@ class CompiledEngine(CpuEngine):
     def prepare(self, query: ContinuousQuery) -> CompiledQuery:
         return CompiledQuery(query)
 
-    def _plans(self, queries: list[CompiledQuery]) -> _QuerySet:
+    def _query_set(self, queries: list[CompiledQuery]) -> _QuerySet:
         key = tuple(id(q) for q in queries)
         found = self._sets.get(key)
         if found is None:  # a set holds its queries, so an id is not reused while it is kept
@@ -165,7 +165,7 @@ class CompiledEngine(CpuEngine):
         return counts, rows, row_q, row_op + lo
 
     def submit(self, batch: UpdateBatch, queries: list[CompiledQuery]) -> Pending:
-        qs = self._plans(queries)
+        qs = self._query_set(queries)
         ps, materialize, width = qs.ps, qs.materialize, qs.width
         seeded = self._seeded(batch, qs.anchors)
         if not len(seeded):

@@ -53,9 +53,10 @@ class DeltaEncoder:
         # the records of the distinct updates (far fewer than the rows: every query's deltas of an
         # update name it), and a code per distinct origin, so the per-row work is numpy's
         useq, inv = np.unique(seq, return_inverse=True)
+        inv = inv.reshape(-1)  # numpy 2 may shape it like seq's input
         urecs = [record_of[s] for s in useq.tolist()]
         codes: dict = {}
-        code = np.array([codes.setdefault(r.origin, len(codes)) for r in urecs], np.int64)[inv.reshape(-1)]
+        code = np.array([codes.setdefault(r.origin, len(codes)) for r in urecs], np.int64)[inv]
         origins = list(codes)  # code -> origin
         # index: position within each run of equal origins of a query, continuing the run that
         # the query's previous batch ended with
@@ -79,7 +80,7 @@ class DeltaEncoder:
             pa.array(np.repeat(names, np.diff(bounds)), pa.string()),
             pa.array(np.concatenate([d.sign for d in parts]), pa.int8()),
             pa.array(seq, pa.int64()),
-            pa.array(np.array([r.source for r in urecs], object)[inv.reshape(-1)], pa.string()),
+            pa.array(np.array([r.source for r in urecs], object)[inv], pa.string()),
             vertices,
             pa.array(np.concatenate([np.ones(len(d.seq), np.int64) if d.rows is not None else d.counts
                                      for d in parts]), pa.int64()),
