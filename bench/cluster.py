@@ -27,8 +27,9 @@ replicated), only the matching is split.
 
 --stages runs the daemons under bench/stage_timers.py and prints, for the last run of each
 workload and instance count, where each instance's time went: thread CPU seconds of the
-replicated stages (consume, sequence, apply), of the split ones (match: wall seconds, on
-the engine's threads; canonical, publish, acks) and of the cluster's bookkeeping, the
+replicated stages (consume, sequence, apply), of the split ones (match: wall seconds of
+submitting a search and waiting for it; search: CPU seconds of the compiled engine's threads
+doing it; canonical, publish, acks) and of the cluster's bookkeeping, the
 longest single call of any stage but match, the (op, query) pairs it matched, and when (seconds after
 the first record was produced) it had taken in the last record, put out the last batch
 and committed the last progress.
@@ -68,7 +69,7 @@ from csmd.connectors.broker import EmbeddedBroker  # noqa: E402
 
 SHARDS = 12
 STAGE_TIMERS = [sys.executable, str(Path(__file__).resolve().parent / "stage_timers.py")]
-REPLICATED, SPLIT, BOOKKEEPING = ("consume", "sequence", "apply"), ("match", "canonical", "publish", "acks"), \
+REPLICATED, SPLIT, BOOKKEEPING = ("consume", "sequence", "apply"), ("match", "search", "canonical", "publish", "acks"), \
     ("select", "sync", "poll")
 
 
@@ -262,8 +263,8 @@ def main() -> None:
 
 def print_stages(workloads: dict[str, Workload], stages: dict) -> None:
     print("\nwhere the time went, last run of each: thread CPU seconds per stage (replicated: every instance does "
-          "all of it; split: only a shard's owner, match in wall seconds; cluster: bookkeeping); the longest call "
-          "of a stage but match; seconds after the first record was produced when the instance had taken in the "
+          "all of it; split: only a shard's owner, match in wall seconds, search: the CPU seconds of its engine "
+          "threads (compiled engine); cluster: bookkeeping); the longest call of a stage but match; seconds after the first record was produced when the instance had taken in the "
           "last record, put out its last batch, committed the end\n")
     cols = [*REPLICATED, *SPLIT, *BOOKKEEPING]
     print(f"{'workload':>8} {'n':>2} {'inst':>4} {'batches':>7} {'pairs':>8} " + " ".join(f"{c:>8.8}" for c in cols)
@@ -275,7 +276,7 @@ def print_stages(workloads: dict[str, Workload], stages: dict) -> None:
             batches, _records, ops = t.get("ops matched", (0, 0, 0))
             committed = min((v for k, v in ev.items() if k.startswith("committed ") and int(k.split()[1]) >= end),
                             default=float("nan"))
-            longest = max((c for c in cols if c != "match" and c in t), key=lambda c: t[c][3])
+            longest = max((c for c in cols if c not in ("match", "search") and c in t), key=lambda c: t[c][3])
             print(f"{name:>8} {n:>2} {inst:>4} {batches:>7} {ops:>8} "
                   + " ".join(f"{t.get(c, (0, 0, 0))[1 if c == 'match' else 2]:>8.3f}" for c in cols)
                   + f" {longest:>10.10} {t[longest][3]:>5.3f}"

@@ -14,7 +14,7 @@ Stages, by what a cluster does with them:
   sequence, apply;
 - split (only the owner of a (record, query) shard): match (the engine's search of the
   ops selected: wall seconds of submitting it and of waiting for it, the engine's thread
-  pool does the work), canonical (the deltas in their order), publish (Arrow encoding, producing) and
+  pool does the work), search (that work: CPU seconds of the compiled engine's threads), canonical (the deltas in their order), publish (Arrow encoding, producing) and
   acks (the producer's delivery reports): only owned records have deltas;
 - cluster bookkeeping: select (which ops are this instance's, the batches kept for
   re-matches), sync (read every shard's progress, commit the live ones), poll (the group
@@ -47,6 +47,7 @@ STAGES = {  # stage -> the methods whose time is its time
     "sequence": [(Sequencer, "sequence")],
     "apply": [(CpuEngine, "apply")],
     "match": [(CompiledEngine, "submit"), (CpuEngine, "submit"), (_Search, "result")],
+    "search": [(CompiledEngine, "_match")],  # a chunk of a search, on the engine's threads
     "canonical": [(Pipeline, "_deltas")],
     "publish": [(Output, "_publish")],
     "acks": [(KafkaSink, "poll")],
@@ -82,6 +83,13 @@ def _timed(stage: str, f):
     return timed
 
 
+def _pairs(part) -> int:
+    """The (op, query) pairs a pipeline Part selects."""
+    if part.edges is None:
+        return (len(part.work.edge_seq) + len(part.work.vertex_seq)) * len(part.queries)
+    return int(part.edges.sum() + part.vertices.sum())
+
+
 def _install() -> None:
     for stage, methods in STAGES.items():
         for cls, name in methods:
@@ -103,7 +111,7 @@ def _install() -> None:
                 t = _timers.setdefault("ops matched", [0, 0, 0])
                 t[0] += 1  # batches
                 t[1] += item[0].records
-                t[2] += sum((len(w.edge_seq) + len(w.vertex_seq)) * len(qs) for w, qs, _p in item[2])  # (op, query)
+                t[2] += sum(_pairs(part) for part, _pending in item[2])
 
     def committed(self, done, end):
         sync(self, done, end)

@@ -80,6 +80,13 @@ class UpdateBatch:
     arrived: list[float] = field(default_factory=list)  # arrival time of each record (latency)
     records: int = 0
 
+    def take(self, edges: np.ndarray, vertices: np.ndarray) -> "UpdateBatch":
+        """The ops selected by the masks or positions, to be matched (nothing in it is applied again)."""
+        return UpdateBatch(self.first_seq, self.end_seq, self.edge_seq[edges], self.edge_a[edges],
+                           self.edge_b[edges], self.edge_label[edges], self.edge_sign[edges],
+                           self.vertex_seq[vertices], self.vertex_id[vertices], self.vertex_sign[vertices],
+                           self.new_labels[:0], self.first_vertex, self.record_of)
+
 
 @dataclass
 class Anchor:
@@ -199,9 +206,12 @@ class ContinuousEngine(ABC):
         """The engine's form of a registered query (passed back to submit)."""
 
     @abstractmethod
-    def submit(self, batch: UpdateBatch, queries: list) -> Pending:
+    def submit(self, batch: UpdateBatch, queries: list, select: np.ndarray | None = None) -> Pending:
         """Match every edge update of an applied batch at its own timestamp for the prepared
-        queries (of at least two vertices); the result may finish later."""
+        queries (of at least two vertices); the result may finish later. select: None (every
+        query matches every edge op), or bool (len(queries), len(batch.edge_seq)): query i
+        matches op j only where select[i, j] (a cluster instance's share, pipeline/shards.py:
+        one search for the batch whichever queries' shards it owns)."""
 
     @abstractmethod
     def stats(self) -> EngineStats:

@@ -198,7 +198,7 @@ class GpuEngine(ContinuousEngine):
     def prepare(self, query: ContinuousQuery) -> PreparedQuery:
         return self.executor.prepare(query)
 
-    def submit(self, batch: UpdateBatch, queries: list[PreparedQuery]) -> Done:
+    def submit(self, batch: UpdateBatch, queries: list[PreparedQuery], select: np.ndarray | None = None) -> Done:
         with self._events:  # this batch's event, and those of earlier batches that were never submitted
             done = [s for s in self._applied if s <= batch.first_seq]
             applied = [self._applied.pop(s) for s in done]
@@ -206,7 +206,7 @@ class GpuEngine(ContinuousEngine):
         self.executor.stream.wait_event(applied[-1] if applied else self.mvg.stream.record())
         with self._events:  # a wait holds the event's state at the call: it may be recorded again
             self._spare += applied
-        return Done(self.executor.run(self.mvg, batch, queries, self._labels))
+        return Done(self.executor.run(self.mvg, batch, queries, self._labels, select))
 
     def stats(self) -> EngineStats:
         with self._writing:

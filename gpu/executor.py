@@ -78,18 +78,24 @@ class _Anchors:
     """One group's anchors of one kind (searched, or two-vertex: their seed is their match),
     sorted by key: the anchors of key k are order[first[k]:first[k + 1]]."""
 
-    def __init__(self, key: np.ndarray, tables: np.ndarray, n_keys: int):
+    def __init__(self, key: np.ndarray, tables: np.ndarray, n_keys: int, tab_query: np.ndarray):
         by_key = np.argsort(key, kind="stable")
         self.order = tables[by_key]
+        self.tab_query = tab_query  # the query of every table
         self.first = np.searchsorted(key[by_key], np.arange(n_keys + 2))  # the key of a misfit (n_keys) has none
 
-    def seeds(self, key, src, dst, seq):
-        """(a, b, seq, table) of the seeds of the update sides (src, dst, seq) whose key is `key`."""
+    def seeds(self, key, src, dst, seq, op, select):
+        """(a, b, seq, table) of the seeds of the update sides (src, dst, seq, the op of each) whose
+        key is `key`, less those of (query, op) pairs that select (None: all) leaves out."""
         lo = self.first[key]
         cnt = self.first[key + 1] - lo
         u = np.repeat(np.arange(len(key)), cnt)
         at = np.arange(len(u)) + np.repeat(lo - np.cumsum(cnt) + cnt, cnt)  # lo[u] + rank within the key
-        return src[u], dst[u], seq[u], self.order[at]
+        tab = self.order[at]
+        if select is not None:
+            keep = select[self.tab_query[tab], op[u]]
+            u, tab = u[keep], tab[keep]
+        return src[u], dst[u], seq[u], tab
 
 
 class _Group:
@@ -114,8 +120,8 @@ class _Group:
         n_keys = len(self.labels) ** 2 * len(self.elabels)
         key = self._key(_index(self.labels, lx), _index(self.labels, ly), _index(self.elabels, ael))
         pair = self.size == 2
-        self.searched = _Anchors(key[~pair], np.flatnonzero(~pair), n_keys)
-        self.pairs = _Anchors(key[pair], np.flatnonzero(pair), n_keys)
+        self.searched = _Anchors(key[~pair], np.flatnonzero(~pair), n_keys, self.tab_query)
+        self.pairs = _Anchors(key[pair], np.flatnonzero(pair), n_keys, self.tab_query)
         self.key_of = dict(zip(zip(lx.tolist(), ly.tolist(), ael.tolist()), key.tolist()))
         self.misfit = n_keys  # the key of a side no anchor fits
 
@@ -124,7 +130,7 @@ class _Group:
         return np.where((ix >= 0) & (iy >= 0) & (ie >= 0), (ix * nl + iy) * ne + ie, nl * nl * ne)
 
     def sides(self, batch: UpdateBatch, labels: np.ndarray):
-        """(key, src, dst, seq) of the batch's updates seen from both ends (a -> x then b -> x);
+        """(key, src, dst, seq, op) of the batch's updates seen from both ends (a -> x then b -> x);
         None when no endpoint pair fits any anchor."""
         ea, eb = np.asarray(batch.edge_a, np.int64), np.asarray(batch.edge_b, np.int64)
         src = np.concatenate((ea, eb))
@@ -144,7 +150,8 @@ class _Group:
             ie = _index(self.elabels, np.asarray(batch.edge_label, np.int64))
             key = self._key(isrc, idst, np.concatenate((ie, ie)))
         seq = np.asarray(batch.edge_seq, np.int64)
-        return key, src, np.concatenate((eb, ea)), np.concatenate((seq, seq))
+        op = np.arange(k)
+        return key, src, np.concatenate((eb, ea)), np.concatenate((seq, seq)), np.concatenate((op, op))
 
 
 class Executor:
@@ -177,24 +184,28 @@ class Executor:
                 grp = self._groups[key] = _Group(queries)
         return grp
 
-    def run(self, mvg, batch: UpdateBatch, queries: list[PreparedQuery], labels: np.ndarray) -> dict[str, Matches]:
-        """Every query's matches (or per-update counts) for the batch's edge updates, on the
-        executor's stream (the caller made it wait for the batch's apply). labels: the
-        vertex labels on the host. Queries without matches are absent."""
+    def run(self, mvg, batch: UpdateBatch, queries: list[PreparedQuery], labels: np.ndarray,
+            select: np.ndarray | None = None) -> dict[str, Matches]:
+        """Every query's matches (or per-update counts) for the batch's edge updates (those select
+        marks, as the engine interface's submit), on the executor's stream (the caller made it
+        wait for the batch's apply). labels: the vertex labels on the host. Queries without
+        matches are absent."""
         out: dict[str, Matches] = {}
         if not len(batch.edge_seq) or not queries:
             return out
         for count_only in (True, False):
-            group = [pq for pq in queries if pq.count_only == count_only]
+            group = [i for i, pq in enumerate(queries) if pq.count_only == count_only]
             if group:
-                out.update(self._matches(mvg, self._group(group), batch, labels, emit=not count_only))
+                rows = None if select is None else select[group]
+                out.update(self._matches(mvg, self._group([queries[i] for i in group]), batch, labels, rows,
+                                         emit=not count_only))
         return out
 
-    def _matches(self, mvg, grp: _Group, batch: UpdateBatch, labels, emit: bool) -> dict[str, Matches]:
+    def _matches(self, mvg, grp: _Group, batch: UpdateBatch, labels, select, emit: bool) -> dict[str, Matches]:
         sides = grp.sides(batch, labels)
         if sides is None:
             return {}
-        a, b, seq, tab = grp.searched.seeds(*sides)
+        a, b, seq, tab = grp.searched.seeds(*sides, select)
         counts = np.empty(len(seq), np.int64)
         found = []  # (rows, seed) from the search
         for at in range(0, len(seq), MAX_SEEDS):
@@ -202,7 +213,8 @@ class Executor:
             counts[at:end], rows = self._search(mvg, grp, a[at:end], b[at:end], seq[at:end], tab[at:end], emit)
             found += [(r, at + seed) for r, seed in rows]
         # a two-vertex anchor's seed is its match
-        pa, pb, pseq, ptab = grp.pairs.seeds(*sides) if len(grp.pairs.order) else (np.zeros(0, np.int64),) * 4
+        none = (np.zeros(0, np.int64),) * 4
+        pa, pb, pseq, ptab = grp.pairs.seeds(*sides, select) if len(grp.pairs.order) else none
         if not emit:
             if len(ptab):
                 tab, seq = np.concatenate((tab, ptab)), np.concatenate((seq, pseq))

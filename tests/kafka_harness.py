@@ -326,6 +326,9 @@ class Cluster:
         while time.monotonic() - t0 < timeout:
             if all(o >= offset for o in self.progress().values()):
                 return
+            for name, m in self.members.items():  # a daemon that failed: say so now, not at the timeout
+                if m.proc.poll() is not None and m.proc.returncode != -signal.SIGKILL:
+                    raise AssertionError(f"{name} exited with {m.proc.returncode}:\n{m.log.read_text()[-3000:]}")
             time.sleep(poll)
         alive = [m.get("/stats")["cluster"] for m in self.members.values() if m.proc.poll() is None]
         raise AssertionError(f"progress {self.progress()} never reached {offset}; stats: {alive}")

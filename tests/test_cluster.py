@@ -21,7 +21,7 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from csmd.cli.replay import decoded_updates
+from csmd.cli.replay import decoded_updates, replay
 from csmd.connectors.files import FileSource
 from csmd.connectors.kafka import ensure_topics
 from csmd.engines import continuous_engine
@@ -32,11 +32,12 @@ from csmd.pipeline.shards import ShardChange, ShardWork, query_shift, record_has
 from csmd.pipeline.stages import Pipeline
 from csmd.service.config import load_config
 
+from conftest import ENGINES
 from kafka_harness import REPO, Cluster, Topics, config_text, human_lines, kill_leftovers, metric, new_admin_port
 from test_continuous import make_case, run_replay
 from test_kafka_daemon import QUERIES, dedup, reference, rows_of  # noqa: F401 (reference is a fixture)
 
-ID = ("query", "seq", "sign", "vertices", "input", "partition", "offset", "index")
+ID = ("query", "seq", "sign", "vertices", "input", "partition", "offset", "index", "count")
 
 
 def deltas_with_ids(table: pa.Table) -> Counter:
@@ -45,13 +46,14 @@ def deltas_with_ids(table: pa.Table) -> Counter:
 
 
 # ---- the pipeline: shards and re-matches, no Kafka ---------------------------------------------
-def sharded_run(tmp_path, qpaths, shards: int, plan, batch_size: int) -> Counter:
+def sharded_run(tmp_path, qpaths, shards: int, plan, batch_size: int, backend: str = "cpu",
+                count_only: bool = False) -> Counter:
     """The stream through one pipeline whose ShardChanges come from `plan`: (offset, change) pairs,
-    each placed before the record at that offset. Returns its deltas with their ids."""
+    each placed before the record at that offset. Returns its deltas with their ids (and counts)."""
     g0 = read_graph(tmp_path / "g0.graph")
-    pipe = Pipeline(g0, engine=continuous_engine("cpu", g0), batch_size=batch_size, executor_lag=2, queue_depth=4)
+    pipe = Pipeline(g0, engine=continuous_engine(backend, g0), batch_size=batch_size, executor_lag=2, queue_depth=4)
     for p in qpaths:
-        pipe.add_query(p.stem, read_query(p))
+        pipe.add_query(p.stem, read_query(p), count_only)
     pipe.shards = ShardWork(shards, 0, 0)
     encoder = DeltaEncoder(pipe.vertices)
     tables = []
@@ -92,6 +94,28 @@ def test_shards_split_the_work_and_a_gained_shard_is_re_matched_exactly(tmp_path
     alone = sharded_run(tmp_path, qpaths, shards, [(0, ShardChange({0: 0, 1: 0})),
                                                    (mid, ShardChange({2: 0, 3: 0, 4: 0}))], bs)
     assert alone == truth
+
+
+@pytest.mark.parametrize("backend", ENGINES)
+@pytest.mark.parametrize("seed", range(9, 12))
+def test_each_engine_matches_only_the_query_op_pairs_selected(tmp_path, seed, backend):
+    """Each engine's submit with a (query, op) selection (one search for an instance's share of a
+    batch, whatever shards its queries' shifts select): three owners of disjoint shards together
+    publish exactly replay's deltas, materialized and count-only, each once."""
+    qpaths, _ = make_case(tmp_path, seed, steps=160)
+    g0 = read_graph(tmp_path / "g0.graph")
+    queries = [(p.stem, read_query(p)) for p in qpaths]
+    for count_only in (False, True):
+        out = tmp_path / f"truth{count_only}.arrow"
+        replay(g0, tmp_path / "stream.txt", queries, batch_size=7, count_only=count_only, output=out,
+               show_progress=False)
+        truth = deltas_with_ids(pa.ipc.open_file(out).read_all())
+        assert truth
+        shards, bs = 5, random.Random(seed).choice([1, 4, 16])
+        parts = [sharded_run(tmp_path, qpaths, shards, [(0, ShardChange({s: 0 for s in range(shards) if s % 3 == i}))],
+                             bs, backend, count_only) for i in range(3)]
+        assert sum(parts, Counter()) == truth, count_only
+        assert all(parts), "every owner has deltas: the selection is not all or nothing"
 
 
 @pytest.mark.parametrize("seed", range(6, 9))
@@ -150,34 +174,33 @@ class _Q:
         self.name = name
 
 
-def test_an_instance_matches_exactly_its_record_query_pairs_in_one_search_per_selection():
+def test_an_instance_matches_exactly_its_record_query_pairs_in_one_search():
     """select: each query gets the ops of the records whose (record, query) shard is owned (checked
-    against shard_of), the queries together exactly once; queries selecting the same ops share a
-    search, so an owner of every shard searches once."""
+    against shard_of), in one part: the ops some query selects, each query's selection of them; an
+    owner of every shard gets the batch itself, with no selection."""
     shards, records = 12, 300
     registered = [(_Q(f"Q_{i}"), object()) for i in range(1, 41)]
     everything = ShardWork(shards, 0, 0)
     everything.owned = {s: 0 for s in range(shards)}
     batch = _block(records)
     parts = everything.select(batch, registered)
-    assert len(parts) == 1 and parts[0][0] is batch and sorted(map(id, parts[0][1])) == sorted(map(id, registered))
+    assert len(parts) == 1 and parts[0].work is batch and parts[0].queries == registered
+    assert parts[0].edges is None and parts[0].vertices is None
     for owned in ({0: 0, 5: 0, 7: 0}, {s: 0 for s in range(0, shards, 2)}, {3: 100, 4: 0}):
         work = ShardWork(shards, 0, 0)
         work.owned = owned
-        parts = work.select(batch, registered)
-        assert len(parts) <= len({query_shift(q.name, shards) for q, _ in registered})
-        seen = [q for _w, qs in parts for q, _ in qs]
-        for w, qs in parts:
-            for q, _ in qs:
-                shard = shard_of(0, batch.edge_seq, shards, q.name)  # record offset = seq here
-                want = [s for s, sh in zip(batch.edge_seq.tolist(), shard.tolist())
-                        if sh in owned and s >= owned[sh]]
-                assert w.edge_seq.tolist() == want, (owned, q.name)
-        assert len(seen) == len(set(seen))  # each query in one part at most
-        missing = {q.name for q, _ in registered} - {q.name for q in seen}
-        for name in missing:  # a query left out has no owned record in the batch
-            assert not any(sh in owned and s >= owned[sh] for s, sh in
-                           zip(batch.edge_seq.tolist(), shard_of(0, batch.edge_seq, shards, name).tolist()))
+        [part] = work.select(batch, registered)
+        assert part.queries == registered and part.edges.shape == (len(registered), len(part.work.edge_seq))
+        union = set()
+        for (q, _), chosen in zip(registered, part.edges):
+            shard = shard_of(0, batch.edge_seq, shards, q.name)  # record offset = seq here
+            want = [s for s, sh in zip(batch.edge_seq.tolist(), shard.tolist()) if sh in owned and s >= owned[sh]]
+            assert part.work.edge_seq[chosen].tolist() == want, (owned, q.name)
+            union |= set(want)
+        assert sorted(union) == part.work.edge_seq.tolist()  # no op that no query selects
+    nobody = ShardWork(shards, 0, 0)
+    nobody.owned = {}
+    assert nobody.select(batch, registered) == []
 
 
 def test_the_benchmarks_longer_streams_change_the_graph_with_every_update(tmp_path):

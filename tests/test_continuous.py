@@ -318,19 +318,19 @@ def test_ops_no_anchor_edge_can_take_skip_the_search_and_no_delta_is_lost(tmp_pa
     the compiled engine hands only the others to its kernel, and every delta still equals brute force."""
     from csmd.cpu import compiled
 
-    submitted, handed = [0], [0]
-    submit, match_edges = compiled.CompiledEngine.submit, compiled.match_edges
+    submitted, handed = [0], {}
+    submit, match_pairs = compiled.CompiledEngine.submit, compiled.match_pairs
 
-    def count_submitted(self, batch, queries):
+    def count_submitted(self, batch, queries, select=None):
         submitted[0] += len(batch.edge_seq)
-        return submit(self, batch, queries)
+        return submit(self, batch, queries, select)
 
-    def count_handed(view, ps, seq, *rest):
-        handed[0] += len(seq)
-        return match_edges(view, ps, seq, *rest)
+    def count_handed(view, ps, first_plan, seq, *rest):
+        handed[id(seq)] = seq  # each thread of a search gets the same ops (kept: an id is not reused)
+        return match_pairs(view, ps, first_plan, seq, *rest)
 
     monkeypatch.setattr(compiled.CompiledEngine, "submit", count_submitted)
-    monkeypatch.setattr(compiled, "match_edges", count_handed)
+    monkeypatch.setattr(compiled, "match_pairs", count_handed)
     deltas = 0
     for seed in range(500, 510):
         qpaths, truth = make_case(tmp_path, seed, steps=80, labels=5)
@@ -338,7 +338,7 @@ def test_ops_no_anchor_edge_can_take_skip_the_search_and_no_delta_is_lost(tmp_pa
                                        name=f"{seed}.arrow")
         assert_brute_force(table, results, truth, seed)
         deltas += table.num_rows
-    assert deltas and 0 < handed[0] < submitted[0] / 2
+    assert deltas and 0 < sum(map(len, handed.values())) < submitted[0] / 2
 
 
 def delta_file(tmp_path, g0, queries, batch_size, count_only, backend, name=""):

@@ -14,7 +14,7 @@ import weakref
 import numpy as np
 
 from csmd.cpu.arena import graph_view
-from csmd.cpu.dfs import DONE, LIMIT, match_edges, seeded_ops, static_step
+from csmd.cpu.dfs import DONE, LIMIT, match_pairs, seeded_ops, static_step
 from csmd.cpu.plans import Memo, branch_order, joined, new_state, plan_set
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
@@ -26,9 +26,12 @@ from csmd.model.plan import Plan, make_plan, plan_query
 
 STEP_CANDIDATES = 1 << 20  # candidates a static search looks at between two time-limit checks (a few ms)
 SPLIT_SECONDS = 0.0005  # a batch is split over threads when its search should take longer (the last
-                        # search of its queries' seconds per op, times its ops): else handing chunks to
-                        # the pool costs more than it saves (the floor of a light query)
+                        # search of its queries' seconds per (op, query), times its pairs): else handing
+                        # chunks to the pool costs more than it saves (the floor of a light query)
 STATIC_MEMO_BYTES = 64 << 20  # a static search memoises segment counts when that fits in this
+GRAINS_PER_THREAD = 256  # a search's threads take its (op, query) pairs in about this many pieces each:
+                         # a thread that took a deep pair leaves the rest to the others
+_ALL = np.zeros((0, 0), np.bool_)  # match_pairs' select with no rows: every (query, op)
 _arenas: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> its arena (`csmd match` runs many queries on one)
 
 
@@ -117,9 +120,13 @@ class CompiledEngine(CpuEngine):
     The kernel runs without the GIL, so the updater may apply later batches meanwhile:
     it reads a copy of the newest-version table (the one array apply changes in place)
     taken between two applies, and counts as a search in flight so no compaction moves the
-    arena. A batch split over the thread pool is submitted without waiting for it: the
-    executor stage submits the next batch meanwhile, whose chunks take the threads that the
-    last chunks of this one leave idle (the output stage waits for each in stream order).
+    arena. A search runs as one task per thread of the pool, each taking (op, query) pairs
+    from a shared counter until none is left: one hand-off a thread, whatever the batch
+    (each costs interpreter-lock round trips, which a daemon's busy stage threads make
+    slow), and no thread idles while another still has a deep pair queued behind it. It is
+    submitted without waiting for it: the executor stage submits the next batch meanwhile,
+    whose tasks take the threads this one's leave as its pairs run out (the output stage
+    waits for each in stream order).
     """
 
     name = "cpu"
@@ -153,46 +160,52 @@ class CompiledEngine(CpuEngine):
         return seeded_ops(self.mvg.labels.a, np.ascontiguousarray(batch.edge_a), np.ascontiguousarray(batch.edge_b),
                           anchors)
 
-    def _match(self, view, ps, depth, ops, lo, hi, materialize, width):
-        """match_edges for the ops (seq, a, b, label) lo..hi-1, with this thread's memo; ops numbered from 0."""
-        mine = self._memos
+    def _match(self, view, qs: _QuerySet, ops, select, taken, grain, counts):
+        """match_pairs with this thread's memo: its pairs' counts into counts, its rows returned."""
+        mine, depth = self._memos, qs.depth
         memo = getattr(mine, "memo", None)
         if memo is None or memo.stamp.shape[0] < depth or memo.stamp.shape[1] < len(view.labels):
             shape = (max(depth, 0 if memo is None else memo.stamp.shape[0]), len(view.labels))
             mine.memo, mine.sid = Memo(np.zeros(shape, np.int64), np.zeros(shape, np.int64)), 0
-        counts, rows, row_q, row_op, mine.sid = match_edges(view, ps, *(x[lo:hi] for x in ops), materialize, width,
-                                                            mine.memo, mine.sid)
-        return counts, rows, row_q, row_op + lo
+        rows, row_q, row_op, mine.sid = match_pairs(view, qs.ps, qs.first_plan, *ops, select, taken, grain, counts,
+                                                    qs.materialize, qs.width, mine.memo, mine.sid)
+        return rows, row_q, row_op
 
-    def submit(self, batch: UpdateBatch, queries: list[CompiledQuery]) -> Pending:
+    def submit(self, batch: UpdateBatch, queries: list[CompiledQuery], select: np.ndarray | None = None) -> Pending:
         qs = self._query_set(queries)
-        ps, materialize, width = qs.ps, qs.materialize, qs.width
         seeded = self._seeded(batch, qs.anchors)
-        if not len(seeded):
+        if select is None:
+            pairs = len(seeded) * len(queries)
+            select = _ALL
+        else:
+            select = select[:, seeded]
+            chosen = select.any(axis=0)  # ops no query here matches are not searched
+            seeded, select = seeded[chosen], np.ascontiguousarray(select[:, chosen])
+            pairs = int(np.count_nonzero(select))
+        if not pairs:
             return Done({})
         ops = tuple(x[seeded] for x in (batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label))
         with self._writing:
             self._search_started()
             view = graph_view(self.mvg, self.mvg.cur.view().copy())
-        depth = int(ps.depth.max())
+        threads = self.threads if qs.per_pair * pairs > SPLIT_SECONDS else 1
+        counts = np.zeros((len(queries), len(seeded)), np.int64)
+        taken = np.zeros(1, np.int64)  # the pairs handed out so far
+        grain = max(1, len(seeded) * len(queries) // (threads * GRAINS_PER_THREAD))
 
-        def part(lo, hi):
+        def work(_lo, _hi):
             t0 = time.perf_counter()
-            return self._match(view, ps, depth, ops, lo, hi, materialize, width), time.perf_counter() - t0
+            return self._match(view, qs, ops, select, taken, grain, counts), time.perf_counter() - t0
 
-        threads = self.threads if qs.per_op * len(seeded) > SPLIT_SECONDS else 1
-        # in flight until its last chunk has run: a compaction waits for that, not for the output
-        # stage to collect it (the output stage may be the one that compacts)
-        wait = start_chunks(part, chunks(len(seeded), threads), threads, self._search_ended)
-        return _Search(self, wait, qs, ops[0])
+        # one task per thread, each taking pairs until none is left; in flight until the last has
+        # ended: a compaction waits for that, not for the output stage to collect it (the output
+        # stage may be the one that compacts)
+        wait = start_chunks(work, [(t, t + 1) for t in range(threads)], threads, self._search_ended)
+        return _Search(self, wait, qs, ops[0], counts, pairs)
 
-    def _matches(self, parts, queries: list[CompiledQuery], seq: np.ndarray) -> dict[str, Matches]:
-        """The matches of a batch's searched chunks (in order), by query."""
-        if len(parts) == 1:
-            counts, rows, row_q, row_op = parts[0]
-        else:
-            counts = np.concatenate([p[0] for p in parts], axis=1)
-            rows, row_q, row_op = (np.concatenate([p[i] for p in parts]) for i in (1, 2, 3))
+    def _matches(self, counts, found, queries: list[CompiledQuery], seq: np.ndarray) -> dict[str, Matches]:
+        """The matches of a search by query: counts per (query, op), and each thread's (rows, query, op)."""
+        rows, row_q, row_op = found[0] if len(found) == 1 else (np.concatenate([f[i] for f in found]) for i in range(3))
         out = {}
         for i, cq in enumerate(queries):
             if cq.count_only:
@@ -207,24 +220,23 @@ class CompiledEngine(CpuEngine):
 
 
 class _Search(Pending):
-    """A batch's search, split over the thread pool: its chunks' matches put together when
-    waited for."""
+    """A batch's search on the thread pool: its threads' matches put together when waited for."""
 
-    def __init__(self, engine: CompiledEngine, wait, qs: _QuerySet, seq: np.ndarray):
-        self._engine, self._wait, self._qs, self._seq = engine, wait, qs, seq
+    def __init__(self, engine: CompiledEngine, wait, qs: _QuerySet, seq: np.ndarray, counts: np.ndarray, pairs: int):
+        self._engine, self._wait, self._qs, self._seq, self._counts, self._pairs = engine, wait, qs, seq, counts, pairs
         self._out: dict[str, Matches] | None = None
 
     def result(self) -> dict[str, Matches]:
         if self._out is None:
             parts = self._wait()
-            self._qs.per_op = sum(seconds for _, seconds in parts) / len(self._seq)
-            self._out = self._engine._matches([p for p, _ in parts], self._qs.queries, self._seq)
+            self._qs.per_pair = sum(seconds for _, seconds in parts) / self._pairs
+            self._out = self._engine._matches(self._counts, [p for p, _ in parts], self._qs.queries, self._seq)
         return self._out
 
 
 class _QuerySet:
     """Queries submitted together: their flattened plans, (label << 32 | label) of every plan's
-    anchor edge in both orientations, and the seconds per seeded op of their last search."""
+    anchor edge in both orientations, and the seconds per (seeded op, query) of their last search."""
 
     def __init__(self, queries: list[CompiledQuery]):
         self.queries = list(queries)
@@ -233,5 +245,7 @@ class _QuerySet:
         self.width = max(cq.q.n for cq in queries)
         lx, ly = ps.qlab[ps.off].astype(np.int64), ps.qlab[ps.off + 1].astype(np.int64)
         self.anchors = np.unique(np.concatenate([lx << 32 | ly, ly << 32 | lx]))
-        self.per_op = float("inf")  # unknown: the first search is split (it may be a catch-up's big batch)
+        self.first_plan = np.searchsorted(ps.query, np.arange(len(queries) + 1))  # plans of query q: first_plan[q]..
+        self.depth = int(ps.depth.max())
+        self.per_pair = float("inf")  # unknown: the first search is split (it may be a catch-up's big batch)
 

@@ -15,7 +15,9 @@ for a time-limit check, --limit reached) and resume where it stopped.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from csmd.cpu.arena import find_entry, group_range, hot
 from csmd.cpu.plans import BACKWARD, GREATER, LESS, SAME_LABEL, new_state
@@ -333,61 +335,87 @@ def seeded_ops(labels, a, b, anchors):
     return out[:n]
 
 
-@njit(cache=True, nogil=True)
-def match_edges(gv, ps, e_seq, e_a, e_b, e_el, materialize, width, memo, sid):
-    """Incremental matching of a batch's edge ops for every plan (one per query and anchor edge).
+@intrinsic
+def _fetch_add(typingctx, counter, value):
+    """counter[0] += value atomically; the value before (the threads of a search share counter)."""
+    sig = types.int64(types.Array(types.int64, 1, "C"), types.int64)
 
-    Each op {a, b} at timestamp e_seq is mapped onto the plan's anchor (depths 0 and 1) in both
-    orientations, and the rest of the plan is searched at that timestamp. Returns the matches per
-    (query, op) and, for the queries with materialize[q], every match: rows (query-vertex order,
-    padded to width), their query and their op. memo and sid: segment counts (Memo), and the
-    last search id used with it; returns the new last id too.
+    def codegen(context, builder, signature, args):
+        arr, val = args
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, arr)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [context.get_constant(types.intp, 0)])
+        return builder.atomic_rmw("add", ptr, val, "monotonic")
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True)
+def match_pairs(gv, ps, first_plan, e_seq, e_a, e_b, e_el, select, taken, grain, counts, materialize, width,
+                memo, sid):
+    """Incremental matching of a batch's edge ops: the (op, query) pairs, taken `grain` at a time
+    from the counter `taken` that every thread of the search shares (a pair's search is never
+    split, so the threads stay busy until the last pairs whatever their sizes).
+
+    Pair k is op k // queries and query k % queries, left out where select has rows and
+    select[query, op] is false. Each op {a, b} at timestamp e_seq is mapped onto every anchor of
+    the query's plans (first_plan[q] .. first_plan[q + 1] - 1; depths 0 and 1) in both
+    orientations, and the rest of the plan is searched at that timestamp. Adds the matches per
+    (query, op) to counts (each pair is one thread's) and returns, for the queries with
+    materialize[q], every match this thread found: rows (query-vertex order, padded to width),
+    their query and their op. memo and sid: segment counts (Memo), and the last search id used
+    with it; returns the new last id too.
     """
-    nq = len(materialize)
-    counts = np.zeros((nq, len(e_seq)), np.int64)
+    nq, n = len(materialize), len(e_seq)
+    chosen = select.shape[0] > 0
     out = np.zeros((64, width), np.int32)
     out_q = np.zeros(64, np.int64)
     out_op = np.zeros(64, np.int64)
     none = np.zeros((0, 0), np.bool_)
     n_out = 0
     st = new_state()
-    for p in range(len(ps.off)):
-        off, k, q = ps.off[p], ps.depth[p], ps.query[p]
-        mat = materialize[q]
-        lx, ly = ps.qlab[off], ps.qlab[off + 1]
-        el = ps.chk_el[ps.chk[off + 1, BACKWARD]]  # depth 1's only backward edge is the anchor
-        for e in range(len(e_seq)):
-            if e_el[e] != el:
+    while True:
+        lo = _fetch_add(taken, grain)
+        if lo >= n * nq:
+            break
+        for pair in range(lo, min(lo + grain, n * nq)):
+            e, q = pair // nq, pair % nq
+            if chosen and not select[q, e]:
                 continue
-            t = e_seq[e]
-            sid += 1  # a new (plan, timestamp): the memo's counts so far do not hold
-            for o in range(2):
-                u0, u1 = (e_a[e], e_b[e]) if o == 0 else (e_b[e], e_a[e])
-                if gv.labels[u0] != lx or gv.labels[u1] != ly:
+            mat, t = materialize[q], e_seq[e]
+            for p in range(first_plan[q], first_plan[q + 1]):
+                off, k = ps.off[p], ps.depth[p]
+                if e_el[e] != ps.chk_el[ps.chk[off + 1, BACKWARD]]:  # depth 1's only backward edge is the anchor
                     continue
-                st.m[0], st.m[1] = u0, u1
-                first = n_out
-                if k == 2:
-                    if mat:
-                        if n_out == out.shape[0]:
+                lx, ly = ps.qlab[off], ps.qlab[off + 1]
+                sid += 1  # a new (plan, timestamp): the memo's counts so far do not hold
+                for o in range(2):
+                    u0, u1 = (e_a[e], e_b[e]) if o == 0 else (e_b[e], e_a[e])
+                    if gv.labels[u0] != lx or gv.labels[u1] != ly:
+                        continue
+                    st.m[0], st.m[1] = u0, u1
+                    first = n_out
+                    if k == 2:
+                        if mat:
+                            if n_out == out.shape[0]:
+                                out, out_q, out_op = _grow(out, out_q, out_op)
+                            _write(ps, off, 2, st.m, out, n_out)
+                            n_out += 1
+                        counts[q, e] += 1
+                    elif not mat:
+                        counts[q, e] += _count(gv, ps, off, 2, k, t, st, none, memo, sid)
+                    else:
+                        _open(gv, ps, off + 2, 2, t, st)
+                        st.at[0] = 2
+                        while True:
+                            why, n_out, f, _ = _run(gv, ps, p, t, none, memo, sid, st, 2, out, n_out, mat, -1, -1)
+                            counts[q, e] += f
+                            if why != FULL:
+                                break
                             out, out_q, out_op = _grow(out, out_q, out_op)
-                        _write(ps, off, 2, st.m, out, n_out)
-                        n_out += 1
-                    counts[q, e] += 1
-                elif not mat:
-                    counts[q, e] += _count(gv, ps, off, 2, k, t, st, none, memo, sid)
-                else:
-                    _open(gv, ps, off + 2, 2, t, st)
-                    st.at[0] = 2
-                    while True:
-                        why, n_out, f, _ = _run(gv, ps, p, t, none, memo, sid, st, 2, out, n_out, mat, -1, -1)
-                        counts[q, e] += f
-                        if why != FULL:
-                            break
-                        out, out_q, out_op = _grow(out, out_q, out_op)
-                out_q[first:n_out] = q
-                out_op[first:n_out] = e
-    return counts, out[:n_out], out_q[:n_out], out_op[:n_out], sid
+                    out_q[first:n_out] = q
+                    out_op[first:n_out] = e
+    return out[:n_out], out_q[:n_out], out_op[:n_out], sid
 
 
 @njit(cache=True, nogil=True)

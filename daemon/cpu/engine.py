@@ -86,13 +86,15 @@ class CpuEngine(ContinuousEngine):
     def prepare(self, query: ContinuousQuery) -> PreparedQuery:
         return PreparedQuery(query)
 
-    def submit(self, batch: UpdateBatch, queries: list[PreparedQuery]) -> Done:
+    def submit(self, batch: UpdateBatch, queries: list[PreparedQuery], select: np.ndarray | None = None) -> Done:
         out = {}
         with self._writing:
             self._search_started()
+        none = np.zeros(0, np.int64)
         try:
-            for pq in queries:
-                m = match_batch(self.mvg, batch, pq)
+            for i, pq in enumerate(queries):
+                ops = batch if select is None else batch.take(select[i], none)
+                m = match_batch(self.mvg, ops, pq) if len(ops.edge_seq) else None
                 if m is not None:
                     out[pq.name] = m
         finally:

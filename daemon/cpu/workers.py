@@ -1,7 +1,7 @@
-"""Threads for the compiled CPU engine: the kernels release the GIL, so a batch's updates
-(continuous) or a static query's root candidates are split into contiguous chunks that a
-thread pool searches at once. Results are put together in chunk order, so they do not
-depend on the thread count.
+"""Threads for the compiled CPU engine: the kernels release the GIL, so a static query's root
+candidates are split into contiguous chunks that a thread pool searches at once (results
+put together in chunk order, so they do not depend on the thread count), and a batch's
+search (continuous) runs as one task per thread of the pool (compiled.py).
 
 The thread count is CSMD_THREADS, else the machine's cores.
 """

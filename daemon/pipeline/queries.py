@@ -26,9 +26,13 @@ def continuous_query(name: str, q: Graph, labels: np.ndarray, count_only: bool =
                                                  for x, y, el in zip(qs.tolist(), qd.tolist(), qe.tolist())])
 
 
-def vertex_matches(cq: ContinuousQuery, batch: UpdateBatch, labels: np.ndarray) -> Matches | None:
-    """A one-vertex query matches on vertex creation (+) and removal (-)."""
+def vertex_matches(cq: ContinuousQuery, batch: UpdateBatch, labels: np.ndarray,
+                   select: np.ndarray | None = None) -> Matches | None:
+    """A one-vertex query matches on vertex creation (+) and removal (-) (of the ops `select`
+    marks, when given)."""
     hit = labels[batch.vertex_id] == cq.q.labels[0]
+    if select is not None:
+        hit &= select
     if not hit.any():
         return None
     seq = batch.vertex_seq[hit]

@@ -11,10 +11,12 @@ carry much of a stream's matching (on the yeast stream, bench/shard_balance.py:
 a 4-instance bound of 3.61x, against 3.40x by record alone).
 
 The shard is the record's hash shifted by the query's (a stable hash of its name, so a
-query keeps its shards across restarts): queries with the same shift share every
-shard, so a batch costs the engine one search per distinct shift at most (per
-selection of ops, in fact: an instance owning every shard searches once), not one
-per query.
+query keeps its shards across restarts). A batch costs the engine one search: the ops
+that some query's shards own, with a (query, op) selection the engine skips the rest
+by (the engine interface's `select`). One search per distinct selection had cost each
+instance of a 4-instance cluster up to 12 searches a batch, a millisecond each of
+per-search work (seeding, plans, results) whatever its size: the human stream's match
+time did not fall with the share.
 
 Each owned shard has a first offset: its committed progress when it was gained
 (records below it were delivered by an earlier owner). A gain re-matches the
@@ -35,7 +37,7 @@ import numpy as np
 
 from csmd.engine import UpdateBatch
 from csmd.pipeline.sequencer import record_positions
-from csmd.pipeline.stages import BatchResult, Marker, Pipeline
+from csmd.pipeline.stages import BatchResult, Marker, Part, Pipeline
 
 _ARRAYS = [f.name for f in fields(UpdateBatch) if f.name.startswith(("edge_", "vertex_"))]
 _NEVER = np.iinfo(np.int64).max
@@ -61,13 +63,6 @@ def shard_of(partition, offset, shards: int, query: str) -> np.ndarray:
     return (record_hash(partition, offset, shards) + query_shift(query, shards)) % shards
 
 
-def _take(batch: UpdateBatch, edges: np.ndarray, vertices: np.ndarray) -> UpdateBatch:
-    """The selected ops of an applied batch, to be matched (nothing in it is applied again)."""
-    sel = {n: getattr(batch, n)[edges if n.startswith("edge_") else vertices] for n in _ARRAYS}
-    return UpdateBatch(batch.first_seq, batch.end_seq, new_labels=batch.new_labels[:0],
-                       first_vertex=batch.first_vertex, record_of=batch.record_of, **sel)
-
-
 def _concat(parts: list[UpdateBatch], record_of: dict) -> UpdateBatch:
     return UpdateBatch(parts[0].first_seq, parts[-1].end_seq, new_labels=parts[0].new_labels[:0],
                        first_vertex=parts[0].first_vertex, record_of=record_of,
@@ -90,10 +85,11 @@ class _Kept:
         part, offset = record_positions(batch.record_of, seq)
         return record_hash(part, offset, shards), offset
 
-    def masks(self, first: np.ndarray, shift: int) -> list[np.ndarray]:
-        """Which edge and vertex ops the queries of this shift match: those of records whose shard
-        has a first offset (first[shard]; never where not owned) at or below the record's."""
-        return [offset >= first[(h + shift) % len(first)] for h, offset in (self.edge_key, self.vertex_key)]
+    def masks(self, first: np.ndarray, shifts: np.ndarray) -> list[np.ndarray]:
+        """Which edge and vertex ops (columns) the queries of each shift (rows) match: those of
+        records whose shard has a first offset (first[shard]; never where not owned) at or below
+        the record's."""
+        return [offset >= first[(h + shifts[:, None]) % len(first)] for h, offset in (self.edge_key, self.vertex_key)]
 
 
 class ShardWork:
@@ -118,9 +114,9 @@ class ShardWork:
         self._lock = threading.Lock()  # the executor stage keeps batches, the consume loop trims them
         self._shifts: dict[str, int] = {}
 
-    def select(self, batch: UpdateBatch, registered: list) -> list[tuple[UpdateBatch, list]]:
-        """Keep the applied batch; the parts of it this instance matches, each with its queries
-        (of `registered`, (ContinuousQuery, prepared) pairs)."""
+    def select(self, batch: UpdateBatch, registered: list) -> list[Part]:
+        """Keep the applied batch; the part of it this instance matches (none, or one), its queries
+        `registered` ((ContinuousQuery, prepared) pairs) with their selections."""
         kept = _Kept(batch, self.shards)
         with self._lock:
             self._kept.append(kept)
@@ -129,32 +125,39 @@ class ShardWork:
             self._trim()
         return self._parts([kept], self.owned, registered, batch.record_of)
 
-    def _parts(self, kept: list[_Kept], owned: dict[int, int], registered: list,
-               record_of: dict) -> list[tuple[UpdateBatch, list]]:
-        """(ops, queries) for each distinct selection of the kept batches' ops by the `owned` shards
-        (shard -> first offset): queries whose shifts select the same ops share one search."""
+    def _parts(self, kept: list[_Kept], owned: dict[int, int], registered: list, record_of: dict) -> list[Part]:
+        """The kept batches' ops that some query matches for the `owned` shards (shard -> first
+        offset), with each query's selection of them: one Part (none if no op is selected), so
+        the engine searches once whichever shards the queries' shifts select."""
         first = np.full(self.shards, _NEVER, np.int64)
         for s, f in owned.items():
             first[s] = f
-        by_shift: dict[int, list] = {}
         for item in registered:
             name = item[0].name
             if name not in self._shifts:
                 self._shifts[name] = query_shift(name, self.shards)
-            by_shift.setdefault(self._shifts[name], []).append(item)
-        groups: dict[bytes, tuple[list, list]] = {}  # selection -> (masks per kept batch, queries)
-        for shift, queries in by_shift.items():
-            masks = [k.masks(first, shift) for k in kept]
-            if not any(m.any() for ms in masks for m in ms):
+        shifts, row = np.unique(np.array([self._shifts[q.name] for q, _pq in registered], np.int64),
+                                return_inverse=True)  # the selection is the same for a shift's queries
+        works, edges, vertices = [], [], []
+        for k in kept:
+            e, v = k.masks(first, shifts)
+            some_e, some_v = e.any(axis=0), v.any(axis=0)
+            if some_e.all() and some_v.all():
+                works.append(k.batch)
+            elif some_e.any() or some_v.any():
+                works.append(k.batch.take(some_e, some_v))
+                e, v = e[:, some_e], v[:, some_v]
+            else:
                 continue
-            key = b"".join(np.packbits(m).tobytes() + b"|" for ms in masks for m in ms)
-            groups.setdefault(key, (masks, []))[1].extend(queries)
-        out = []
-        for masks, queries in groups.values():
-            parts = [k.batch if all(m.all() for m in ms) else _take(k.batch, *ms) for k, ms in zip(kept, masks)
-                     if any(m.any() for m in ms)]
-            out.append((parts[0] if len(parts) == 1 else _concat(parts, record_of), queries))
-        return out
+            edges.append(e)
+            vertices.append(v)
+        if not works:
+            return []
+        work = works[0] if len(works) == 1 else _concat(works, record_of)
+        e, v = (x[0] if len(x) == 1 else np.concatenate(x, axis=1) for x in (edges, vertices))
+        if e.all() and v.all():  # an owner of every shard: no selection, as without a cluster
+            return [Part(work, registered)]
+        return [Part(work, registered, e[row.reshape(-1)], v[row.reshape(-1)])]
 
     def set_floor(self, floor: int) -> None:
         with self._lock:
@@ -171,7 +174,7 @@ class ShardWork:
             self.hold_seq = self._kept[0].batch.first_seq
         self.kept_from = max(self.kept_from, floor)
 
-    def gain(self, gained: dict[int, int], registered: list) -> tuple[UpdateBatch | None, list, dict[int, int]]:
+    def gain(self, gained: dict[int, int], registered: list) -> tuple[UpdateBatch | None, list[Part], dict[int, int]]:
         """Own these shards (shard -> first offset) from here on. Returns the kept ops to re-match
         now, as a batch that knows every op's record (None if there are none) and its parts with
         their queries (as select's), and the shards whose first offset is older than anything kept
@@ -187,7 +190,7 @@ class ShardWork:
         if not parts:
             return None, [], gaps
         none = np.zeros(0, np.int64)
-        knows = _take(kept[0].batch, none, none)  # no ops: what a re-match's result needs is record_of
+        knows = kept[0].batch.take(none, none)  # no ops: what a re-match's result needs is record_of
         knows.record_of = record_of
         return knows, parts, gaps
 
@@ -215,6 +218,6 @@ class ShardChange(Marker):
         if self.gain:
             batch, parts, self.gaps = work.gain(self.gain, list(pipe.queries.values()))
             if batch is not None:
-                self.rematched = len(np.unique(np.concatenate([s for w, _q in parts
-                                                                for s in (w.edge_seq, w.vertex_seq)])))
+                self.rematched = len(np.unique(np.concatenate([s for p in parts
+                                                                for s in (p.work.edge_seq, p.work.vertex_seq)])))
                 self.result = BatchResult(batch, pipe.match_now(batch, parts), time.monotonic())

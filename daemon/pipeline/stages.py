@@ -39,6 +39,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -82,6 +83,17 @@ class BatchResult:
     batch: UpdateBatch
     deltas: list[QueryDeltas]
     done: float  # when its matches were ready (monotonic)
+
+
+class Part(NamedTuple):
+    """Ops of applied batches to match, with their queries ((ContinuousQuery, prepared) pairs):
+    query i matches edge op j where edges[i, j] and vertex op j where vertices[i, j]; both
+    None: every op (a cluster instance's share is a selection, pipeline/shards.py)."""
+
+    work: UpdateBatch
+    queries: list
+    edges: np.ndarray | None = None
+    vertices: np.ndarray | None = None
 
 
 class Marker:
@@ -298,18 +310,24 @@ class Pipeline:
         self.stats.max_ahead = max(self.stats.max_ahead, self._applied_batches - index - 1)
         registered = list(self.queries.values())
         if self.shards is None:
-            parts = [(batch, registered)]
+            parts = [Part(batch, registered)]
         else:
             parts = self.shards.select(batch, registered)
             self.gc.hold(self.shards.hold_seq)
         return batch, registered, self._submit(parts)
 
-    def _submit(self, parts) -> list:
-        """Submit each (ops, the queries that match them); (ops, queries, pending or None) for each."""
+    def _submit(self, parts: list[Part]) -> list[tuple[Part, object]]:
+        """Submit each part's ops for its queries of two vertices or more: (part, pending or None)."""
         out = []
-        for work, queries in parts:
-            searched = [pq for _cq, pq in queries if pq is not None]
-            out.append((work, queries, self.engine.submit(work, searched) if searched else None))
+        for part in parts:
+            searched = [i for i, (_cq, pq) in enumerate(part.queries) if pq is not None]
+            pending = None
+            if searched:
+                select = part.edges
+                if select is not None and len(searched) < len(part.queries):
+                    select = select[searched]
+                pending = self.engine.submit(part.work, [part.queries[i][1] for i in searched], select)
+            out.append((part, pending))
         return out
 
     def _deltas(self, batch: UpdateBatch, registered, submitted) -> list[QueryDeltas]:
@@ -317,17 +335,20 @@ class Pipeline:
         shards hold none of its ops has none)."""
         labels = self.vertices.labels
         found = {}
-        for work, queries, pending in submitted:
+        for part, pending in submitted:
             matches = pending.result() if pending is not None else {}
-            for cq, pq in queries:
-                m = matches.get(cq.name) if pq is not None else vertex_matches(cq, work, labels)
-                found[cq.name] = canonical(cq, m, work)
+            for i, (cq, pq) in enumerate(part.queries):
+                if pq is not None:
+                    m = matches.get(cq.name)
+                else:
+                    m = vertex_matches(cq, part.work, labels, None if part.vertices is None else part.vertices[i])
+                found[cq.name] = canonical(cq, m, part.work)
         return [found[cq.name] if cq.name in found else canonical(cq, None, batch) for cq, _pq in registered]
 
     def match_now(self, batch: UpdateBatch, parts) -> list[QueryDeltas]:
         """Match ops of batches applied earlier, each at its own timestamp (a gained shard's
-        re-match): `parts` are (ops, queries) as ShardWork gives them, `batch` knows every
-        op's record; from the executor stage, while their versions are held."""
+        re-match): `parts` as ShardWork gives them, `batch` knows every op's record; from the
+        executor stage, while their versions are held."""
         return self._deltas(batch, list(self.queries.values()), self._submit(parts))
 
     def _output(self, item, on_result) -> None:
