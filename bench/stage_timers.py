@@ -42,11 +42,17 @@ from csmd.service.cluster import ClusterMember
 from csmd.service.consume import ConsumeLoop
 from csmd.service.output import Output
 
+try:  # the GPU engine's searches too, where CuPy is installed
+    from csmd.gpu.engine import GpuEngine
+    GPU_MATCH = [(GpuEngine, "submit")]
+except ImportError:
+    GPU_MATCH = []
+
 STAGES = {  # stage -> the methods whose time is its time
     "consume": [(ConsumeLoop, "_take")],
     "sequence": [(Sequencer, "sequence")],
     "apply": [(CpuEngine, "apply")],
-    "match": [(CompiledEngine, "submit"), (CpuEngine, "submit"), (_Search, "result")],
+    "match": [(CompiledEngine, "submit"), (CpuEngine, "submit"), (_Search, "result"), *GPU_MATCH],
     "search": [(CompiledEngine, "_match")],  # a chunk of a search, on the engine's threads
     "canonical": [(Pipeline, "_deltas")],
     "publish": [(Output, "_publish")],
