@@ -90,7 +90,9 @@ def _timed(stage: str, f):
 
 
 def _pairs(part) -> int:
-    """The (op, query) pairs a pipeline Part selects."""
+    """The (op, query) pairs a pipeline Part selects (none without one)."""
+    if part is None:
+        return 0
     if part.edges is None:
         return (len(part.work.edge_seq) + len(part.work.vertex_seq)) * len(part.queries)
     return int(part.edges.sum() + part.vertices.sum())
@@ -117,7 +119,7 @@ def _install() -> None:
                 t = _timers.setdefault("ops matched", [0, 0, 0])
                 t[0] += 1  # batches
                 t[1] += item[0].records
-                t[2] += sum(_pairs(part) for part, _pending in item[2])
+                t[2] += _pairs(item[2])
 
     def committed(self, done, end):
         sync(self, done, end)

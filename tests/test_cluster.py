@@ -177,19 +177,19 @@ class _Q:
 def test_an_instance_matches_exactly_its_record_query_pairs_in_one_search():
     """select: each query gets the ops of the records whose (record, query) shard is owned (checked
     against shard_of), in one part: the ops some query selects, each query's selection of them; an
-    owner of every shard gets the batch itself, with no selection."""
+    owner of every shard gets the batch itself, with no selection; an owner of none, no part."""
     shards, records = 12, 300
     registered = [(_Q(f"Q_{i}"), object()) for i in range(1, 41)]
     everything = ShardWork(shards, 0, 0)
     everything.owned = {s: 0 for s in range(shards)}
     batch = _block(records)
-    parts = everything.select(batch, registered)
-    assert len(parts) == 1 and parts[0].work is batch and parts[0].queries == registered
-    assert parts[0].edges is None and parts[0].vertices is None
+    part = everything.select(batch, registered)
+    assert part.work is batch and part.queries == registered
+    assert part.edges is None and part.vertices is None
     for owned in ({0: 0, 5: 0, 7: 0}, {s: 0 for s in range(0, shards, 2)}, {3: 100, 4: 0}):
         work = ShardWork(shards, 0, 0)
         work.owned = owned
-        [part] = work.select(batch, registered)
+        part = work.select(batch, registered)
         assert part.queries == registered and part.edges.shape == (len(registered), len(part.work.edge_seq))
         union = set()
         for (q, _), chosen in zip(registered, part.edges):
@@ -200,7 +200,7 @@ def test_an_instance_matches_exactly_its_record_query_pairs_in_one_search():
         assert sorted(union) == part.work.edge_seq.tolist()  # no op that no query selects
     nobody = ShardWork(shards, 0, 0)
     nobody.owned = {}
-    assert nobody.select(batch, registered) == []
+    assert nobody.select(batch, registered) is None
 
 
 def test_the_benchmarks_longer_streams_change_the_graph_with_every_update(tmp_path):
@@ -241,7 +241,7 @@ def test_the_kept_window_follows_the_floor():
     assert (work.retained, work.hold_seq, work.kept_from) == (4, 6, 6)
     work.set_floor(3)  # the floor never goes back
     assert (work.retained, work.hold_seq, work.kept_from) == (4, 6, 6)
-    _batch, _parts, gaps = work.gain({0: 2, 1: 7}, [])
+    _batch, _part, gaps = work.gain({0: 2, 1: 7}, [])
     assert gaps == {0: 6}  # progress 2 is older than anything kept: reported, not silently skipped
 
 

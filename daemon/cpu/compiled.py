@@ -20,7 +20,7 @@ from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import MultiVersionGraph
 from csmd.cpu.updater import CompiledGraph
-from csmd.cpu.workers import chunks, run_chunks, start_chunks, thread_count
+from csmd.cpu.workers import chunks, run_chunks, start_tasks, thread_count
 from csmd.engine import ContinuousQuery, Done, Matches, Pending, SearchResult, StaticMatcher, UpdateBatch
 from csmd.model.plan import Plan, make_plan, plan_query
 
@@ -193,14 +193,14 @@ class CompiledEngine(CpuEngine):
         taken = np.zeros(1, np.int64)  # the pairs handed out so far
         grain = max(1, len(seeded) * len(queries) // (threads * GRAINS_PER_THREAD))
 
-        def work(_lo, _hi):
+        def work():
             t0 = time.perf_counter()
             return self._match(view, qs, ops, select, taken, grain, counts), time.perf_counter() - t0
 
         # one task per thread, each taking pairs until none is left; in flight until the last has
         # ended: a compaction waits for that, not for the output stage to collect it (the output
         # stage may be the one that compacts)
-        wait = start_chunks(work, [(t, t + 1) for t in range(threads)], threads, self._search_ended)
+        wait = start_tasks([work] * threads, threads, self._search_ended)
         return _Search(self, wait, qs, ops[0], counts, pairs)
 
     def _matches(self, counts, found, queries: list[CompiledQuery], seq: np.ndarray) -> dict[str, Matches]:

@@ -8,6 +8,7 @@ The thread count is CSMD_THREADS, else the machine's cores.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -39,17 +40,17 @@ def chunks(n: int, threads: int) -> list[tuple[int, int]]:
 
 def run_chunks(fn, ranges: list[tuple[int, int]], threads: int) -> list:
     """[fn(lo, hi) for each range], run on `threads` threads (a shared pool per count)."""
-    return start_chunks(fn, ranges, threads)()
+    return start_tasks([functools.partial(fn, lo, hi) for lo, hi in ranges], threads)()
 
 
-def start_chunks(fn, ranges: list[tuple[int, int]], threads: int, done=lambda: None):
-    """run_chunks without the wait: the chunks start on the shared pool, behind those started
-    before, and the function returned waits for their list; on one thread (or one range)
-    they run here and now. done() is called once every chunk has run (or raised), on the
+def start_tasks(tasks: list, threads: int, done=lambda: None):
+    """[task() for each task] without the wait: the tasks start on the shared pool, behind those
+    started before, and the function returned waits for their list; on one thread (or for one
+    task) they run here and now. done() is called once every task has run (or raised), on the
     thread of the last one."""
-    if threads == 1 or len(ranges) == 1:
+    if threads == 1 or len(tasks) == 1:
         try:
-            out = [fn(lo, hi) for lo, hi in ranges]
+            out = [task() for task in tasks]
         finally:
             done()
         return lambda: out
@@ -57,7 +58,7 @@ def start_chunks(fn, ranges: list[tuple[int, int]], threads: int, done=lambda: N
         pool = _pools.get(threads)
         if pool is None:
             pool = _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="csmd-cpu")
-    left, counting = [len(ranges)], threading.Lock()
+    left, counting = [len(tasks)], threading.Lock()
 
     def one_done(_future) -> None:
         with counting:
@@ -66,7 +67,7 @@ def start_chunks(fn, ranges: list[tuple[int, int]], threads: int, done=lambda: N
         if last:
             done()
 
-    futures = [pool.submit(fn, lo, hi) for lo, hi in ranges]
+    futures = [pool.submit(task) for task in tasks]
     for f in futures:
         f.add_done_callback(one_done)
     return lambda: [f.result() for f in futures]

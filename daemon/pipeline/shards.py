@@ -114,8 +114,8 @@ class ShardWork:
         self._lock = threading.Lock()  # the executor stage keeps batches, the consume loop trims them
         self._shifts: dict[str, int] = {}
 
-    def select(self, batch: UpdateBatch, registered: list) -> list[Part]:
-        """Keep the applied batch; the part of it this instance matches (none, or one), its queries
+    def select(self, batch: UpdateBatch, registered: list) -> Part | None:
+        """Keep the applied batch; the part of it this instance matches (None if nothing), its queries
         `registered` ((ContinuousQuery, prepared) pairs) with their selections."""
         kept = _Kept(batch, self.shards)
         with self._lock:
@@ -123,12 +123,12 @@ class ShardWork:
             self.retained += batch.end_seq - batch.first_seq
             self.kept_to = max(self.kept_to, kept.last_offset + 1)
             self._trim()
-        return self._parts([kept], self.owned, registered, batch.record_of)
+        return self._part([kept], self.owned, registered, batch.record_of)
 
-    def _parts(self, kept: list[_Kept], owned: dict[int, int], registered: list, record_of: dict) -> list[Part]:
+    def _part(self, kept: list[_Kept], owned: dict[int, int], registered: list, record_of: dict) -> Part | None:
         """The kept batches' ops that some query matches for the `owned` shards (shard -> first
-        offset), with each query's selection of them: one Part (none if no op is selected), so
-        the engine searches once whichever shards the queries' shifts select."""
+        offset), with each query's selection of them (None if no op is selected): one search
+        whichever shards the queries' shifts select."""
         first = np.full(self.shards, _NEVER, np.int64)
         for s, f in owned.items():
             first[s] = f
@@ -152,12 +152,12 @@ class ShardWork:
             edges.append(e)
             vertices.append(v)
         if not works:
-            return []
+            return None
         work = works[0] if len(works) == 1 else _concat(works, record_of)
         e, v = (x[0] if len(x) == 1 else np.concatenate(x, axis=1) for x in (edges, vertices))
         if e.all() and v.all():  # an owner of every shard: no selection, as without a cluster
-            return [Part(work, registered)]
-        return [Part(work, registered, e[row.reshape(-1)], v[row.reshape(-1)])]
+            return Part(work, registered)
+        return Part(work, registered, e[row.reshape(-1)], v[row.reshape(-1)])
 
     def set_floor(self, floor: int) -> None:
         with self._lock:
@@ -174,11 +174,11 @@ class ShardWork:
             self.hold_seq = self._kept[0].batch.first_seq
         self.kept_from = max(self.kept_from, floor)
 
-    def gain(self, gained: dict[int, int], registered: list) -> tuple[UpdateBatch | None, list[Part], dict[int, int]]:
+    def gain(self, gained: dict[int, int], registered: list) -> tuple[UpdateBatch | None, Part | None, dict[int, int]]:
         """Own these shards (shard -> first offset) from here on. Returns the kept ops to re-match
-        now, as a batch that knows every op's record (None if there are none) and its parts with
-        their queries (as select's), and the shards whose first offset is older than anything kept
-        (shard -> the oldest offset kept): their records in between cannot be re-matched here."""
+        now, as a batch that knows every op's record and their part (as select's; both None if
+        there are none), and the shards whose first offset is older than anything kept (shard ->
+        the oldest offset kept): their records in between cannot be re-matched here."""
         with self._lock:
             gaps = {s: self.kept_from for s, f in gained.items() if f < self.kept_from}
             kept = list(self._kept)
@@ -186,13 +186,13 @@ class ShardWork:
         record_of = {}
         for k in kept:
             record_of.update(k.batch.record_of)
-        parts = self._parts(kept, gained, registered, record_of) if kept else []
-        if not parts:
-            return None, [], gaps
+        part = self._part(kept, gained, registered, record_of) if kept else None
+        if part is None:
+            return None, None, gaps
         none = np.zeros(0, np.int64)
         knows = kept[0].batch.take(none, none)  # no ops: what a re-match's result needs is record_of
         knows.record_of = record_of
-        return knows, parts, gaps
+        return knows, part, gaps
 
     def lose(self, shards) -> None:
         for s in shards:
@@ -216,8 +216,7 @@ class ShardChange(Marker):
         work = pipe.shards
         work.lose(self.lose)
         if self.gain:
-            batch, parts, self.gaps = work.gain(self.gain, list(pipe.queries.values()))
+            batch, part, self.gaps = work.gain(self.gain, list(pipe.queries.values()))
             if batch is not None:
-                self.rematched = len(np.unique(np.concatenate([s for p in parts
-                                                                for s in (p.work.edge_seq, p.work.vertex_seq)])))
-                self.result = BatchResult(batch, pipe.match_now(batch, parts), time.monotonic())
+                self.rematched = len(np.unique(np.concatenate([part.work.edge_seq, part.work.vertex_seq])))
+                self.result = BatchResult(batch, pipe.match_now(batch, part), time.monotonic())

@@ -310,32 +310,30 @@ class Pipeline:
         self.stats.max_ahead = max(self.stats.max_ahead, self._applied_batches - index - 1)
         registered = list(self.queries.values())
         if self.shards is None:
-            parts = [Part(batch, registered)]
+            part = Part(batch, registered)
         else:
-            parts = self.shards.select(batch, registered)
+            part = self.shards.select(batch, registered)
             self.gc.hold(self.shards.hold_seq)
-        return batch, registered, self._submit(parts)
+        return batch, registered, part, self._submit(part)
 
-    def _submit(self, parts: list[Part]) -> list[tuple[Part, object]]:
-        """Submit each part's ops for its queries of two vertices or more: (part, pending or None)."""
-        out = []
-        for part in parts:
-            searched = [i for i, (_cq, pq) in enumerate(part.queries) if pq is not None]
-            pending = None
-            if searched:
-                select = part.edges
-                if select is not None and len(searched) < len(part.queries):
-                    select = select[searched]
-                pending = self.engine.submit(part.work, [part.queries[i][1] for i in searched], select)
-            out.append((part, pending))
-        return out
+    def _submit(self, part: Part | None):
+        """Submit the part's ops for its queries of two vertices or more: the pending search, or None."""
+        if part is None:
+            return None
+        searched = [i for i, (_cq, pq) in enumerate(part.queries) if pq is not None]
+        if not searched:
+            return None
+        select = part.edges
+        if select is not None and len(searched) < len(part.queries):
+            select = select[searched]
+        return self.engine.submit(part.work, [part.queries[i][1] for i in searched], select)
 
-    def _deltas(self, batch: UpdateBatch, registered, submitted) -> list[QueryDeltas]:
+    def _deltas(self, batch: UpdateBatch, registered, part: Part | None, pending) -> list[QueryDeltas]:
         """Every registered query's deltas for the batch, in registration order (a query whose
         shards hold none of its ops has none)."""
         labels = self.vertices.labels
         found = {}
-        for part, pending in submitted:
+        if part is not None:
             matches = pending.result() if pending is not None else {}
             for i, (cq, pq) in enumerate(part.queries):
                 if pq is not None:
@@ -345,19 +343,19 @@ class Pipeline:
                 found[cq.name] = canonical(cq, m, part.work)
         return [found[cq.name] if cq.name in found else canonical(cq, None, batch) for cq, _pq in registered]
 
-    def match_now(self, batch: UpdateBatch, parts) -> list[QueryDeltas]:
+    def match_now(self, batch: UpdateBatch, part: Part) -> list[QueryDeltas]:
         """Match ops of batches applied earlier, each at its own timestamp (a gained shard's
-        re-match): `parts` as ShardWork gives them, `batch` knows every op's record; from the
+        re-match): `part` as ShardWork gives it, `batch` knows every op's record; from the
         executor stage, while their versions are held."""
-        return self._deltas(batch, list(self.queries.values()), self._submit(parts))
+        return self._deltas(batch, list(self.queries.values()), part, self._submit(part))
 
     def _output(self, item, on_result) -> None:
         """Wait for a batch's matches, put them in canonical order and hand them on (stream order)."""
         if isinstance(item, Marker):
             on_result(item)
             return
-        b, registered, submitted = item
-        deltas = self._deltas(b, registered, submitted)
+        b, registered, part, pending = item
+        deltas = self._deltas(b, registered, part, pending)
         now = time.monotonic()
         on_result(BatchResult(b, deltas, now))
         self.stats.records += b.records
