@@ -48,7 +48,7 @@ class FileSource:
             self._lineno += 1
             body = line.strip()
             if body and not body.startswith(b"#"):
-                out.append(Record(name, 0, self._lineno, body, source=f"{name}:{self._lineno}"))
+                out.append(Record(name, 0, self._lineno, body, where=f"{name}:{self._lineno}"))
         return out
 
     def read(self):
@@ -76,7 +76,7 @@ class FileSource:
                     end = buf.find(b"\n", pos, cut)
                     end = cut if end < 0 else end
                     self._lineno += 1
-                    yield Record(name, 0, self._lineno, buf[pos:end].strip(), source=f"{name}:{self._lineno}")
+                    yield Record(name, 0, self._lineno, buf[pos:end].strip(), where=f"{name}:{self._lineno}")
                     pos = end + 1
             buf = buf[cut:]
 

@@ -166,8 +166,9 @@ class KafkaSource:
                 if self._on_error is not None:  # transient: librdkafka retries by itself
                     self._on_error(err)
                 continue
+            headers = msg.headers()
             out.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.value() or b"",
-                              {k: v or b"" for k, v in (msg.headers() or [])}))
+                              {k: v or b"" for k, v in headers} if headers else {}))
         return out
 
     def commit(self, offsets: dict[int, int], wait: bool = True) -> None:

@@ -36,19 +36,22 @@ _OPS = (INSERT_EDGE, DELETE_EDGE, INSERT_VERTEX, DELETE_VERTEX)
 _MAX_LABEL = 2**31 - 1
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
-    """One input record: where it is (input topic or file, partition, offset) and its bytes."""
+    """One input record: where it is (input topic or file, partition, offset) and its bytes.
+    Slots, and its name for people made only when asked for: every instance of a cluster makes
+    one of these for every input record."""
 
     input: str
     partition: int
     offset: int
     value: bytes
     headers: dict[str, bytes] = field(default_factory=dict)
-    source: str = ""  # for people: topic/partition/offset, or file:line
+    where: str = ""  # for people, when not topic/partition/offset (a file's name:line)
 
-    def __post_init__(self):
-        self.source = self.source or f"{self.input}/{self.partition}/{self.offset}"
+    @property
+    def source(self) -> str:
+        return self.where or f"{self.input}/{self.partition}/{self.offset}"
 
     @property
     def origin(self) -> tuple[str, int, int]:
