@@ -319,18 +319,18 @@ def test_ops_no_anchor_edge_can_take_skip_the_search_and_no_delta_is_lost(tmp_pa
     from csmd.cpu import compiled
 
     submitted, handed = [0], {}
-    submit, match_pairs = compiled.CompiledEngine.submit, compiled.match_pairs
+    submit, match_units = compiled.CompiledEngine.submit, compiled.match_units
 
     def count_submitted(self, batch, queries, select=None):
         submitted[0] += len(batch.edge_seq)
         return submit(self, batch, queries, select)
 
-    def count_handed(view, ps, first_plan, seq, *rest):
+    def count_handed(view, ps, unit_e, unit_p, seq, *rest):
         handed[id(seq)] = seq  # each thread of a search gets the same ops (kept: an id is not reused)
-        return match_pairs(view, ps, first_plan, seq, *rest)
+        return match_units(view, ps, unit_e, unit_p, seq, *rest)
 
     monkeypatch.setattr(compiled.CompiledEngine, "submit", count_submitted)
-    monkeypatch.setattr(compiled, "match_pairs", count_handed)
+    monkeypatch.setattr(compiled, "match_units", count_handed)
     deltas = 0
     for seed in range(500, 510):
         qpaths, truth = make_case(tmp_path, seed, steps=80, labels=5)

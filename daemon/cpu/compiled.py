@@ -14,8 +14,8 @@ import weakref
 import numpy as np
 
 from csmd.cpu.arena import graph_view
-from csmd.cpu.dfs import DONE, LIMIT, match_pairs, seeded_ops, static_step
-from csmd.cpu.plans import Memo, branch_order, joined, new_state, plan_set
+from csmd.cpu.dfs import DONE, LIMIT, match_units, plan_units, seeded_ops, static_step
+from csmd.cpu.plans import BACKWARD, Memo, branch_order, joined, new_state, plan_set
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import MultiVersionGraph
@@ -29,9 +29,9 @@ SPLIT_SECONDS = 0.0005  # a batch is split over threads when its search should t
                         # search of its queries' seconds per (op, query), times its pairs): else handing
                         # chunks to the pool costs more than it saves (the floor of a light query)
 STATIC_MEMO_BYTES = 64 << 20  # a static search memoises segment counts when that fits in this
-GRAINS_PER_THREAD = 256  # a search's threads take its (op, query) pairs in about this many pieces each:
-                         # a thread that took a deep pair leaves the rest to the others
-_ALL = np.zeros((0, 0), np.bool_)  # match_pairs' select with no rows: every (query, op)
+GRAINS_PER_THREAD = 256  # a search's threads take its (op, plan) units in about this many pieces each:
+                         # a thread that took a deep unit leaves the rest to the others
+_ALL = np.zeros((0, 0), np.bool_)  # plan_units' select with no rows: every (query, op)
 _arenas: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> its arena (`csmd match` runs many queries on one)
 
 
@@ -120,13 +120,15 @@ class CompiledEngine(CpuEngine):
     The kernel runs without the GIL, so the updater may apply later batches meanwhile:
     it reads a copy of the newest-version table (the one array apply changes in place)
     taken between two applies, and counts as a search in flight so no compaction moves the
-    arena. A search runs as one task per thread of the pool, each taking (op, query) pairs
-    from a shared counter until none is left: one hand-off a thread, whatever the batch
-    (each costs interpreter-lock round trips, which a daemon's busy stage threads make
-    slow), and no thread idles while another still has a deep pair queued behind it. It is
-    submitted without waiting for it: the executor stage submits the next batch meanwhile,
-    whose tasks take the threads this one's leave as its pairs run out (the output stage
-    waits for each in stream order).
+    arena. A search runs as one task per thread of the pool, each taking units (an op with one
+    plan of a query: dfs.plan_units) from a shared counter until none is left: one hand-off a
+    thread, whatever the batch (each costs interpreter-lock round trips, which a daemon's busy
+    stage threads make slow), and no thread idles while another still has a deep unit queued
+    behind it; a deep (op, query) pair is spread over its plans (on the yeast stream the
+    heaviest pair took 0.26 s alone, its heaviest plan 0.04 s). It is submitted without
+    waiting for it: the executor stage submits the next batch meanwhile, whose tasks take the
+    threads this one's leave as its units run out (the output stage waits for each in stream
+    order).
     """
 
     name = "cpu"
@@ -160,14 +162,14 @@ class CompiledEngine(CpuEngine):
         return seeded_ops(self.mvg.labels.a, np.ascontiguousarray(batch.edge_a), np.ascontiguousarray(batch.edge_b),
                           anchors)
 
-    def _match(self, view, qs: _QuerySet, ops, select, taken, grain, counts):
-        """match_pairs with this thread's memo: its pairs' counts into counts, its rows returned."""
+    def _match(self, view, qs: _QuerySet, ops, units, taken, grain, counts):
+        """match_units with this thread's memo: its units' counts into counts, its rows returned."""
         mine, depth = self._memos, qs.depth
         memo = getattr(mine, "memo", None)
         if memo is None or memo.stamp.shape[0] < depth or memo.stamp.shape[1] < len(view.labels):
             shape = (max(depth, 0 if memo is None else memo.stamp.shape[0]), len(view.labels))
             mine.memo, mine.sid = Memo(np.zeros(shape, np.int64), np.zeros(shape, np.int64)), 0
-        rows, row_q, row_op, mine.sid = match_pairs(view, qs.ps, qs.first_plan, *ops, select, taken, grain, counts,
+        rows, row_q, row_op, mine.sid = match_units(view, qs.ps, *units, *ops, counts.reshape(-1), taken, grain,
                                                     qs.materialize, qs.width, mine.memo, mine.sid)
         return rows, row_q, row_op
 
@@ -184,24 +186,28 @@ class CompiledEngine(CpuEngine):
             pairs = int(np.count_nonzero(select))
         if not pairs:
             return Done({})
-        ops = tuple(x[seeded] for x in (batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label))
+        seq, a, b, el = (x[seeded] for x in (batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label))
+        units = plan_units(self.mvg.labels.a, a, b, el, qs.keys, qs.by_key, qs.plan_el, qs.ps.query, select)
+        if not len(units[0]):
+            return Done({})
+        ops = (seq, a, b)
         with self._writing:
             self._search_started()
             view = graph_view(self.mvg, self.mvg.cur.view().copy())
         threads = self.threads if qs.per_pair * pairs > SPLIT_SECONDS else 1
         counts = np.zeros((len(queries), len(seeded)), np.int64)
-        taken = np.zeros(1, np.int64)  # the pairs handed out so far
-        grain = max(1, len(seeded) * len(queries) // (threads * GRAINS_PER_THREAD))
+        taken = np.zeros(1, np.int64)  # the units handed out so far
+        grain = max(1, len(units[0]) // (threads * GRAINS_PER_THREAD))
 
         def work():
             t0 = time.perf_counter()
-            return self._match(view, qs, ops, select, taken, grain, counts), time.perf_counter() - t0
+            return self._match(view, qs, ops, units, taken, grain, counts), time.perf_counter() - t0
 
-        # one task per thread, each taking pairs until none is left; in flight until the last has
+        # one task per thread, each taking units until none is left; in flight until the last has
         # ended: a compaction waits for that, not for the output stage to collect it (the output
         # stage may be the one that compacts)
         wait = start_tasks([work] * threads, threads, self._search_ended)
-        return _Search(self, wait, qs, ops[0], counts, pairs)
+        return _Search(self, wait, qs, seq, counts, pairs)
 
     def _matches(self, counts, found, queries: list[CompiledQuery], seq: np.ndarray) -> dict[str, Matches]:
         """The matches of a search by query: counts per (query, op), and each thread's (rows, query, op)."""
@@ -245,7 +251,9 @@ class _QuerySet:
         self.width = max(cq.q.n for cq in queries)
         lx, ly = ps.qlab[ps.off].astype(np.int64), ps.qlab[ps.off + 1].astype(np.int64)
         self.anchors = np.unique(np.concatenate([lx << 32 | ly, ly << 32 | lx]))
-        self.first_plan = np.searchsorted(ps.query, np.arange(len(queries) + 1))  # plans of query q: first_plan[q]..
+        self.by_key = np.argsort(lx << 32 | ly, kind="stable")  # plan_units' index: plans by anchor key
+        self.keys = (lx << 32 | ly)[self.by_key]
+        self.plan_el = ps.chk_el[ps.chk[ps.off + 1, BACKWARD]]  # the anchor's edge label (depth 1's only backward edge)
         self.depth = int(ps.depth.max())
         self.per_pair = float("inf")  # unknown: the first search is split (it may be a catch-up's big batch)
 

@@ -336,38 +336,63 @@ def seeded_ops(labels, a, b, anchors):
 
 
 @intrinsic
-def _fetch_add(typingctx, counter, value):
-    """counter[0] += value atomically; the value before (the threads of a search share counter)."""
-    sig = types.int64(types.Array(types.int64, 1, "C"), types.int64)
+def _fetch_add(typingctx, counter, index, value):
+    """counter[index] += value atomically; the value before (the threads of a search share
+    its unit counter and its counts)."""
+    sig = types.int64(types.Array(types.int64, 1, "C"), types.int64, types.int64)
 
     def codegen(context, builder, signature, args):
-        arr, val = args
+        arr, idx, val = args
         aryty = signature.args[0]
         ary = context.make_array(aryty)(context, builder, arr)
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [context.get_constant(types.intp, 0)])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx])
         return builder.atomic_rmw("add", ptr, val, "monotonic")
 
     return sig, codegen
 
 
 @njit(cache=True, nogil=True)
-def match_pairs(gv, ps, first_plan, e_seq, e_a, e_b, e_el, select, taken, grain, counts, materialize, width,
-                memo, sid):
-    """Incremental matching of a batch's edge ops: the (op, query) pairs, taken `grain` at a time
-    from the counter `taken` that every thread of the search shares (a pair's search is never
-    split, so the threads stay busy until the last pairs whatever their sizes).
-
-    Pair k is op k // queries and query k % queries, left out where select has rows and
-    select[query, op] is false. Each op {a, b} at timestamp e_seq is mapped onto every anchor of
-    the query's plans (first_plan[q] .. first_plan[q + 1] - 1; depths 0 and 1) in both
-    orientations, and the rest of the plan is searched at that timestamp. Adds the matches per
-    (query, op) to counts (each pair is one thread's) and returns, for the queries with
-    materialize[q], every match this thread found: rows (query-vertex order, padded to width),
-    their query and their op. memo and sid: segment counts (Memo), and the last search id used
-    with it; returns the new last id too.
-    """
-    nq, n = len(materialize), len(e_seq)
+def plan_units(labels, e_a, e_b, e_el, keys, by_key, plan_el, plan_query, select):
+    """The units of a batch's search, in op order: (op e, plan p) for every plan of a selected
+    query whose anchor edge the op can be (its end labels in either orientation, its edge
+    label). keys: the plans' anchor keys (label << 32 | label) sorted; by_key: the plan of
+    each. select: no rows (every query) or select[query, op]."""
     chosen = select.shape[0] > 0
+    unit_e = np.empty(4 * len(e_a) + 16, np.int64)
+    unit_p = np.empty_like(unit_e)
+    k = 0
+    for e in range(len(e_a)):
+        la, lb = np.int64(labels[e_a[e]]), np.int64(labels[e_b[e]])
+        for o in range(2 if la != lb else 1):  # equal end labels: one key, both orientations in one unit
+            key = (la << 32) | lb if o == 0 else (lb << 32) | la
+            j = np.searchsorted(keys, key)
+            while j < len(keys) and keys[j] == key:
+                p = by_key[j]
+                j += 1
+                if plan_el[p] != e_el[e] or (chosen and not select[plan_query[p], e]):
+                    continue
+                if k == len(unit_e):
+                    unit_e, unit_p = np.concatenate((unit_e, unit_e)), np.concatenate((unit_p, unit_p))
+                unit_e[k], unit_p[k] = e, p
+                k += 1
+    return unit_e[:k], unit_p[:k]
+
+
+@njit(cache=True, nogil=True)
+def match_units(gv, ps, unit_e, unit_p, e_seq, e_a, e_b, counts, taken, grain, materialize, width, memo, sid):
+    """Incremental matching of a batch's edge ops, unit by unit (plan_units: an op with one plan
+    of a query), the units taken `grain` at a time from the counter `taken` that every thread of
+    the search shares. A unit is smaller than an (op, query) pair: a pair that finds much is
+    spread over its plans, so that no thread is left with a deep pair while the others idle.
+
+    The op {a, b} at timestamp e_seq is mapped onto the plan's anchor (depths 0 and 1) in both
+    orientations, and the rest of the plan is searched at that timestamp. Adds the matches to
+    counts[query * ops + op] (atomically: a pair's units may run on several threads) and returns,
+    for the queries with materialize[q], every match this thread found: rows (query-vertex
+    order, padded to width), their query and their op. memo and sid: segment counts (Memo), and
+    the last search id used with it; returns the new last id too.
+    """
+    n_ops, n_units = len(e_seq), len(unit_e)
     out = np.zeros((64, width), np.int32)
     out_q = np.zeros(64, np.int64)
     out_op = np.zeros(64, np.int64)
@@ -375,46 +400,45 @@ def match_pairs(gv, ps, first_plan, e_seq, e_a, e_b, e_el, select, taken, grain,
     n_out = 0
     st = new_state()
     while True:
-        lo = _fetch_add(taken, grain)
-        if lo >= n * nq:
+        lo = _fetch_add(taken, 0, grain)
+        if lo >= n_units:
             break
-        for pair in range(lo, min(lo + grain, n * nq)):
-            e, q = pair // nq, pair % nq
-            if chosen and not select[q, e]:
-                continue
+        for unit in range(lo, min(lo + grain, n_units)):
+            e, p = unit_e[unit], unit_p[unit]
+            q = ps.query[p]
             mat, t = materialize[q], e_seq[e]
-            for p in range(first_plan[q], first_plan[q + 1]):
-                off, k = ps.off[p], ps.depth[p]
-                if e_el[e] != ps.chk_el[ps.chk[off + 1, BACKWARD]]:  # depth 1's only backward edge is the anchor
+            off, k = ps.off[p], ps.depth[p]
+            lx, ly = ps.qlab[off], ps.qlab[off + 1]
+            sid += 1  # a new (plan, timestamp): the memo's counts so far do not hold
+            found = 0
+            for o in range(2):
+                u0, u1 = (e_a[e], e_b[e]) if o == 0 else (e_b[e], e_a[e])
+                if gv.labels[u0] != lx or gv.labels[u1] != ly:
                     continue
-                lx, ly = ps.qlab[off], ps.qlab[off + 1]
-                sid += 1  # a new (plan, timestamp): the memo's counts so far do not hold
-                for o in range(2):
-                    u0, u1 = (e_a[e], e_b[e]) if o == 0 else (e_b[e], e_a[e])
-                    if gv.labels[u0] != lx or gv.labels[u1] != ly:
-                        continue
-                    st.m[0], st.m[1] = u0, u1
-                    first = n_out
-                    if k == 2:
-                        if mat:
-                            if n_out == out.shape[0]:
-                                out, out_q, out_op = _grow(out, out_q, out_op)
-                            _write(ps, off, 2, st.m, out, n_out)
-                            n_out += 1
-                        counts[q, e] += 1
-                    elif not mat:
-                        counts[q, e] += _count(gv, ps, off, 2, k, t, st, none, memo, sid)
-                    else:
-                        _open(gv, ps, off + 2, 2, t, st)
-                        st.at[0] = 2
-                        while True:
-                            why, n_out, f, _ = _run(gv, ps, p, t, none, memo, sid, st, 2, out, n_out, mat, -1, -1)
-                            counts[q, e] += f
-                            if why != FULL:
-                                break
+                st.m[0], st.m[1] = u0, u1
+                first = n_out
+                if k == 2:
+                    if mat:
+                        if n_out == out.shape[0]:
                             out, out_q, out_op = _grow(out, out_q, out_op)
-                    out_q[first:n_out] = q
-                    out_op[first:n_out] = e
+                        _write(ps, off, 2, st.m, out, n_out)
+                        n_out += 1
+                    found += 1
+                elif not mat:
+                    found += _count(gv, ps, off, 2, k, t, st, none, memo, sid)
+                else:
+                    _open(gv, ps, off + 2, 2, t, st)
+                    st.at[0] = 2
+                    while True:
+                        why, n_out, f, _ = _run(gv, ps, p, t, none, memo, sid, st, 2, out, n_out, mat, -1, -1)
+                        found += f
+                        if why != FULL:
+                            break
+                        out, out_q, out_op = _grow(out, out_q, out_op)
+                out_q[first:n_out] = q
+                out_op[first:n_out] = e
+            if found:
+                _fetch_add(counts, q * n_ops + e, found)
     return out[:n_out], out_q[:n_out], out_op[:n_out], sid
 
 
