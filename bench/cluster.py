@@ -3,7 +3,7 @@
 Throughput, for two workloads, count-only (every human match would be some 10^9 delta
 rows): the human insertion stream with Q_1..Q_100 registered, and the mixed
 insert/delete stream made from yeast (bench/replay_yeast.py's, seeded) with its 17
-queries. --rounds H Y makes the streams H and Y rounds long (32 and 4: some 2.5 and 6 s
+queries. --rounds H Y makes the streams H and Y rounds long (32 and 16: some 2 and 15 s
 on one instance of the compiled engine), so that the measurement is the
 steady state (as in production) rather than start-up and drain: round 1 is the stream
 itself, round 2 undoes it (every insertion deleted, every deletion re-inserted), round 3
@@ -208,7 +208,7 @@ def main() -> None:
                     help="the engine of the throughput runs (numpy: slower matching, so it weighs more)")
     ap.add_argument("--gpus", type=int, default=1, help="with --backend gpu: instance i runs on GPU i mod GPUS")
     ap.add_argument("--workloads", nargs="+", choices=("human", "yeast"), default=["human", "yeast"])
-    ap.add_argument("--rounds", type=int, nargs=2, default=[32, 4], metavar=("HUMAN", "YEAST"),
+    ap.add_argument("--rounds", type=int, nargs=2, default=[32, 16], metavar=("HUMAN", "YEAST"),
                     help="rounds of each stream: the stream, its undoing, the stream again, ... (1: the stream alone)")
     ap.add_argument("--stages", action="store_true", help="time each instance's stages (bench/stage_timers.py)")
     args = ap.parse_args()
