@@ -14,7 +14,7 @@ import weakref
 import numpy as np
 
 from csmd.cpu.arena import graph_view
-from csmd.cpu.dfs import DONE, LIMIT, match_units, plan_units, seeded_ops, static_step
+from csmd.cpu.dfs import DONE, LIMIT, match_units, plan_units, static_step
 from csmd.cpu.plans import BACKWARD, Memo, branch_order, joined, new_state, plan_set
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
@@ -26,8 +26,8 @@ from csmd.model.plan import Plan, make_plan, plan_query
 
 STEP_CANDIDATES = 1 << 20  # candidates a static search looks at between two time-limit checks (a few ms)
 SPLIT_SECONDS = 0.0005  # a batch is split over threads when its search should take longer (the last
-                        # search of its queries' seconds per (op, query), times its pairs): else handing
-                        # chunks to the pool costs more than it saves (the floor of a light query)
+                        # search of its queries' seconds per (op, plan) unit, times its units): else
+                        # handing chunks to the pool costs more than it saves (the floor of a light query)
 STATIC_MEMO_BYTES = 64 << 20  # a static search memoises segment counts when that fits in this
 GRAINS_PER_THREAD = 256  # a search's threads take its (op, plan) units in about this many pieces each:
                          # a thread that took a deep unit leaves the rest to the others
@@ -154,14 +154,6 @@ class CompiledEngine(CpuEngine):
             found = self._sets[key] = _QuerySet(queries)
         return found
 
-    def _seeded(self, batch: UpdateBatch, anchors: np.ndarray) -> np.ndarray:
-        """The batch's edge ops whose end labels match some anchor edge's: no other op seeds a
-        search, so only these go to the kernel (most, in a stream, when few queries are registered)."""
-        # the batch's vertices are in the label table: the batch was applied before
-        # contiguous: one compiled variant whichever way the batch was sequenced (CompiledGraph.apply)
-        return seeded_ops(self.mvg.labels.a, np.ascontiguousarray(batch.edge_a), np.ascontiguousarray(batch.edge_b),
-                          anchors)
-
     def _match(self, view, qs: _QuerySet, ops, units, taken, grain, counts):
         """match_units with this thread's memo: its units' counts into counts, its rows returned."""
         mine, depth = self._memos, qs.depth
@@ -175,27 +167,20 @@ class CompiledEngine(CpuEngine):
 
     def submit(self, batch: UpdateBatch, queries: list[CompiledQuery], select: np.ndarray | None = None) -> Pending:
         qs = self._query_set(queries)
-        seeded = self._seeded(batch, qs.anchors)
-        if select is None:
-            pairs = len(seeded) * len(queries)
-            select = _ALL
-        else:
-            select = select[:, seeded]
-            chosen = select.any(axis=0)  # ops no query here matches are not searched
-            seeded, select = seeded[chosen], np.ascontiguousarray(select[:, chosen])
-            pairs = int(np.count_nonzero(select))
-        if not pairs:
+        # the batch's vertices are in the label table: the batch was applied before; contiguous
+        # arrays: one compiled variant whichever way the batch was sequenced (CompiledGraph.apply)
+        edge_a, edge_b, edge_el = (np.ascontiguousarray(x) for x in (batch.edge_a, batch.edge_b, batch.edge_label))
+        searched, *units = plan_units(self.mvg.labels.a, edge_a, edge_b, edge_el, qs.keys, qs.by_key, qs.plan_el,
+                                      qs.ps.query, _ALL if select is None else np.ascontiguousarray(select))
+        if not len(searched):
             return Done({})
-        seq, a, b, el = (x[seeded] for x in (batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label))
-        units = plan_units(self.mvg.labels.a, a, b, el, qs.keys, qs.by_key, qs.plan_el, qs.ps.query, select)
-        if not len(units[0]):
-            return Done({})
-        ops = (seq, a, b)
+        seq = batch.edge_seq[searched]
+        ops = (seq, edge_a[searched], edge_b[searched])
         with self._writing:
             self._search_started()
             view = graph_view(self.mvg, self.mvg.cur.view().copy())
-        threads = self.threads if qs.per_pair * pairs > SPLIT_SECONDS else 1
-        counts = np.zeros((len(queries), len(seeded)), np.int64)
+        threads = self.threads if qs.per_unit * len(units[0]) > SPLIT_SECONDS else 1
+        counts = np.zeros((len(queries), len(searched)), np.int64)
         taken = np.zeros(1, np.int64)  # the units handed out so far
         grain = max(1, len(units[0]) // (threads * GRAINS_PER_THREAD))
 
@@ -207,7 +192,7 @@ class CompiledEngine(CpuEngine):
         # ended: a compaction waits for that, not for the output stage to collect it (the output
         # stage may be the one that compacts)
         wait = start_tasks([work] * threads, threads, self._search_ended)
-        return _Search(self, wait, qs, seq, counts, pairs)
+        return _Search(self, wait, qs, seq, counts, len(units[0]))
 
     def _matches(self, counts, found, queries: list[CompiledQuery], seq: np.ndarray) -> dict[str, Matches]:
         """The matches of a search by query: counts per (query, op), and each thread's (rows, query, op)."""
@@ -228,21 +213,21 @@ class CompiledEngine(CpuEngine):
 class _Search(Pending):
     """A batch's search on the thread pool: its threads' matches put together when waited for."""
 
-    def __init__(self, engine: CompiledEngine, wait, qs: _QuerySet, seq: np.ndarray, counts: np.ndarray, pairs: int):
-        self._engine, self._wait, self._qs, self._seq, self._counts, self._pairs = engine, wait, qs, seq, counts, pairs
+    def __init__(self, engine: CompiledEngine, wait, qs: _QuerySet, seq: np.ndarray, counts: np.ndarray, units: int):
+        self._engine, self._wait, self._qs, self._seq, self._counts, self._units = engine, wait, qs, seq, counts, units
         self._out: dict[str, Matches] | None = None
 
     def result(self) -> dict[str, Matches]:
         if self._out is None:
             parts = self._wait()
-            self._qs.per_pair = sum(seconds for _, seconds in parts) / self._pairs
+            self._qs.per_unit = sum(seconds for _, seconds in parts) / self._units
             self._out = self._engine._matches(self._counts, [p for p, _ in parts], self._qs.queries, self._seq)
         return self._out
 
 
 class _QuerySet:
-    """Queries submitted together: their flattened plans, (label << 32 | label) of every plan's
-    anchor edge in both orientations, and the seconds per (seeded op, query) of their last search."""
+    """Queries submitted together: their flattened plans, indexed by anchor edge (label << 32 |
+    label, and the edge label), and the seconds per (op, plan) unit of their last search."""
 
     def __init__(self, queries: list[CompiledQuery]):
         self.queries = list(queries)
@@ -250,10 +235,9 @@ class _QuerySet:
         self.materialize = np.array([not cq.count_only for cq in queries], np.bool_)
         self.width = max(cq.q.n for cq in queries)
         lx, ly = ps.qlab[ps.off].astype(np.int64), ps.qlab[ps.off + 1].astype(np.int64)
-        self.anchors = np.unique(np.concatenate([lx << 32 | ly, ly << 32 | lx]))
         self.by_key = np.argsort(lx << 32 | ly, kind="stable")  # plan_units' index: plans by anchor key
         self.keys = (lx << 32 | ly)[self.by_key]
         self.plan_el = ps.chk_el[ps.chk[ps.off + 1, BACKWARD]]  # the anchor's edge label (depth 1's only backward edge)
         self.depth = int(ps.depth.max())
-        self.per_pair = float("inf")  # unknown: the first search is split (it may be a catch-up's big batch)
+        self.per_unit = float("inf")  # unknown: the first search is split (it may be a catch-up's big batch)
 

@@ -320,21 +320,6 @@ def static_step(gv, ps, cand, memo, roots, st, out, materialize, budget, limit):
             return why, n_out, found
 
 
-@njit(cache=True, nogil=True)
-def seeded_ops(labels, a, b, anchors):
-    """The positions of the ops {a[i], b[i]} whose end labels (label << 32 | label, in either
-    orientation) are among the sorted anchors: no other op seeds a search."""
-    out = np.empty(len(a), np.int64)
-    n = 0
-    for i in range(len(a)):
-        key = (np.int64(labels[a[i]]) << 32) | labels[b[i]]
-        j = np.searchsorted(anchors, key)
-        if j < len(anchors) and anchors[j] == key:
-            out[n] = i
-            n += 1
-    return out[:n]
-
-
 @intrinsic
 def _fetch_add(typingctx, counter, index, value):
     """counter[index] += value atomically; the value before (the threads of a search share
@@ -353,15 +338,19 @@ def _fetch_add(typingctx, counter, index, value):
 
 @njit(cache=True, nogil=True)
 def plan_units(labels, e_a, e_b, e_el, keys, by_key, plan_el, plan_query, select):
-    """The units of a batch's search, in op order: (op e, plan p) for every plan of a selected
+    """The units of a batch's search, in op order: (op, plan p) for every plan of a selected
     query whose anchor edge the op can be (its end labels in either orientation, its edge
-    label). keys: the plans' anchor keys (label << 32 | label) sorted; by_key: the plan of
-    each. select: no rows (every query) or select[query, op]."""
+    label); no other op is searched. keys: the plans' anchor keys (label << 32 | label)
+    sorted; by_key: the plan of each. select: no rows (every query) or select[query, op].
+    Returns the ops searched (positions in the batch's edge ops) and, per unit, its op's
+    index among them and its plan."""
     chosen = select.shape[0] > 0
     unit_e = np.empty(4 * len(e_a) + 16, np.int64)
     unit_p = np.empty_like(unit_e)
-    k = 0
+    ops = np.empty(len(e_a), np.int64)
+    k = n_ops = 0
     for e in range(len(e_a)):
+        first = k
         la, lb = np.int64(labels[e_a[e]]), np.int64(labels[e_b[e]])
         for o in range(2 if la != lb else 1):  # equal end labels: one key, both orientations in one unit
             key = (la << 32) | lb if o == 0 else (lb << 32) | la
@@ -373,9 +362,12 @@ def plan_units(labels, e_a, e_b, e_el, keys, by_key, plan_el, plan_query, select
                     continue
                 if k == len(unit_e):
                     unit_e, unit_p = np.concatenate((unit_e, unit_e)), np.concatenate((unit_p, unit_p))
-                unit_e[k], unit_p[k] = e, p
+                unit_e[k], unit_p[k] = n_ops, p
                 k += 1
-    return unit_e[:k], unit_p[:k]
+        if k > first:
+            ops[n_ops] = e
+            n_ops += 1
+    return ops[:n_ops], unit_e[:k], unit_p[:k]
 
 
 @njit(cache=True, nogil=True)
