@@ -27,7 +27,7 @@ replicated), only the matching is split.
 
 --stages runs the daemons under bench/stage_timers.py and prints, for the last run of each
 workload and instance count, where each instance's time went: thread CPU seconds of the
-replicated stages (consume, sequence, apply), of the split ones (match: wall seconds of
+replicated stages (fetch, consume, sequence, apply), of the split ones (match: wall seconds of
 submitting a search and waiting for it; search: CPU seconds of the compiled engine's threads
 doing it; canonical, publish, acks) and of the cluster's bookkeeping, the
 longest single call of any stage but match, the (op, query) pairs it matched, and when (seconds after
@@ -69,7 +69,7 @@ from csmd.connectors.broker import EmbeddedBroker  # noqa: E402
 
 SHARDS = 12
 STAGE_TIMERS = [sys.executable, str(Path(__file__).resolve().parent / "stage_timers.py")]
-REPLICATED, SPLIT, BOOKKEEPING = ("consume", "sequence", "apply"), ("match", "search", "canonical", "publish", "acks"), \
+REPLICATED, SPLIT, BOOKKEEPING = ("fetch", "consume", "sequence", "apply"), ("match", "search", "canonical", "publish", "acks"), \
     ("select", "sync", "poll")
 
 

@@ -10,8 +10,8 @@ the times (time.time()) of the timeline's events. The timers cost some microseco
 call; the most frequent is the consume loop's, once per poll.
 
 Stages, by what a cluster does with them:
-- replicated (every instance does all of it): consume (decode a poll's records, hand them on),
-  sequence, apply;
+- replicated (every instance does all of it): fetch (the input client's poll: its records as
+  Python objects), consume (decode a poll's records, hand them on), sequence, apply;
 - split (only the owner of a (record, query) shard): match (the engine's search of the
   ops selected: wall seconds of submitting it and of waiting for it, the engine's thread
   pool does the work), search (that work: CPU seconds of the compiled engine's threads), canonical (the deltas in their order), publish (Arrow encoding, producing) and
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from csmd.cli import main
-from csmd.connectors.kafka import KafkaSink
+from csmd.connectors.kafka import KafkaSink, KafkaSource
 from csmd.cpu.compiled import CompiledEngine, _Search
 from csmd.cpu.engine import CpuEngine
 from csmd.pipeline.sequencer import Sequencer
@@ -49,6 +49,7 @@ except ImportError:
     GPU_MATCH = []
 
 STAGES = {  # stage -> the methods whose time is its time
+    "fetch": [(KafkaSource, "poll")],
     "consume": [(ConsumeLoop, "_take")],
     "sequence": [(Sequencer, "sequence")],
     "apply": [(CpuEngine, "apply")],

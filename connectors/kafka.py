@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from csmd.errors import CsmdError
 from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, DELTAS_V1, SCHEMA_HEADER
 
-from .records import Record
+from .records import Polled, Record
 
 
 # Settings csmd's guarantees rest on; the user's [kafka] client/consumer/producer tables may not set them.
@@ -148,28 +148,28 @@ class KafkaSource:
         self._tps = [TopicPartition(topic, p, start.get(p, begin)) for p in self.partitions]
         self.consumer.assign(self._tps)
 
-    def poll(self, max_records: int = 500, timeout: float = 0.05) -> list[Record]:
+    def poll(self, max_records: int = 500, timeout: float = 0.05) -> Polled:
         """Up to max_records records: what is fetched already, else waits up to `timeout` for the first."""
-        out = []
         msgs = self.consumer.consume(max_records, 0)
         if not msgs and timeout > 0:  # consume(n, t) waits for all n: wait for one, then take the rest
             msgs = self.consumer.consume(1, timeout)
             if msgs:
                 msgs += self.consumer.consume(max_records - 1, 0)
-        for msg in msgs:
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                if err.fatal():
-                    raise CsmdError(f"Kafka consumer failed: {err.str()}")
-                if self._on_error is not None:  # transient: librdkafka retries by itself
-                    self._on_error(err)
-                continue
-            headers = msg.headers()
-            out.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.value() or b"",
-                              {k: v or b"" for k, v in headers} if headers else {}))
-        return out
+        if any(m.error() is not None for m in msgs):
+            msgs = [m for m in msgs if not self._failed(m.error())]
+        return Polled(self.topic, [m.partition() for m in msgs], [m.offset() for m in msgs],
+                      [m.value() or b"" for m in msgs], [m.headers() for m in msgs])
+
+    def _failed(self, err) -> bool:
+        """Whether a message is an error (reported, or raised when fatal) rather than a record."""
+        if err is None:
+            return False
+        if err.code() != KafkaError._PARTITION_EOF:
+            if err.fatal():
+                raise CsmdError(f"Kafka consumer failed: {err.str()}")
+            if self._on_error is not None:  # transient: librdkafka retries by itself
+                self._on_error(err)
+        return True
 
     def commit(self, offsets: dict[int, int], wait: bool = True) -> None:
         """Commit partition -> next offset; wait=False returns at once (the consume loop must not
@@ -193,7 +193,7 @@ class KafkaSource:
         deadline = time.monotonic() + timeout
         quiet_since = time.monotonic()
         while time.monotonic() < deadline:
-            recs = self.poll(1000, 0.05)
+            recs = self.poll(1000, 0.05).records()
             out += recs
             if recs:
                 quiet_since = time.monotonic()

@@ -72,29 +72,61 @@ class RecordBlock(UpdateBlock):
         return f"{self.path}/{self.partition}/{line}"
 
 
-def plain_runs(records: list[Record], fmt: str = "auto", str_ids: bool = False):
-    """The records of one input partition, in order: runs of records that are each one plain
+@dataclass(slots=True)
+class Polled:
+    """A poll's records of one input, in columns, made into Records only where one is needed:
+    every instance of a cluster takes in every input record, and an object per record cost
+    more than decoding it. Iterating gives the Records."""
+
+    input: str
+    partition: list[int]
+    offset: list[int]
+    value: list[bytes]
+    headers: list  # per record: its headers as (key, value) pairs, or None
+
+    @classmethod
+    def of(cls, records: list[Record]) -> "Polled":
+        return cls(records[0].input if records else "", [r.partition for r in records], [r.offset for r in records],
+                   [r.value for r in records], [list(r.headers.items()) or None for r in records])
+
+    def __len__(self) -> int:
+        return len(self.offset)
+
+    def record(self, i: int) -> Record:
+        h = self.headers[i]
+        return Record(self.input, self.partition[i], self.offset[i], self.value[i],
+                      {k: v or b"" for k, v in h} if h else {})
+
+    def records(self, lo: int = 0, hi: int | None = None) -> list[Record]:
+        return [self.record(i) for i in range(lo, len(self) if hi is None else hi)]
+
+    def __iter__(self):
+        return iter(self.records())
+
+
+def plain_runs(polled: Polled, fmt: str = "auto", str_ids: bool = False):
+    """A poll's records of one input partition, in order: runs of records that are each one plain
     update line (connectors/textscan.py) as RecordBlocks, decoded in one compiled pass, and
-    every other record as itself, for decode_updates. A record in a block is the one update
+    every other record as a Record, for decode_updates. A record in a block is the one update
     that decode_updates would make of it; with a declared content type, another input
     format, string ids or without numba, every record is left to decode_updates."""
-    if scan_records is None or fmt not in ("auto", "text") or str_ids or not records:
-        yield from records
+    if scan_records is None or fmt not in ("auto", "text") or str_ids or not len(polled):
+        yield from polled
         return
-    values = [r.value for r in records]
+    values = polled.value
     ends = np.cumsum([len(v) for v in values])
     op, u, v, label = scan_records(np.frombuffer(b"".join(values), np.uint8), ends)
-    for i in np.flatnonzero([CONTENT_TYPE in r.headers for r in records]).tolist():
-        op[i] = -1
+    for i, h in enumerate(polled.headers):
+        if h and any(k == CONTENT_TYPE for k, _v in h):
+            op[i] = -1
     cuts = np.flatnonzero(np.diff(op >= 0, prepend=False, append=False)).tolist()  # where runs start and end
     done = 0
     for lo, hi in zip(cuts[::2], cuts[1::2]):
-        yield from records[done:lo]
-        first = records[lo]
-        yield RecordBlock(first.input, np.fromiter((r.offset for r in records[lo:hi]), np.int64, hi - lo),
-                          op[lo:hi], u[lo:hi], v[lo:hi], label[lo:hi], partition=first.partition)
+        yield from polled.records(done, lo)
+        yield RecordBlock(polled.input, np.array(polled.offset[lo:hi], np.int64), op[lo:hi], u[lo:hi], v[lo:hi],
+                          label[lo:hi], partition=polled.partition[lo])
         done = hi
-    yield from records[done:]
+    yield from polled.records(done)
 
 
 def load_scanner() -> float:

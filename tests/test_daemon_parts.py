@@ -209,6 +209,72 @@ def test_random_interleavings_never_commit_a_record_with_unacknowledged_deltas()
         assert t.committable() == {("in", 0): n} and t.pending() == 0
 
 
+def test_the_tracker_follows_the_rule_record_by_record():
+    """Against the rule itself, one record at a time: several partitions, offsets with gaps,
+    records of 0 to 3 updates, runs, dead letters; enough records that the tracker's arrays
+    drop their done front and grow; every record's arrival reported once, when passed."""
+    rng = random.Random(7)
+    for trial in range(6):
+        done = []
+        t = DeliveryTracker(on_done=done.extend)
+        waits: dict[tuple, list[int]] = {}  # origin -> [updates left, acks outstanding]
+        order: list[tuple] = []  # origins with updates, in submission order, one per update
+        next_offset = {("in", 0): 0, ("in", 1): 5, ("dl", 0): 100}
+        flights, executed, submitted = [], 0, 0
+
+        logs = {key: [] for key in next_offset}  # each partition's offsets, in order
+        prefix = {key: 0 for key in next_offset}  # how many of them the rule passes
+
+        def model_committable():
+            for key, offs in logs.items():
+                while prefix[key] < len(offs) and waits[key + (offs[prefix[key]],)] == [0, 0]:
+                    prefix[key] += 1
+            return {key: logs[key][prefix[key] - 1] + 1 for key in logs if prefix[key]}
+
+        committed = {}
+        for _step in range(1500 if trial < 2 else 300):
+            r = rng.random()
+            if r < 0.35 and submitted < 4000:
+                key = rng.choice(list(next_offset))
+                first = next_offset[key] + rng.choice([0, 0, 0, 1, 5])  # gaps: transaction markers, compaction
+                if rng.random() < 0.5:
+                    offs = list(range(first, first + rng.randint(1, 40)))
+                    t.submitted_run(*key, offs)
+                    for o in offs:
+                        waits[key + (o,)] = [1, 0]
+                        order.append(key + (o,))
+                else:
+                    offs = [first]
+                    k, sends = rng.choice([(0, 0), (0, 1), (1, 0), (2, 0), (3, 0)])
+                    t.submitted(key + (first,), k, sends=sends, arrived=float(first))
+                    waits[key + (first,)] = [k, sends]
+                    order.extend([key + (first,)] * k)
+                    if sends:
+                        flights.append([key + (first,)])
+                next_offset[key] = offs[-1] + 1
+                logs[key] += offs
+                submitted += len(offs)
+            elif r < 0.65 and executed < len(order):
+                step = rng.randint(1, min(60, len(order) - executed))
+                covered = sorted(set(o for o in order[executed:executed + step] if rng.random() < 0.4))
+                t.sending(covered)
+                for o in covered:
+                    waits[o][1] += 1
+                flights.append(covered)
+                t.executed(step)
+                for o in order[executed:executed + step]:
+                    waits[o][0] -= 1
+                executed += step
+            elif flights:
+                acked = flights.pop(rng.randrange(len(flights)))
+                t.acked(acked)
+                for o in acked:
+                    waits[o][1] -= 1
+            assert t.committable() == model_committable()
+            assert t.pending() == len(waits) - sum(prefix.values())
+        assert len(done) == sum(prefix.values()) and sum(prefix.values()) > 1000 * (trial < 2)
+
+
 # ---- metrics --------------------------------------------------------------------------------------------
 def test_histogram_quantiles_are_within_a_bucket_of_numpy():
     rng = np.random.default_rng(1)

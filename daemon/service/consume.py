@@ -12,14 +12,14 @@ import time
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from csmd.connectors.records import BadRecord, Record, RecordBlock, decode_updates, plain_runs
+from csmd.connectors.records import BadRecord, Polled, Record, RecordBlock, decode_updates, plain_runs
 from csmd.service.checkpointing import CheckpointMarker
 
 
 class ConsumeLoop:
     """The Daemon's part that runs in the main thread."""
 
-    def _take(self, records: list[Record]) -> None:
+    def _take(self, records: Polled) -> None:
         """A poll's records, into the pipeline in order. Runs of plain one-update text records go
         as one block each (decoded together, one hand-off, one bookkeeping step: what every
         instance of a cluster pays for every record); the others, and every record while

@@ -5,6 +5,10 @@ record it caused (deltas, or its dead letter) has been acknowledged. The
 committable offset of a partition is one past the longest done prefix of its
 records: committing more could lose deltas in a crash, committing less only
 brings duplicates, which delta ids let consumers drop.
+
+The records of a partition are kept in arrays (a log), not one object each: every
+instance of a cluster books every input record, and objects per record cost more
+than sequencing and applying its update.
 """
 
 from __future__ import annotations
@@ -13,20 +17,86 @@ import threading
 import time
 from collections import deque
 
+import numpy as np
+
 
 def unwatched(_origins) -> None:
     """on_ack of Kafka records no input offset waits for (control announcements, dead letters of control records)."""
 
 
-class _Entry:
-    __slots__ = ("origin", "records", "acks", "arrived")
+class _Log:
+    """The records of one (input, partition) not passed by the done prefix yet, in offset order.
 
-    def __init__(self, origin, records, arrived):
-        self.origin, self.records, self.acks, self.arrived = origin, records, 0, arrived
+    A record has an absolute position (its number in the log since the start); arrays hold
+    positions `base` .. `tail` - 1, of which `head` .. `tail` - 1 are pending. `wait` is what a
+    record still waits for: its unexecuted updates plus its unacknowledged Kafka records.
+    The consumer reads each partition forward, so offsets increase along the log."""
+
+    __slots__ = ("key", "base", "head", "tail", "offset", "wait", "arrived")
+
+    def __init__(self, key: tuple[str, int]):
+        self.key = key
+        self.base = self.head = self.tail = 0
+        self.offset = np.zeros(1024, np.int64)
+        self.wait = np.zeros(1024, np.int64)
+        self.arrived = np.zeros(1024, np.float64)
+
+    def append(self, offsets: np.ndarray, wait: int, arrived: float) -> int:
+        """Add records (all waiting for `wait`); the position of the first."""
+        k = len(offsets)
+        at = self.tail - self.base
+        if at + k > len(self.offset):
+            self._make_room(k)
+            at = self.tail - self.base
+        self.offset[at:at + k] = offsets
+        self.wait[at:at + k] = wait
+        self.arrived[at:at + k] = arrived
+        self.tail += k
+        return self.tail - k
+
+    def _make_room(self, k: int) -> None:
+        """Drop the passed records from the arrays' front, and grow them if that is not enough."""
+        lo, n = self.head - self.base, self.tail - self.head
+        size = len(self.offset)
+        while n + k > size // 2:
+            size *= 2
+        for name in ("offset", "wait", "arrived"):
+            old = getattr(self, name)
+            new = np.zeros(size, old.dtype) if size != len(old) else old
+            new[:n] = old[lo:lo + n]
+            setattr(self, name, new)
+        self.base = self.head
+
+    def find(self, offset: int) -> int:
+        """The array index of the pending record with this offset (KeyError if there is none)."""
+        h, t = self.head - self.base, self.tail - self.base
+        if h < t:
+            i = h + offset - int(self.offset[h])  # consecutive offsets: no search
+            if not h <= i < t or self.offset[i] != offset:
+                i = h + int(np.searchsorted(self.offset[h:t], offset))
+            if i < t and self.offset[i] == offset:
+                return i
+        raise KeyError(offset)
+
+    def advance(self) -> np.ndarray | None:
+        """Pass the done records at the head; their arrival times (None if none was passed)."""
+        h, t = self.head - self.base, self.tail - self.base
+        if h == t or self.wait[h]:
+            return None
+        end, step = h, 64
+        while end < t:  # the first record still waiting, in growing windows: the prefix is often short
+            hit = np.flatnonzero(self.wait[end:min(t, end + step)])
+            if len(hit):
+                end += int(hit[0])
+                break
+            end, step = min(t, end + step), step * 4
+        self.head = self.base + end
+        return self.arrived[h:end]
 
     @property
-    def done(self) -> bool:
-        return self.records == 0 and self.acks == 0
+    def committable(self) -> int:
+        """One past the offset of the last record passed."""
+        return int(self.offset[self.head - self.base - 1]) + 1
 
 
 class DeliveryTracker:
@@ -35,42 +105,49 @@ class DeliveryTracker:
 
     def __init__(self, on_done=None):
         self._lock = threading.Lock()
-        self._entries: dict[tuple, _Entry] = {}
-        self._by_partition: dict[tuple[str, int], deque[_Entry]] = {}
-        self._unexecuted: deque[_Entry] = deque()  # entries with updates still in the pipeline, in order
+        self._logs: dict[tuple[str, int], _Log] = {}
+        # records with updates still in the pipeline, in submission order: [log, first position,
+        # end position, updates left of the first]; a run of several records holds one update each
+        self._unexecuted: deque[list] = deque()
         self._committable: dict[tuple[str, int], int] = {}
-        self._on_done = on_done  # called with the finished entries' arrival times (latency metric)
+        self._on_done = on_done  # called with the finished records' arrival times (latency metric)
+
+    def _log(self, key: tuple[str, int]) -> _Log:
+        log = self._logs.get(key)
+        if log is None:
+            log = self._logs[key] = _Log(key)
+        return log
 
     def submitted(self, origin: tuple, updates: int, sends: int = 0, arrived: float | None = None) -> None:
         """An input record entered the daemon holding `updates` updates, and `sends` Kafka records
         of its own are about to be produced (1 for its dead letter). Counting them here, not in a
         later `sending`, keeps a record with nothing left to wait for from being done (and
         forgotten) before its dead letter is produced."""
-        e = _Entry(origin, updates, time.monotonic() if arrived is None else arrived)
-        e.acks = sends
+        arrived = time.monotonic() if arrived is None else arrived
         with self._lock:
-            self._entries[origin] = e
-            self._by_partition.setdefault(origin[:2], deque()).append(e)
+            log = self._log(origin[:2])
+            at = log.append(np.array([origin[2]], np.int64), updates + sends, arrived)
             if updates:
-                self._unexecuted.append(e)
+                self._unexecuted.append([log, at, at + 1, updates])
             else:
-                self._advance([origin[:2]])
+                self._advance({origin[:2]})
 
     def submitted_run(self, input: str, partition: int, offsets: list[int]) -> None:
-        """Input records of one partition entered the daemon, in order, holding one update each
-        (submitted for each, under one lock)."""
-        key, now = (input, partition), time.monotonic()
-        entries = [_Entry((input, partition, o), 1, now) for o in offsets]
+        """Input records of one partition entered the daemon, in order, holding one update each."""
+        if not offsets:
+            return
+        now = time.monotonic()
         with self._lock:
-            self._entries.update((e.origin, e) for e in entries)
-            self._by_partition.setdefault(key, deque()).extend(entries)
-            self._unexecuted.extend(entries)
+            log = self._log((input, partition))
+            at = log.append(np.asarray(offsets, np.int64), 1, now)
+            self._unexecuted.append([log, at, at + len(offsets), 1])
 
     def sending(self, origins) -> None:
         """A Kafka record covering these input records was produced."""
         with self._lock:
             for o in origins:
-                self._entries[o].acks += 1
+                log = self._logs[o[:2]]
+                log.wait[log.find(o[2])] += 1
 
     def acked(self, origins) -> None:
         """The broker has a Kafka record covering these input records. A failed delivery is
@@ -78,9 +155,10 @@ class DeliveryTracker:
         with self._lock:
             touched = set()
             for o in origins:
-                e = self._entries[o]
-                e.acks -= 1
-                if e.done:
+                log = self._logs[o[:2]]
+                i = log.find(o[2])
+                log.wait[i] -= 1
+                if i == log.head - log.base and not log.wait[i]:  # only a done head moves the prefix
                     touched.add(o[:2])
             self._advance(touched)
 
@@ -89,28 +167,37 @@ class DeliveryTracker:
         with self._lock:
             touched = set()
             while records:
-                e = self._unexecuted[0]
-                take = min(records, e.records)
-                e.records -= take
+                run = self._unexecuted[0]
+                log, lo, hi, left = run
+                if hi - lo > 1:  # records of one update each: the next ones are done executing
+                    take = min(records, hi - lo)
+                    log.wait[lo - log.base: lo - log.base + take] -= 1
+                    run[1] = lo + take
+                    finished = run[1] == hi
+                else:
+                    take = min(records, left)
+                    log.wait[lo - log.base] -= take
+                    run[3] = left - take
+                    finished = run[3] == 0
                 records -= take
-                if e.records == 0:
+                if finished:
                     self._unexecuted.popleft()
-                    touched.add(e.origin[:2])
+                if lo == log.head:
+                    touched.add(log)
             self._advance(touched)
 
-    def _advance(self, keys) -> None:
-        """Move the done prefix of each (input, partition) in `keys`; on_done gets the arrival
+    def _advance(self, touched) -> None:
+        """Move the done prefix of the touched logs (or their keys); on_done gets the arrival
         times of all the records it passed at once (one metric update, not one per record)."""
-        arrived = []
-        for key in keys:
-            q = self._by_partition[key]
-            while q and q[0].done:
-                e = q.popleft()
-                del self._entries[e.origin]
-                self._committable[key] = e.origin[2] + 1
-                arrived.append(e.arrived)
-        if arrived and self._on_done is not None:
-            self._on_done(arrived)
+        passed = []
+        for key in touched:
+            log = key if isinstance(key, _Log) else self._logs[key]
+            arrived = log.advance()
+            if arrived is not None:
+                passed.append(arrived)
+                self._committable[log.key] = log.committable
+        if passed and self._on_done is not None:
+            self._on_done(np.concatenate(passed))
 
     def committable(self) -> dict[tuple[str, int], int]:
         """(input, partition) -> next offset, for every partition with a done prefix so far."""
@@ -120,4 +207,4 @@ class DeliveryTracker:
     def pending(self) -> int:
         """Input records not done yet."""
         with self._lock:
-            return len(self._entries)
+            return sum(log.tail - log.head for log in self._logs.values())
