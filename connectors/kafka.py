@@ -236,7 +236,7 @@ def arrow_messages(batch: pa.RecordBatch, max_bytes: int) -> list[bytes]:
     if len(data) <= max_bytes:
         return [data]
     if batch.num_rows <= 1:
-        raise CsmdError(f"one delta row takes {len(data)} bytes, more than max_message_bytes = {max_bytes}")
+        raise CsmdError(f"one delta row takes {len(data)} bytes, more than [topics] max_message_bytes = {max_bytes}")
     half = batch.num_rows // 2
     return arrow_messages(batch.slice(0, half), max_bytes) + arrow_messages(batch.slice(half), max_bytes)
 

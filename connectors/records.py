@@ -163,8 +163,13 @@ def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False) -> lis
     if declared is not None and declared != want:
         raise BadRecord(f"content-type says {declared} but the input format is {want}")
     if seen != want and not (want == "text" and seen == "json"):
-        raise BadRecord(f"expected a {want} record, the bytes look like {seen}")
-    ups = _DECODERS[want](rec, str_ids)
+        raise BadRecord(f"expected {'an' if want == 'arrow' else 'a'} {want} record, the bytes look like {seen}")
+    try:
+        ups = _DECODERS[want](rec, str_ids)
+    except BadRecord:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the bytes make a parser raise is the record's fault, never the daemon's
+        raise BadRecord(f"undecodable {want} record: {type(exc).__name__}: {exc}") from None
     if not ups:
         raise BadRecord("record holds no updates")
     if len(ups) == 1 and ups[0].source != rec.source:  # the record's position says it all
@@ -203,14 +208,16 @@ def _json(rec: Record, str_ids: bool) -> list[Update]:
     items = doc if isinstance(doc, list) else [doc]
     out = []
     for i, item in enumerate(items):
-        where = f"element {i}" if isinstance(doc, list) else ""
+        where = f"element {i}" if isinstance(doc, list) else "record"
         if not isinstance(item, dict):
-            raise BadRecord(f"{where or 'record'}: expected a JSON object, got {type(item).__name__}")
+            raise BadRecord(f"{where}: expected a JSON object, got {type(item).__name__}")
         unknown = set(item) - {"op", "u", "v", "label"}
         if unknown:
-            raise BadRecord(f"{where or 'record'}: unknown field(s) {', '.join(sorted(unknown))}")
+            raise BadRecord(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
         if "op" not in item:
-            raise BadRecord(f"{where or 'record'}: field 'op' missing")
+            raise BadRecord(f"{where}: field 'op' missing")
+        if item["op"] in (INSERT_VERTEX, DELETE_VERTEX) and item.get("v") is not None:  # a mistake, not to be ignored
+            raise BadRecord(f"{where}: op {item['op']!r} takes no v (got {item['v']!r})")
         out.append(_update(rec, i if isinstance(doc, list) else None, where,
                            item["op"], item.get("u"), item.get("v"), item.get("label"), str_ids))
     return out
@@ -242,9 +249,13 @@ def _arrow(rec: Record, str_ids: bool) -> list[Update]:
         reader = ipc.open_file(pa.BufferReader(rec.value)) if rec.value[:6] == b"ARROW1" else \
             ipc.open_stream(pa.BufferReader(rec.value))
         table = reader.read_all()
+        table.validate(full=True)  # offsets and lengths: reading unchecked buffers can crash the process
     except (pa.ArrowInvalid, OSError) as exc:
         raise BadRecord(f"not a readable Arrow IPC message: {exc}") from None
     names = table.column_names
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise BadRecord(f"Arrow record: column(s) {', '.join(twice)} more than once")
     for need in ("op", "u"):
         if need not in names:
             raise BadRecord(f"Arrow record: missing column {need!r} (has {', '.join(names)})")

@@ -49,6 +49,16 @@ def test_config_layers_defaults_file_and_environment(tmp_path):
     ('', {"CSMD_PIPELINE__BATCH_SIZE": "many"}, "CSMD_PIPELINE__BATCH_SIZE: expected an integer"),
     ('', {"CSMD_NOPE__X": "1"}, "CSMD_NOPE__X: no setting [nope] x"),
     ('', {"CSMD_KAFKA__TRANSACTIONS": "maybe"}, "expected a boolean"),
+    # settings that are wrong together (a chaos test's finds: a dead-letter topic that is the input
+    # fed every refused record back in, forever)
+    ('[topics]\ninput = "t"\ndead_letter = "t"\n', {}, "[topics] input and dead_letter are the same topic 't'"),
+    ('[topics]\noutput = "csmd.updates"\n', {}, "[topics] input and output are the same topic"),
+    ('', {"CSMD_TOPICS__CONTROL": "csmd.deltas"}, "CSMD_TOPICS__CONTROL: [topics] output and control are the same"),
+    ('[topics]\ninput = ""\n', {}, "[topics] input must be a Kafka topic name"),
+    ('[topics]\ncontrol = "a b"\n', {}, "[topics] control must be a Kafka topic name"),
+    ('[topics]\nmax_message_bytes = 10\n', {}, "[topics] max_message_bytes must be at least 10000, got 10"),
+    ('[pipeline]\nbatch_size = 99999999\n', {}, "[pipeline] batch_size (99999999) must not exceed max_batch (4096)"),
+    ('[checkpoint]\ndir = "c.toml"\n', {}, "[checkpoint] dir"),
 ])
 def test_config_errors_name_the_file_and_key(tmp_path, text, env, message):
     f = tmp_path / "c.toml"
@@ -107,11 +117,15 @@ def test_the_three_formats_decode_to_the_same_updates():
     (b"e 1", "auto", None, "wrong field count"),
     (b"e 1 2\nq 3 4", "auto", None, "line 2: unknown op 'q'"),
     (b'{"u": 1}', "auto", None, "field 'op' missing"),
-    (b'{"op": "e", "u": 1, "v": "2"}', "auto", None, "vertex id '2' is not an integer"),
+    (b'{"op": "e", "u": 1, "v": "2"}', "auto", None, "record: vertex id '2' is not an integer"),
     (b'{"op": "e", "u": true, "v": 2}', "auto", None, "vertex id True is not an integer"),
     (b'{"op": "v", "u": 1}', "auto", None, "op 'v' needs a label"),
     (b'{"op": "e", "u": 1, "v": 2, "label": -1}', "auto", None, "label -1 is not an integer"),
     (b'{"op": "e", "u": 1, "v": 2, "colour": 1}', "auto", None, "unknown field(s) colour"),
+    (b'{"op": "-v", "u": 7, "v": 8}', "auto", None, "record: op '-v' takes no v (got 8)"),
+    (b"e 1_0 2", "auto", None, "bad integer '1_0' for vertex id"),  # Python's int() took these
+    ("e \u0661 2".encode(), "auto", None, "bad integer"),
+    (b"e 1 2 0x1", "auto", None, "bad integer '0x1' for edge label"),
     (b'[1, 2]', "auto", None, "expected a JSON object, got int"),
     (b'{"op": ', "auto", None, "not valid JSON"),
     (b"e 1 2", "json", None, "expected a json record, the bytes look like text"),
@@ -137,6 +151,37 @@ def test_bad_arrow_records():
             decode_updates(_rec(value))
         assert reason in str(exc.value)
     assert decode_updates(_rec(_arrow(op=["e"], u=["a"], v=["b"])), str_ids=True)[0].u == "a"
+
+
+def _arrow_batch(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def test_records_that_make_the_parsers_fail_are_refused_not_fatal():
+    """What a chaos test found: each of these raised past the decoder (the daemon exited, and again
+    on every restart, the record still uncommitted) or crashed the process (unchecked offsets)."""
+    good = _arrow(op=["e"], u=[1], v=[2])
+    flipped = bytearray(good)
+    at = flipped.index(b"\x00\x00\x00\x00\x01\x00\x00\x00e")
+    flipped[at + 7] = 14  # the op column's offsets [0, 1] -> [0, 0x0E000001]: past its data
+    not_utf8 = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(np.array([0, 2], np.int32).tobytes()),
+                                                      pa.py_buffer(b"\xff\xfe")])
+    cases = [
+        (b"[" * 100_000 + b"]" * 100_000, "RecursionError"),
+        (b'{"op": "e", "u": 1' + b"9" * 5000 + b', "v": 2}', "ValueError"),
+        (_arrow_batch(pa.RecordBatch.from_arrays([pa.array(["e"]), pa.array([1]), pa.array([2]), pa.array(["e"])],
+                                                 names=["op", "u", "v", "op"])), "column(s) op more than once"),
+        (_arrow_batch(pa.record_batch({"op": not_utf8, "u": pa.array([1]), "v": pa.array([2])})), "Arrow"),
+        (bytes(flipped), "Arrow"),
+    ]
+    for value, reason in cases:
+        with pytest.raises(BadRecord) as exc:
+            decode_updates(_rec(value))
+        assert reason in str(exc.value) and len(str(exc.value)) < 2000
+    assert decode_updates(_rec(good))[0].v == 2
 
 
 # ---- delivery -------------------------------------------------------------------------------------------

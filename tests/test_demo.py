@@ -3,6 +3,7 @@ Its live view says what is acknowledged, with rates over a short window and "-" 
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -46,6 +47,30 @@ def test_demo_runs_end_to_end_keeps_the_daemon_for_admin_and_stops_cleanly():
     assert "acknowledged 4314" in views and "matches/s" in views and "processed" not in views
     assert "nan" not in out and "\x1b" not in out
     assert b"\x1b" not in (REPO / "out" / "daemon.log").read_bytes()
+
+
+def test_ctrl_c_mid_stream_stops_everything_cleanly():
+    """Ctrl-C reaches the whole foreground process group (make, the demo): the demo stops the daemon,
+    which drains and exits 0, then the broker; no error, exit 0."""
+    demo = subprocess.Popen(CSMD + ["demo", "--config", str(REPO / "configs" / "demo.toml"), "--rate", "500"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        lines = []
+        for line in demo.stdout:
+            lines.append(line)
+            if line.startswith("produced ") and not line.startswith("produced 0/"):
+                break
+        os.killpg(demo.pid, signal.SIGINT)
+        rest, err = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
+    out = "".join(lines) + rest
+    assert demo.returncode == 0, out[-2000:] + err[-2000:]
+    assert "interrupted: stopping" in out and "daemon stopped (exit 0)" in out, out[-2000:]
+    assert "error" not in err, err[-2000:]
 
 
 def test_run_refuses_a_bad_config(tmp_path):

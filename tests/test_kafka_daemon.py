@@ -7,6 +7,7 @@ Truth: expected_insert_counts.txt of the human dataset, and the deltas of
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from collections import Counter
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
+from csmd.errors import CsmdError
 from csmd.model.formats import read_graph, read_query
 from csmd.cli.replay import replay
 
@@ -140,10 +142,13 @@ def test_sigterm_drains_and_a_restart_sends_no_duplicates(tmp_path, kafka_bootst
 
 
 def test_bad_records_go_to_the_dead_letter_topic(tmp_path, kafka_bootstrap, reference):
-    t, cfg, port = start(tmp_path, kafka_bootstrap)
+    t, cfg, port = start(tmp_path, kafka_bootstrap, topics={"max_message_bytes": 200_000})
     d = DaemonProcess(cfg, tmp_path / "d.log", port)
     lines = human_lines()
     bad_arrow = _arrow({"src": pa.array([1]), "dst": pa.array([2])})
+    flipped = bytearray(_arrow({"op": pa.array(["e"]), "u": pa.array([1]), "v": pa.array([2])}))
+    flipped[flipped.index(b"\x00\x00\x00\x00\x01\x00\x00\x00e") + 7] = 14  # offsets past the data: a crash if read
+    huge = b"x" * 300_000  # its reason quotes it; it and its bytes are cut to fit the dead-letter topic
     bad = {
         b"\x00\x01garbage\xff\xfe": "",
         bad_arrow: "missing column 'op'",
@@ -151,6 +156,9 @@ def test_bad_records_go_to_the_dead_letter_topic(tmp_path, kafka_bootstrap, refe
         b'{"op": "e", "u": 1}': "needs u and v",
         b"x 1 2": "unknown op 'x'",
         b'{"op": "move", "u": 1, "v": 2}': "unknown op 'move'",
+        b"[" * 50_000 + b"]" * 50_000: "RecursionError",
+        bytes(flipped): "Length spanned by binary offsets",
+        huge: "unknown op 'xxx",
     }
     # good records in all three formats, with the bad ones between them
     good = [ln.encode() for ln in lines[:1000]]
@@ -164,12 +172,15 @@ def test_bad_records_go_to_the_dead_letter_topic(tmp_path, kafka_bootstrap, refe
     assert len(dl) == len(bad)
     for m in dl:
         headers = dict(m.headers())
-        assert m.value() in bad
-        assert bad[m.value()] in headers["csmd-error"].decode()
+        value = huge if m.value() == huge[:len(m.value())] else m.value()
+        assert value in bad
+        assert bad[value] in headers["csmd-error"].decode() and len(headers["csmd-error"]) < 600
         assert headers["csmd-input"].decode() == t.input
+        assert ("csmd-truncated" in headers) == (value is huge)
+    assert dict(dl[-1].headers())["csmd-truncated"] == b"300000" and 150_000 < len(dl[-1].value()) < 200_000
     assert rows_of(t.deltas()) == reference  # the good records around them, every one processed
     assert d.get("/health")["status"] == "running"
-    assert metric(d.get("/metrics"), "csmd_dead_letters_total") == 6
+    assert metric(d.get("/metrics"), "csmd_dead_letters_total") == len(bad)
     assert d.stop() == 0
 
 
@@ -226,6 +237,18 @@ def test_control_changes_take_effect_at_a_well_defined_update_and_survive_restar
     bad = tmp_path / "bad.graph"
     bad.write_text("v 0 1\nv 1 1\nv 2 1\ne 0 1\n")
     assert csmd(["admin", "--url", d.url, "add", "--query", str(bad)]) == 2
+    # a name registered already is refused, not replaced (its deltas would change meaning mid-stream)
+    q3 = str(HUMAN / "queries" / "Q_3.graph")
+    assert csmd(["admin", "--url", d.url, "add", "--query", q3, "--name", "Q_2"]) == 2
+    assert [q["query"] for q in d.get("/queries")["queries"]] == [(HUMAN / "queries" / "Q_2.graph").read_text()]
+    # names the URL must quote go both ways; names no one could type or remove are refused
+    for name in ("ünï€😀", "with space", "%2F", "a/b"):
+        assert csmd(["admin", "--url", d.url, "add", "--query", q3, "--name", name]) == 0
+        assert csmd(["admin", "--url", d.url, "remove", "--name", name]) == 0
+    for name in (" ", "new\nline", "x" * 201):
+        assert csmd(["admin", "--url", d.url, "add", "--query", q3, "--name", name]) == 2
+    assert csmd(["admin", "--url", d.url.removeprefix("http://"), "stats"]) == 2
+    assert {q["name"] for q in d.get("/queries")["queries"]} == {"Q_2"}
     assert d.get("/health")["status"] == "running"
     assert d.stop() == 0
     # a daemon rebuilding from nothing (new group, no committed offsets) re-derives the same deltas
@@ -274,6 +297,16 @@ def test_admin_match_stats_and_backpressure(tmp_path, kafka_bootstrap, capsys):
     want = run_query(final, q, "Q_3")["matches"]
     got = call(d.url, "POST", "/match", {"query": (HUMAN / "queries" / "Q_3.graph").read_text()})
     assert got["matches"] == want and got["complete"] and got["seq"] == len(lines)
+    # bad options are refused with a reason (they were a 500, or a silent empty answer)
+    q3 = (HUMAN / "queries" / "Q_3.graph").read_text()
+    for body, reason in [({"limit": "x"}, '"limit" must be a positive integer'),
+                         ({"limit": -3}, '"limit" must be a positive integer'),
+                         ({"time_limit": "soon"}, '"time_limit" must be a positive number'),
+                         ({"limt": 5}, "unknown field(s) 'limt'")]:
+        with pytest.raises(CsmdError, match=re.escape(reason)):
+            call(d.url, "POST", "/match", {"query": q3, **body})
+    with pytest.raises(CsmdError, match="unknown field"):
+        call(d.url, "POST", "/queries", {"name": "x", "query": q3, "extra": 1})
     # the estimate reads the same live graph: its 95% interval covers the exact count (seeded, so always)
     est = call(d.url, "POST", "/estimate", {"query": (HUMAN / "queries" / "Q_3.graph").read_text(), "seed": 1,
                                             "samples": 50_000})

@@ -165,6 +165,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_admin(args) -> int:
+    from urllib.parse import quote
+
     from csmd.service.admin import call
 
     url = args.url
@@ -178,7 +180,7 @@ def cmd_admin(args) -> int:
                        timeout=ADD_ESTIMATE_SECONDS + 30)
             res["estimate"] = {k: est[k] for k in ("estimate", "ci_low", "ci_high", "confidence", "seq")}
     elif args.action == "remove":
-        res = call(url, "DELETE", f"/queries/{args.name}")
+        res = call(url, "DELETE", "/queries/" + quote(args.name, safe=""))
     elif args.action == "list":
         res = call(url, "GET", "/queries")
     elif args.action == "match":

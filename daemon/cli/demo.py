@@ -129,8 +129,11 @@ def run_demo(args) -> int:
                "CSMD_ADMIN__LISTEN": f"127.0.0.1:{admin_port}", "CSMD_LOG__FORMAT": "json", "CSMD_LOG__LEVEL": "info"}
         url = f"http://127.0.0.1:{admin_port}"
         print(f"embedded Kafka broker at {broker.bootstrap}; daemon log: out/daemon.log; admin: {url}")
+        # in a session of its own, like the broker: Ctrl-C in the terminal reaches the demo alone, which
+        # stops the daemon (SIGTERM: drain, commit, checkpoint) and then the broker, in that order
         daemon = subprocess.Popen([sys.executable, "-m", "csmd", "run", "--config", str(args.config)], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=open(out / "daemon.log", "wb"))
+                                  stdout=subprocess.DEVNULL, stderr=open(out / "daemon.log", "wb"),
+                                  start_new_session=True)
         try:
             deadline = time.monotonic() + 120
             while True:
@@ -157,7 +160,12 @@ def run_demo(args) -> int:
                 w.start()
             window, drawn, printed = Window(), 0, 0.0
             while True:
-                s = call(url, "GET", "/stats")
+                try:
+                    s = call(url, "GET", "/stats")
+                except CsmdError:
+                    if daemon.poll() is not None:
+                        raise CsmdError(f"the daemon exited with {daemon.returncode}; see out/daemon.log") from None
+                    raise
                 acked = s["acknowledged"].get("0", 0)
                 now = time.monotonic()
                 window.add(now, acked=acked, deltas=totals.count)
@@ -186,6 +194,7 @@ def run_demo(args) -> int:
         except KeyboardInterrupt:
             print("\ninterrupted: stopping")
         finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave the daemon running
             stop.set()
             if daemon.poll() is None:
                 daemon.send_signal(signal.SIGTERM)  # drains, commits, writes a last checkpoint

@@ -14,6 +14,7 @@ Every malformed input raises InputError(file, line, reason).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+import re
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +26,16 @@ MAX_QUERY_VERTICES = 32
 TABLE_SUFFIXES = (".arrow", ".ipc", ".feather", ".parquet")
 
 
+_DECIMAL = re.compile(r"[-+]?[0-9]+")  # ASCII: Python's int() also takes 1_0 and other scripts' digits
+
+
 def _int(tok: str, path, lineno, what: str) -> int:
     try:
-        return int(tok)
-    except ValueError:
-        raise InputError(path, lineno, f"bad integer {tok!r} for {what}") from None
+        if _DECIMAL.fullmatch(tok):
+            return int(tok)
+    except ValueError:  # past Python's digit limit
+        pass
+    raise InputError(path, lineno, f"bad integer {tok!r} for {what}")
 
 
 def in_int64(x: int) -> bool:

@@ -68,7 +68,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _body(self) -> dict:
+    def _body(self, fields: tuple[str, ...]) -> dict:
+        """The request's JSON object, with no field but `fields` (a misspelt option is refused, not ignored)."""
         n = int(self.headers.get("Content-Length") or 0)
         if n > MAX_BODY:
             raise CsmdError(f"request body over {MAX_BODY} bytes")
@@ -78,6 +79,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise CsmdError(f"request body is not valid JSON: {exc}") from None
         if not isinstance(doc, dict):
             raise CsmdError("request body must be a JSON object")
+        unknown = sorted(set(doc) - set(fields))
+        if unknown:
+            raise CsmdError(f"unknown field(s) {', '.join(map(repr, unknown))}; this request takes {', '.join(fields)}")
         return doc
 
     def _guard(self, fn) -> None:
@@ -114,15 +118,18 @@ class _Handler(BaseHTTPRequestHandler):
         d = self.daemon
         if self.path == "/queries":
             def add():
-                body = self._body()
+                body = self._body(("name", "query", "count_only"))
                 msg = {"op": "add", "name": body.get("name"), "query": body.get("query"),
                        "count_only": body.get("count_only", False)}
                 self._changed(d.request_change(msg))
             self._guard(add)
         elif self.path == "/match":
-            self._guard(lambda: self._send(200, _match(d, self._body())))
+            self._guard(lambda: self._send(200, _match(d, self._body(("name", "query", "distinct", "limit",
+                                                                       "time_limit")))))
         elif self.path == "/estimate":
-            self._guard(lambda: self._send(200, _estimate(d, self._body())))
+            self._guard(lambda: self._send(200, _estimate(d, self._body(("name", "query", "method", "samples",
+                                                                          "rel_error", "time_limit", "seed",
+                                                                          "trawl")))))
         else:
             self._send(404, {"error": f"no such endpoint {self.path}"})
 
@@ -152,8 +159,7 @@ def _match(daemon, body: dict) -> dict:
     name, q = _query(body)
     g, seq = daemon.live_graph()
     res = run_query(g, q, name, backend=daemon.pipe.engine.name, distinct=bool(body.get("distinct", False)),
-                    limit=body.get("limit"),
-                    time_limit=body.get("time_limit"))
+                    limit=_number(body, "limit", int), time_limit=_number(body, "time_limit", float))
     return {**res, "seq": seq, "vertices": g.n, "edges": g.num_edges}
 
 
@@ -188,10 +194,16 @@ def _number(body: dict, key: str, kind, zero_ok: bool = False):
 
 # ---- the client (`csmd admin`) ------------------------------------------------------------------------
 def call(url: str, method: str, path: str, body: dict | None = None, timeout: float = 60.0):
-    """One request to the admin endpoint; the decoded JSON (or text for /metrics)."""
+    """One request to the admin endpoint; the decoded JSON (or text for /metrics). `path` is sent
+    as given: a caller quotes what it puts in it (urllib.parse.quote)."""
+    if not url.startswith(("http://", "https://")):
+        raise CsmdError(f"admin URL {url!r} must start with http:// (like http://127.0.0.1:8642)")
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+    try:
+        req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    except ValueError as exc:
+        raise CsmdError(f"admin URL {url!r}: {exc}") from None
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             raw = resp.read()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+import re
 from pathlib import Path
 
 try:
@@ -202,11 +203,46 @@ def load_config(path=None, env=None) -> dict[str, dict]:
                                    DEFAULTS[section][key])
         origin[section, key] = var
     _check_listen(cfg["admin"]["listen"], origin.get(("admin", "listen"), "defaults"))
+    _check_together(cfg, origin)
     if cfg["cluster"]["enabled"] and cfg["kafka"]["transactions"]:
         raise CsmdError(f"{origin.get(('cluster', 'enabled'), 'defaults')}: [cluster] enabled does not work with "
                         f"[kafka] transactions (each shard commits its own progress, outside any transaction)")
     _check_librdkafka(cfg["kafka"], origin)
     return cfg
+
+
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+MIN_MESSAGE_BYTES = 10_000  # a delta row of a 32-vertex match with long string ids must fit
+
+
+def _check_together(cfg: dict, origin: dict) -> None:
+    """What no single value shows: topic names (valid, and four different topics: a dead-letter
+    topic that is the input would feed every refused record back in, forever), batch sizes in
+    order, the checkpoint folder not a file."""
+    t = cfg["topics"]
+    names = {key: t[key] for key in ("input", "output", "control", "dead_letter")}
+    if cfg["cluster"]["enabled"]:
+        names["cluster group's coordination topic"] = f"{cfg['cluster']['group']}.shards"
+    for key, name in names.items():
+        if key in t and not _TOPIC_NAME.fullmatch(name):
+            raise CsmdError(f"{origin.get(('topics', key), 'defaults')}: [topics] {key} must be a Kafka topic name "
+                            f"(1 to 249 of A-Z a-z 0-9 . _ -), got {name!r}")
+    seen: dict[str, str] = {}
+    for key, name in names.items():
+        if name in seen:
+            raise CsmdError(f"{origin.get(('topics', key), origin.get(('topics', seen[name]), 'defaults'))}: "
+                            f"[topics] {seen[name]} and {key} are the same topic {name!r}; each needs its own")
+        seen[name] = key
+    if t["max_message_bytes"] < MIN_MESSAGE_BYTES:
+        raise CsmdError(f"{origin.get(('topics', 'max_message_bytes'), 'defaults')}: [topics] max_message_bytes must "
+                        f"be at least {MIN_MESSAGE_BYTES}, got {t['max_message_bytes']}")
+    p = cfg["pipeline"]
+    if p["batch_size"] > p["max_batch"]:
+        where = origin.get(("pipeline", "batch_size"), origin.get(("pipeline", "max_batch"), "defaults"))
+        raise CsmdError(f"{where}: [pipeline] batch_size ({p['batch_size']}) must not exceed max_batch ({p['max_batch']})")
+    ckpt = cfg["checkpoint"]["dir"]
+    if ckpt and Path(ckpt).exists() and not Path(ckpt).is_dir():
+        raise CsmdError(f"{origin.get(('checkpoint', 'dir'), 'defaults')}: [checkpoint] dir {ckpt} is not a folder")
 
 
 def split_listen(listen: str) -> tuple[str, int]:

@@ -21,6 +21,7 @@ from csmd.schemas import CONTENT_TYPE, JSON
 from csmd.service.delivery import unwatched
 
 UNCLAIMED = 64  # results of applied admin requests kept for an admin call that starts waiting late
+MAX_NAME = 200  # characters of a query name (the key of its delta records, a label of its metrics)
 
 
 @dataclass
@@ -50,6 +51,9 @@ class QueryChange(Marker):
 
     def at_executor(self, pipe: Pipeline) -> None:
         if self.action == "add":
+            if self.spec.name in pipe.queries:  # replacing it would change what its deltas mean mid-stream
+                self.error = f"a query named {self.spec.name!r} is registered already (remove it first)"
+                return
             pipe.add_query(self.spec.name, self._query, self.spec.count_only)
         elif not pipe.remove_query(self.spec.name):
             self.error = f"no query named {self.spec.name!r}"
@@ -63,8 +67,12 @@ def control_request(body: bytes, source: str) -> dict:
         raise InputError(source, None, f"control message is not valid JSON: {exc}") from None
     if not isinstance(msg, dict) or msg.get("op") not in ("add", "remove", "applied"):
         raise InputError(source, None, "control message needs \"op\": \"add\", \"remove\" or \"applied\"")
-    if not isinstance(msg.get("name"), str) or not msg["name"]:
+    name = msg.get("name")
+    if not isinstance(name, str) or not name:
         raise InputError(source, None, "control message needs a non-empty \"name\"")
+    if len(name) > MAX_NAME or not name.isprintable() or name != name.strip():
+        raise InputError(source, None, f"query name {name[:MAX_NAME]!r}: at most {MAX_NAME} printable characters, "
+                                       f"no spaces around it")
     if msg["op"] == "add":
         if not isinstance(msg.get("query"), str):
             raise InputError(source, None, "\"add\" needs \"query\": the query graph as text")

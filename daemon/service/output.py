@@ -18,13 +18,19 @@ from csmd.service.delivery import unwatched
 from csmd.service.control import QueryChange
 
 STOP = object()  # put in the input queue: the pipeline ends after what is before it
+MAX_REASON = 500  # characters of a dead letter's reason (csmd-error) and its log line
 
 
 class Output:
     """The Daemon's part that feeds the pipeline and publishes what comes out."""
 
     def _dead_letter(self, rec: Record, reason: str) -> None:
-        """Send a refused record to the dead-letter topic; an input record is done once it is there."""
+        """Send a refused record to the dead-letter topic; an input record is done once it is there.
+        The reason is cut to MAX_REASON characters (a bad line can be a megabyte, and a reason quotes
+        it) and the bytes to what fits under max_message_bytes, with csmd-truncated giving their
+        length: a dead letter the broker refuses would stop the daemon, and again after every restart."""
+        if len(reason) > MAX_REASON:
+            reason = f"{reason[:MAX_REASON]}... ({len(reason)} characters)"
         tracked = rec.input == self.cfg["topics"]["input"]
         if tracked and rec.offset < self._suppress.get(rec.partition, -1):
             self.log.debug("dead letter sent before the restart, not again", record=rec.source)
@@ -35,9 +41,14 @@ class Output:
         headers = dict(rec.headers)
         headers.update({"csmd-error": reason.encode(), "csmd-input": rec.input.encode(),
                         "csmd-partition": str(rec.partition).encode(), "csmd-offset": str(rec.offset).encode()})
+        value = rec.value
+        room = self.cfg["topics"]["max_message_bytes"] - sum(len(k) + len(v) + 16 for k, v in headers.items()) - 256
+        if len(value) > room:
+            headers["csmd-truncated"] = str(len(value)).encode()
+            value = value[:max(room, 0)]
         if tracked:
             self.tracker.submitted(rec.origin, 0, sends=1)
-        self.sink.produce(self.cfg["topics"]["dead_letter"], rec.value, None, headers,
+        self.sink.produce(self.cfg["topics"]["dead_letter"], value, None, headers,
                           self.tracker.acked if tracked else unwatched, [rec.origin] if tracked else ())
 
     def _items(self):
