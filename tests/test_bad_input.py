@@ -44,6 +44,8 @@ CASES = [
     (GOOD_DATA, "".join(f"v {i} 1\n" for i in range(33)) + "".join(f"e {i} {i + 1} 0\n" for i in range(32)),
      "query.graph: query has 33 vertices; at most 32 are supported"),
     (GOOD_DATA, "t 2 1\nv 0 1 1\nv 1 2 1\ne 0 1 zz\n", "query.graph:4: bad integer 'zz' for edge label"),
+    (GOOD_DATA, "v 0 1\nv 1 2\ne 0 1\ne 1 1\n", "query.graph:4: query edge (1, 1) is a self-loop"),
+    (GOOD_DATA, "v 0 1\nv 1 2\ne 0 1_0\n", "query.graph:3: bad integer '1_0' for vertex id"),
 ]
 
 

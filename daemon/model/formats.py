@@ -68,8 +68,9 @@ def _lines(path: Path):
 
 
 # ---- text graphs -----------------------------------------------------------------
-def _read_text_graph(path: Path, lines=None) -> Graph:
-    """A graph in either text format; `lines` ((number, text) pairs) replace reading `path`."""
+def _read_text_graph(path: Path, lines=None, query: bool = False) -> Graph:
+    """A graph in either text format; `lines` ((number, text) pairs) replace reading `path`. A
+    query's self-loop is refused: a data graph has none, and dropping it would match more."""
     ids: dict[int, int] = {}
     labels: list[int] = []
     src: list[int] = []
@@ -101,6 +102,8 @@ def _read_text_graph(path: Path, lines=None) -> Graph:
             for x in (u, v):
                 if x not in ids:
                     raise InputError(path, lineno, f"edge ({u}, {v}) names unknown vertex {x}")
+            if query and u == v:
+                raise InputError(path, lineno, f"query edge ({u}, {v}) is a self-loop: no data edge matches it")
             src.append(ids[u])
             dst.append(ids[v])
             els.append(_label(parts[3], path, lineno, "edge label") if len(parts) == 4 else 0)
@@ -231,13 +234,15 @@ def read_graph(path) -> Graph:
 
 
 def read_query(path) -> Graph:
-    """Load a query graph and refuse what no engine accepts (too large, disconnected)."""
-    return _checked_query(read_graph(path), Path(path))
+    """Load a query graph and refuse what no engine accepts (too large, disconnected, self-loops)."""
+    path = Path(path)
+    return _checked_query(read_graph(path) if path.suffix in TABLE_SUFFIXES else _read_text_graph(path, query=True),
+                          path)
 
 
 def parse_query_text(text: str, name: str) -> Graph:
     """A query graph sent as text (control messages, `csmd admin`); errors name `name` and the line."""
-    return _checked_query(_read_text_graph(name, enumerate(text.splitlines(), 1)), name)
+    return _checked_query(_read_text_graph(name, enumerate(text.splitlines(), 1), query=True), name)
 
 
 def _checked_query(q: Graph, path) -> Graph:
