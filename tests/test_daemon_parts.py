@@ -457,17 +457,19 @@ def test_metrics_series_with_labels_keep_their_counts_whatever_the_keyword_order
     assert m.get("csmd_deltas_total", sign="+", query="q") == 9
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(6))
 def test_delta_ids_number_each_records_deltas_per_query_across_batches(seed):
     """The encoder's ids against their definition, computed row by row: (input, partition,
     offset) of the update's record, and `index`, the count of the query's earlier deltas of that
-    record (a record's updates may span batches); sources and counts carried through."""
+    record (a record's updates may span batches); sources and counts carried through. Odd seeds:
+    batches cut from blocks of one-update records (their ids read from the block's columns)."""
     from types import SimpleNamespace
 
+    from csmd.connectors.records import RecordBlock
     from csmd.engine import QueryDeltas, UpdateBatch
     from csmd.model.graph import Graph
     from csmd.pipeline.deltas import DeltaEncoder
-    from csmd.pipeline.sequencer import Vertices
+    from csmd.pipeline.sequencer import BlockRecords, Vertices
 
     rng = random.Random(seed)
     enc = DeltaEncoder(Vertices(Graph.from_edges([0, 1, 2, 3], [0], [1])))
@@ -482,6 +484,13 @@ def test_delta_ids_number_each_records_deltas_per_query_across_batches(seed):
                 record = Update("e", 0, 1, 0, f"r{offset}", (rng.choice(["in", "in2"]), rng.randrange(3), offset))
             record_of[seq] = record
             seq += 1
+        if seed % 2:  # the same rows as a block of one-update records of one partition
+            offset += 1
+            lines = np.cumsum(rng.choices([1, 1, 2], k=seq - first)) + offset
+            offset = int(lines[-1])
+            z = np.zeros(len(lines), np.int64)
+            record_of = BlockRecords(RecordBlock("in", lines, z.astype(np.int8), z, z + 1, z, partition=seed % 3),
+                                     first)
         deltas = []
         for q in ("Q_a", "Q_b", "Q_c"):
             s = np.array(sorted(rng.choices(range(first, seq), k=rng.randrange(0, 40))), np.int64)

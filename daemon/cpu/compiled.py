@@ -198,12 +198,17 @@ class CompiledEngine(CpuEngine):
         """The matches of a search by query: counts per (query, op), and each thread's (rows, query, op)."""
         rows, row_q, row_op = found[0] if len(found) == 1 else (np.concatenate([f[i] for f in found]) for i in range(3))
         out = {}
+        counted = [i for i, cq in enumerate(queries) if cq.count_only]
+        if counted:  # one pass over the counts of all of them: a batch has a hundred queries, most with a few hits
+            per_query = counts[counted]
+            which, op = np.nonzero(per_query)  # by query, then op
+            hits = per_query[which, op]
+            cuts = np.searchsorted(which, np.arange(len(counted) + 1)).tolist()
+            for k, i in enumerate(counted):
+                if cuts[k] < cuts[k + 1]:
+                    out[queries[i].name] = Matches(seq[op[cuts[k]:cuts[k + 1]]], counts=hits[cuts[k]:cuts[k + 1]])
         for i, cq in enumerate(queries):
-            if cq.count_only:
-                hit = np.flatnonzero(counts[i])
-                if len(hit):
-                    out[cq.name] = Matches(seq[hit], counts=counts[i, hit])
-            else:
+            if not cq.count_only:
                 mine = np.flatnonzero(row_q == i)
                 if len(mine):
                     out[cq.name] = Matches(seq[row_op[mine]], rows=np.ascontiguousarray(rows[mine, : cq.q.n]))

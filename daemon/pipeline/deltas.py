@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from csmd.pipeline.sequencer import BlockRecords
 from csmd.schemas import deltas_schema, id_type_of
 
 from csmd.model.arrow_writer import vertex_lists
@@ -54,10 +55,8 @@ class DeltaEncoder:
         # update name it), and a code per distinct origin, so the per-row work is numpy's
         useq, inv = np.unique(seq, return_inverse=True)
         inv = inv.reshape(-1)  # numpy 2 may shape it like seq's input
-        urecs = [record_of[s] for s in useq.tolist()]
-        codes: dict = {}
-        code = np.array([codes.setdefault(r.origin, len(codes)) for r in urecs], np.int64)[inv]
-        origins = list(codes)  # code -> origin
+        ucode, origins, usource = _records(record_of, useq)
+        code = ucode[inv]
         # index: position within each run of equal origins of a query, continuing the run that
         # the query's previous batch ended with
         new = np.ones(n, bool)
@@ -80,7 +79,7 @@ class DeltaEncoder:
             pa.array(np.repeat(names, np.diff(bounds)), pa.string()),
             pa.array(np.concatenate([d.sign for d in parts]), pa.int8()),
             pa.array(seq, pa.int64()),
-            pa.array(np.array([r.source for r in urecs], object)[inv], pa.string()),
+            pa.array(usource[inv], pa.string()),
             vertices,
             pa.array(np.concatenate([np.ones(len(d.seq), np.int64) if d.rows is not None else d.counts
                                      for d in parts]), pa.int64()),
@@ -91,3 +90,19 @@ class DeltaEncoder:
         ], schema=self.schema)
         return [(d.name, batch.slice(bounds[i], bounds[i + 1] - bounds[i]),
                  [origins[c] for c in code[starts[runs[i]: runs[i + 1]]].tolist()]) for i, d in enumerate(parts)]
+
+
+def _records(record_of, useq: np.ndarray) -> tuple[np.ndarray, list[tuple], np.ndarray]:
+    """For distinct updates (sorted): a code per update naming its input record, each code's
+    origin, and each update's source. A batch cut from a block reads them from its columns
+    (no Update made: a batch can have deltas for thousands of updates, each in every instance
+    of a cluster)."""
+    if isinstance(record_of, BlockRecords):  # one update per line, lines in update order
+        block = record_of.block
+        lines = block.lineno[useq - record_of.first].tolist()
+        return (np.arange(len(lines), dtype=np.int64), [(block.path, block.partition, x) for x in lines],
+                np.array([block.source(x) for x in lines], object))
+    urecs = [record_of[s] for s in useq.tolist()]
+    codes: dict = {}
+    code = np.array([codes.setdefault(r.origin, len(codes)) for r in urecs], np.int64)
+    return code, list(codes), np.array([r.source for r in urecs], object)

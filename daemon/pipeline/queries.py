@@ -55,25 +55,40 @@ def _no_rows(n: int) -> np.ndarray:
     return _empty((0, n), np.int32)
 
 
-def canonical(cq: ContinuousQuery, m: Matches | None, batch: UpdateBatch) -> QueryDeltas:
-    """The query's deltas for the batch: sorted by update, then by the match; signed by the update."""
-    if m is None:  # most queries in most small batches: no array work
-        if cq.count_only:
-            return QueryDeltas(cq.name, _NO_SEQ, _NO_SIGN, None, 0, 0, _NO_COUNT)
-        return QueryDeltas(cq.name, _NO_SEQ, _NO_SIGN, _no_rows(cq.q.n), 0, 0)
-    seq, rows, counts = np.asarray(m.seq, np.int64), m.rows, m.counts
-    if rows is not None:
-        order = np.lexsort(tuple(rows[:, c] for c in range(rows.shape[1] - 1, -1, -1)) + (seq,))
-        rows, seq = rows[order], seq[order]
-        weight = np.ones(len(seq), np.int64)
-    else:
+def canonical(found: list[tuple[ContinuousQuery, Matches | None]], batch: UpdateBatch) -> list[QueryDeltas]:
+    """Each query's deltas for the batch: sorted by update, then by the match; signed by the
+    update. The count-only queries with matches are ordered and signed together (one sort
+    for all of them: a batch has deltas for most of a hundred queries, and numpy's cost per
+    call outweighed its work per query)."""
+    out: list[QueryDeltas | None] = [None] * len(found)
+    counted = [i for i, (cq, m) in enumerate(found) if m is not None and m.rows is None]
+    for i, (cq, m) in enumerate(found):
+        if m is None:  # most queries in most small batches: no array work
+            out[i] = QueryDeltas(cq.name, _NO_SEQ, _NO_SIGN, None, 0, 0, _NO_COUNT) if cq.count_only else \
+                QueryDeltas(cq.name, _NO_SEQ, _NO_SIGN, _no_rows(cq.q.n), 0, 0)
+        elif m.rows is not None:
+            rows, seq = m.rows, np.asarray(m.seq, np.int64)
+            order = np.lexsort(tuple(rows[:, c] for c in range(rows.shape[1] - 1, -1, -1)) + (seq,))
+            rows, seq = rows[order], seq[order]
+            sign = _signs(batch, seq)
+            out[i] = QueryDeltas(cq.name, seq, sign, rows, int((sign > 0).sum()), int((sign < 0).sum()))
+    if counted:
+        ms = [found[i][1] for i in counted]
+        seq = np.concatenate([np.asarray(m.seq, np.int64) for m in ms])
+        counts = np.concatenate([np.asarray(m.counts, np.int64) for m in ms])
+        which = np.repeat(np.arange(len(ms)), [len(m.seq) for m in ms])
         keep = counts != 0
-        seq, counts = seq[keep], np.asarray(counts, np.int64)[keep]
-        order = np.argsort(seq, kind="stable")
-        seq, counts = seq[order], counts[order]
-        weight = counts
-    sign = _signs(batch, seq)
-    return QueryDeltas(cq.name, seq, sign, rows, int(weight[sign > 0].sum()), int(weight[sign < 0].sum()), counts)
+        order = np.lexsort((seq[keep], which[keep]))  # by query, then update; stable
+        seq, counts, which = seq[keep][order], counts[keep][order], which[keep][order]
+        sign = _signs(batch, seq)
+        bounds = np.searchsorted(which, np.arange(len(ms) + 1)).tolist()
+        plus = np.concatenate(([0], np.cumsum(np.where(sign > 0, counts, 0))))
+        minus = np.concatenate(([0], np.cumsum(np.where(sign < 0, counts, 0))))
+        for k, i in enumerate(counted):
+            lo, hi = bounds[k], bounds[k + 1]
+            out[i] = QueryDeltas(found[i][0].name, seq[lo:hi], sign[lo:hi], None, int(plus[hi] - plus[lo]),
+                                 int(minus[hi] - minus[lo]), counts[lo:hi])
+    return out
 
 
 def _signs(batch: UpdateBatch, seq: np.ndarray) -> np.ndarray:

@@ -106,7 +106,7 @@ class Vertices:
         return mask
 
 
-class _BlockRecords(Mapping):
+class BlockRecords(Mapping):
     """record_of of a batch cut from an UpdateBlock: seq -> its Update, made when asked for."""
 
     def __init__(self, block: UpdateBlock, first: int):
@@ -127,7 +127,7 @@ class _BlockRecords(Mapping):
 def record_positions(record_of: Mapping, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The input partition and offset (the last two parts of the origin) of the record of each
     update in seq: from the block's columns where the batch was cut from one (no Update made)."""
-    if isinstance(record_of, _BlockRecords):
+    if isinstance(record_of, BlockRecords):
         block = record_of.block
         return np.full(len(seq), block.partition, np.int64), block.lineno[np.asarray(seq) - record_of.first]
     origins = [record_of[s].origin for s in np.asarray(seq).tolist()]
@@ -196,13 +196,13 @@ class Sequencer:
             if checked is None:
                 self._checked = None
                 checked = self._in_segments(block)
-                return None if checked is None else self._batch(checked, 0, k, _BlockRecords(block, self.next_seq),
+                return None if checked is None else self._batch(checked, 0, k, BlockRecords(block, self.next_seq),
                                                                 arrived)
             # the next window: twice what was free of repeats this time (a long run grows, a short one shrinks)
             self._window = min(max(2 * len(checked.valid), k), MAX_WINDOW)
             last = (root, at, checked, at)
         self._checked = last[:3] + (at + k,)
-        return self._batch(last[2], at - last[1], k, _BlockRecords(block, self.next_seq), arrived)
+        return self._batch(last[2], at - last[1], k, BlockRecords(block, self.next_seq), arrived)
 
     def _in_segments(self, block: UpdateBlock) -> _Checked | None:
         """A block batch of edge records that names some vertex pair again (a stream that undoes

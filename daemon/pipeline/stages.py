@@ -337,11 +337,11 @@ class Pipeline:
             matches = pending.result() if pending is not None else {}
             for i, (cq, pq) in enumerate(part.queries):
                 if pq is not None:
-                    m = matches.get(cq.name)
+                    found[cq.name] = matches.get(cq.name)
                 else:
-                    m = vertex_matches(cq, part.work, labels, None if part.vertices is None else part.vertices[i])
-                found[cq.name] = canonical(cq, m, part.work)
-        return [found[cq.name] if cq.name in found else canonical(cq, None, batch) for cq, _pq in registered]
+                    found[cq.name] = vertex_matches(cq, part.work, labels,
+                                                    None if part.vertices is None else part.vertices[i])
+        return canonical([(cq, found.get(cq.name)) for cq, _pq in registered], part.work if part else batch)
 
     def match_now(self, batch: UpdateBatch, part: Part) -> list[QueryDeltas]:
         """Match ops of batches applied earlier, each at its own timestamp (a gained shard's
