@@ -27,8 +27,9 @@ class Output:
     def _dead_letter(self, rec: Record, reason: str) -> None:
         """Send a refused record to the dead-letter topic; an input record is done once it is there.
         The reason is cut to MAX_REASON characters (a bad line can be a megabyte, and a reason quotes
-        it) and the bytes to what fits under max_message_bytes, with csmd-truncated giving their
-        length: a dead letter the broker refuses would stop the daemon, and again after every restart."""
+        it), its bytes to what fits under max_message_bytes, with csmd-truncated giving their
+        length, and headers that alone take half of that are dropped (csmd-headers-dropped: how
+        many): a dead letter the broker refuses would stop the daemon, and again after every restart."""
         if len(reason) > MAX_REASON:
             reason = f"{reason[:MAX_REASON]}... ({len(reason)} characters)"
         tracked = rec.input == self.cfg["topics"]["input"]
@@ -38,11 +39,14 @@ class Output:
             return
         self.metrics.inc("csmd_dead_letters_total")
         self.log.warning("dead letter", record=rec.source, reason=reason)
+        limit = self.cfg["topics"]["max_message_bytes"]
         headers = dict(rec.headers)
+        if sum(len(k) + len(v) for k, v in headers.items()) > limit // 2:  # they alone could not be sent
+            headers = {"csmd-headers-dropped": str(len(headers)).encode()}
         headers.update({"csmd-error": reason.encode(), "csmd-input": rec.input.encode(),
                         "csmd-partition": str(rec.partition).encode(), "csmd-offset": str(rec.offset).encode()})
         value = rec.value
-        room = self.cfg["topics"]["max_message_bytes"] - sum(len(k) + len(v) + 16 for k, v in headers.items()) - 256
+        room = limit - sum(len(k) + len(v) + 16 for k, v in headers.items()) - 256
         if len(value) > room:
             headers["csmd-truncated"] = str(len(value)).encode()
             value = value[:max(room, 0)]
