@@ -84,11 +84,6 @@ class Polled:
     value: list[bytes]
     headers: list  # per record: its headers as (key, value) pairs, or None
 
-    @classmethod
-    def of(cls, records: list[Record]) -> "Polled":
-        return cls(records[0].input if records else "", [r.partition for r in records], [r.offset for r in records],
-                   [r.value for r in records], [list(r.headers.items()) or None for r in records])
-
     def __len__(self) -> int:
         return len(self.offset)
 

@@ -37,6 +37,12 @@ def random_records(rng: random.Random, n: int, first: int = 0) -> list[Record]:
     return out
 
 
+def polled(records: list[Record]) -> Polled:
+    """The records as the Kafka source hands a poll over (headers as the client gives them)."""
+    return Polled(records[0].input if records else "", [r.partition for r in records], [r.offset for r in records],
+                  [r.value for r in records], [list(r.headers.items()) or None for r in records])
+
+
 def one_by_one(recs: list[Record], fmt: str = "auto", str_ids: bool = False) -> list:
     """Each record's updates (op, u, v, label, source, origin), or its offset and reason when refused."""
     out = []
@@ -59,7 +65,7 @@ def expanded(items, fmt: str = "auto", str_ids: bool = False) -> list:
 def test_plain_runs_decode_every_record_as_decode_updates_does(seed):
     rng = random.Random(seed)
     recs = random_records(rng, rng.randrange(1, 300), first=rng.randrange(10**6))
-    items = list(plain_runs(Polled.of(recs)))
+    items = list(plain_runs(polled(recs)))
     assert expanded(items) == one_by_one(recs)  # the same Updates, sources and origins, the same refusals
     assert [r.offset for it in items for r in ([it] if isinstance(it, Record) else [])] == \
         [r.offset for r in recs if not any(isinstance(it, RecordBlock) and r.offset in it.lineno for it in items)]
@@ -70,14 +76,14 @@ def test_what_is_not_one_plain_line_is_left_to_decode_updates():
     recs = [Record("in", 0, i, p.format(a=5, b=6, l=1).encode("utf-8", "surrogateescape"))
             for i, p in enumerate(ODD + MULTI + ["", "  ", "# note"])]
     recs += [Record("in", 0, 99, b"e 1 2", {"content-type": b"text/plain"})]  # declared: decode_updates decides
-    items = list(plain_runs(Polled.of(recs)))
+    items = list(plain_runs(polled(recs)))
     assert items == recs
 
 
 @pytest.mark.parametrize("fmt, str_ids", [("json", False), ("arrow", False), ("auto", True)])
 def test_no_blocks_where_the_format_or_the_ids_say_otherwise(fmt, str_ids):
     recs = random_records(random.Random(1), 50)
-    items = list(plain_runs(Polled.of(recs), fmt, str_ids))
+    items = list(plain_runs(polled(recs), fmt, str_ids))
     assert items == recs
     assert expanded(items, fmt, str_ids) == one_by_one(recs, fmt, str_ids)
 
@@ -85,7 +91,7 @@ def test_no_blocks_where_the_format_or_the_ids_say_otherwise(fmt, str_ids):
 def test_without_numba_every_record_is_decoded_alone(monkeypatch):
     monkeypatch.setattr(records_module, "scan_records", None)  # what the import leaves without numba
     recs = random_records(random.Random(2), 50)
-    assert list(plain_runs(Polled.of(recs))) == recs
+    assert list(plain_runs(polled(recs))) == recs
 
 
 # ---- delivery -------------------------------------------------------------------------------------------
@@ -159,7 +165,7 @@ def test_a_poll_is_handed_on_in_order_one_block_per_run_and_every_record_is_pend
         polls.append(random_records(rng, rng.randrange(1, 200), first=off))
         off += len(polls[-1])
     for p in polls:
-        d._take(Polled.of(p))
+        d._take(polled(p))
     every = [r for p in polls for r in p]
     truth = one_by_one(every)
     updates = [u for u in truth if not isinstance(u, tuple)]
@@ -178,7 +184,7 @@ def test_while_replayed_changes_wait_every_record_goes_alone():
     d._scheduled = [object()]  # a replayed control change not yet due
     d._release_scheduled = lambda rec: None
     recs = random_records(random.Random(7), 40)
-    d._take(Polled.of(recs))
+    d._take(polled(recs))
     assert not any(isinstance(it, RecordBlock) for it in d.handed)
     assert handed_updates(d.handed) == [u for u in one_by_one(recs) if not isinstance(u, tuple)]
 

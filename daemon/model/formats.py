@@ -13,8 +13,8 @@ Every malformed input raises InputError(file, line, reason).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -264,7 +264,6 @@ def _checked_query(q: Graph, path) -> Graph:
 
 def query_files(paths) -> list[Path]:
     """Expand directories into their query files (sorted naturally: Q_2 before Q_10)."""
-    import re
 
     def natural(p: Path):
         return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name)]

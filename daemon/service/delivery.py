@@ -130,7 +130,7 @@ class DeliveryTracker:
             if updates:
                 self._unexecuted.append([log, at, at + 1, updates])
             else:
-                self._advance({origin[:2]})
+                self._advance({log})
 
     def submitted_run(self, input: str, partition: int, offsets: list[int]) -> None:
         """Input records of one partition entered the daemon, in order, holding one update each."""
@@ -159,7 +159,7 @@ class DeliveryTracker:
                 i = log.find(o[2])
                 log.wait[i] -= 1
                 if i == log.head - log.base and not log.wait[i]:  # only a done head moves the prefix
-                    touched.add(o[:2])
+                    touched.add(log)
             self._advance(touched)
 
     def executed(self, records: int) -> None:
@@ -186,12 +186,11 @@ class DeliveryTracker:
                     touched.add(log)
             self._advance(touched)
 
-    def _advance(self, touched) -> None:
-        """Move the done prefix of the touched logs (or their keys); on_done gets the arrival
+    def _advance(self, touched: set[_Log]) -> None:
+        """Move the done prefix of the touched logs; on_done gets the arrival
         times of all the records it passed at once (one metric update, not one per record)."""
         passed = []
-        for key in touched:
-            log = key if isinstance(key, _Log) else self._logs[key]
+        for log in touched:
             arrived = log.advance()
             if arrived is not None:
                 passed.append(arrived)
