@@ -82,3 +82,53 @@ def test_a_static_graph_given_as_the_stream_is_warned_about():
     out = csmd("replay", "--data", DATA, "--query", Q1, "--stream", DATA)
     assert out.returncode == 0 and "every update of" in out.stderr and "data graph rather than an update stream" \
         in out.stderr
+
+
+def test_admin_list_and_a_slow_match_against_a_stub_endpoint(monkeypatch, capsys):
+    """`admin list` puts the name last (a wide name cannot shift a column), and a match the daemon
+    takes long to answer (its first static search compiles the kernels) gets a line saying why."""
+    import json
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import csmd.cli as cli
+
+    class Stub(BaseHTTPRequestHandler):
+        def _json(self, body):
+            raw = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self):
+            self._json({"queries": [{"name": "詐欺パターン", "count_only": True}, {"name": "Q_1", "count_only": False}]})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            time.sleep(0.6)
+            self._json({"matches": 7})
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        assert cli.main(["admin", "--url", url, "list"]) == 0
+        assert capsys.readouterr().out.splitlines() == ["count-only  詐欺パターン", "matches     Q_1"]
+        monkeypatch.setattr(cli, "NOTE_AFTER_SECONDS", 0.2)
+        assert cli.main(["admin", "--url", url, "match", "--query", str(Q1)]) == 0
+        out = capsys.readouterr()
+        assert "matches" in out.out and "7" in out.out
+        assert "compiles the search kernels" in out.err
+        monkeypatch.setattr(cli, "NOTE_AFTER_SECONDS", 5.0)  # answered before: no note
+        server.RequestHandlerClass.do_POST = lambda self: (self.rfile.read(int(self.headers["Content-Length"])),
+                                                            self._json({"matches": 7}))
+        assert cli.main(["admin", "--url", url, "match", "--query", str(Q1)]) == 0
+        assert capsys.readouterr().err == ""
+    finally:
+        server.shutdown()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
+from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from csmd.pipeline.stages import DEFAULT_BATCH_SIZE
 # batches (human stream, compiled engine: 9 -> 1.1 us per update from 64 to 4096)
 COUNT_ONLY_REPLAY_BATCH = 4096
 ADD_ESTIMATE_SECONDS = 2.0  # `admin add --estimate`: an indication, not a measurement to wait for
+NOTE_AFTER_SECONDS = 5.0  # `admin match`: a wait this long gets a line saying why it may last
 
 
 def _number(kind, text: str):
@@ -186,7 +189,9 @@ def cmd_admin(args) -> int:
     elif args.action == "match":
         body = {"name": args.query.stem, "query": _read_text(args.query), "distinct": args.distinct,
                 "limit": args.limit, "time_limit": args.time_limit}
-        res = call(url, "POST", "/match", body, timeout=(args.time_limit or 3600) + 30)
+        with _note_if_slow("the daemon is still matching; its first static search on a machine compiles the "
+                           "search kernels first (numba, about 20 s, once)"):
+            res = call(url, "POST", "/match", body, timeout=(args.time_limit or 3600) + 30)
     elif args.action == "estimate":
         from csmd.cli.estimate import DEFAULT_TIME_LIMIT
 
@@ -202,12 +207,24 @@ def cmd_admin(args) -> int:
     if args.json:
         print(json.dumps(res))
     elif args.action == "list":
-        for q in res["queries"]:
-            print(f"{q['name']:<32} {'count-only' if q['count_only'] else 'matches'}")
+        for q in res["queries"]:  # the name last: a wide (CJK) or long name cannot misalign the column
+            print(f"{'count-only' if q['count_only'] else 'matches':<10}  {q['name']}")
     else:
         for key, value in res.items():
             print(f"{key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
     return 0
+
+
+@contextmanager
+def _note_if_slow(note: str):
+    """Says `note` on stderr if the block still runs after NOTE_AFTER_SECONDS: a wait with no word looks hung."""
+    timer = threading.Timer(NOTE_AFTER_SECONDS, lambda: print(f"csmd admin: {note} ...", file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _read_text(path: Path) -> str:
