@@ -463,13 +463,12 @@ def test_delta_ids_number_each_records_deltas_per_query_across_batches(seed):
     offset) of the update's record, and `index`, the count of the query's earlier deltas of that
     record (a record's updates may span batches); sources and counts carried through. Odd seeds:
     batches cut from blocks of one-update records (their ids read from the block's columns)."""
-    from types import SimpleNamespace
-
     from csmd.connectors.records import RecordBlock
     from csmd.engine import QueryDeltas, UpdateBatch
     from csmd.model.graph import Graph
     from csmd.pipeline.deltas import DeltaEncoder
     from csmd.pipeline.sequencer import BlockRecords, Vertices
+    from csmd.pipeline.stages import BatchResult
 
     rng = random.Random(seed)
     enc = DeltaEncoder(Vertices(Graph.from_edges([0, 1, 2, 3], [0], [1])))
@@ -498,7 +497,7 @@ def test_delta_ids_number_each_records_deltas_per_query_across_batches(seed):
             deltas.append(QueryDeltas(q, s, np.where(s % 2 == 0, 1, -1).astype(np.int8), None, 0, 0, counts))
         z = np.zeros(0, np.int64)
         batch = UpdateBatch(first, seq, z, z, z, z, z, z, z, z, np.zeros(0, np.int32), 4, record_of)
-        items = enc.encode(SimpleNamespace(batch=batch, deltas=deltas))
+        items = enc.encode(BatchResult(batch, deltas, 0.0))
         assert [q for q, _b, _o in items] == [d.name for d in deltas if len(d.seq)]
         for (q, rb, origins), d in zip(items, [d for d in deltas if len(d.seq)]):
             got = rb.to_pydict()

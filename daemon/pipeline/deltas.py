@@ -27,7 +27,9 @@ class DeltaEncoder:
         self.id_type = id_type_of(self._ext)
         self.schema = deltas_schema(self.id_type)
         # per query: the origin of its last delta and the next index for that origin; an
-        # input record's updates may span two batches, so its numbering carries over
+        # input record's updates may span two batches, so its numbering carries over (from one
+        # result to the next in stream order only: a gained shard's re-match goes back to records
+        # numbered before, from their start, and the stream after it goes on from the last batch)
         self._last: dict[str, tuple[tuple, int]] = {}
 
     def ext_ids(self) -> np.ndarray:
@@ -66,6 +68,8 @@ class DeltaEncoder:
         index = np.arange(n, dtype=np.int64) - np.repeat(starts, np.diff(np.append(starts, n)))
         runs = np.searchsorted(starts, bounds)  # the query's runs: starts[runs[i]:runs[i + 1]]
         for i, d in enumerate(parts):
+            if not result.follows:
+                continue
             lo, hi = bounds[i], bounds[i + 1]
             last_origin, carry = self._last.get(d.name, (None, 0))
             if origins[code[lo]] == last_origin:

@@ -219,4 +219,4 @@ class ShardChange(Marker):
             batch, part, self.gaps = work.gain(self.gain, list(pipe.queries.values()))
             if batch is not None:
                 self.rematched = len(np.unique(np.concatenate([part.work.edge_seq, part.work.vertex_seq])))
-                self.result = BatchResult(batch, pipe.match_now(batch, part), time.monotonic())
+                self.result = BatchResult(batch, pipe.match_now(batch, part), time.monotonic(), follows=False)

@@ -83,6 +83,7 @@ class BatchResult:
     batch: UpdateBatch
     deltas: list[QueryDeltas]
     done: float  # when its matches were ready (monotonic)
+    follows: bool = True  # its records come right after the previous result's (a gained shard's re-match's do not)
 
 
 class Part(NamedTuple):
@@ -305,8 +306,10 @@ class Pipeline:
             return batch
         index, self._executed = self._executed, self._executed + 1
         if self.executor_lag and self.threaded:
+            full = self.queues["executor"].full  # markers take its places too: then the updater waits on us
             with self._applied:
-                self._applied.wait_for(lambda: self._gu_done or self._applied_batches > index + self.executor_lag)
+                while not (self._gu_done or self._applied_batches > index + self.executor_lag or full()):
+                    self._applied.wait(0.05)
         self.stats.max_ahead = max(self.stats.max_ahead, self._applied_batches - index - 1)
         registered = list(self.queries.values())
         if self.shards is None:
