@@ -467,6 +467,22 @@ def test_bad_cluster_settings_are_clear_errors(tmp_path, kafka_bootstrap):
         load_config(env={"CSMD_CLUSTER__SHARDS": "0"})
     with pytest.raises(CsmdError, match="does not work with \\[kafka\\] transactions"):
         load_config(env={"CSMD_CLUSTER__ENABLED": "true", "CSMD_KAFKA__TRANSACTIONS": "true"})
+    # each of these was taken, and then: the client aborted the process (an empty group), the daemon
+    # delivered nothing and hung on SIGTERM (100,000 shards), both instances owned every shard and
+    # published everything twice (a 300 ms session), the topic got created with 3 partitions first
+    for env, message in ((("GROUP", ""), r"\[cluster\] group must be 1 to 242"),
+                         (("GROUP", "my group"), r"\[cluster\] group must be"),
+                         (("GROUP", "g" * 243), r"\[cluster\] group must be"),
+                         (("SHARDS", "100000"), r"\[cluster\] shards must be at most 1000, got 100000"),
+                         (("SESSION_TIMEOUT_MS", "300"), r"\[cluster\] session_timeout_ms must be 1000 to 3600000"),
+                         (("SESSION_TIMEOUT_MS", "999999999"), r"CSMD_CLUSTER__SESSION_TIMEOUT_MS: \[cluster\] session"),
+                         (("TOPICS", "3"), r"CSMD_TOPICS__PARTITIONS: \[topics\] partitions must be 1 with \[cluster\]")):
+        var = "CSMD_TOPICS__PARTITIONS" if env[0] == "TOPICS" else f"CSMD_CLUSTER__{env[0]}"
+        with pytest.raises(CsmdError, match=message):
+            load_config(env={"CSMD_CLUSTER__ENABLED": "true", var: env[1]})
+    load_config(env={"CSMD_CLUSTER__ENABLED": "true", "CSMD_CLUSTER__GROUP": "g" * 242,
+                     "CSMD_CLUSTER__SHARDS": "1000", "CSMD_CLUSTER__SESSION_TIMEOUT_MS": "1000"})
+    load_config(env={"CSMD_CLUSTER__GROUP": "", "CSMD_TOPICS__PARTITIONS": "3"})  # no cluster: not its business
     two = Topics(kafka_bootstrap, partitions=2)  # no single update order
     other = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS)  # its coordination topic has 3 partitions, not 6
     ensure_topics({"bootstrap.servers": kafka_bootstrap}, {f"{other.group}.shards": 3})

@@ -212,6 +212,8 @@ def load_config(path=None, env=None) -> dict[str, dict]:
 
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+MAX_SHARDS = 1000  # a shard is a committed offset in every progress commit and floor read
+SESSION_TIMEOUT_MS = (1000, 3_600_000)  # below a second a heartbeat cannot keep a member in its group
 MIN_MESSAGE_BYTES = 10_000  # a delta row of a 32-vertex match with long string ids must fit
 
 
@@ -222,6 +224,7 @@ def _check_together(cfg: dict, origin: dict) -> None:
     t = cfg["topics"]
     names = {key: t[key] for key in ("input", "output", "control", "dead_letter")}
     if cfg["cluster"]["enabled"]:
+        _check_cluster(cfg, origin)
         names["cluster group's coordination topic"] = f"{cfg['cluster']['group']}.shards"
     for key, name in names.items():
         if key in t and not _TOPIC_NAME.fullmatch(name):
@@ -243,6 +246,31 @@ def _check_together(cfg: dict, origin: dict) -> None:
     ckpt = cfg["checkpoint"]["dir"]
     if ckpt and Path(ckpt).exists() and not Path(ckpt).is_dir():
         raise CsmdError(f"{origin.get(('checkpoint', 'dir'), 'defaults')}: [checkpoint] dir {ckpt} is not a folder")
+
+
+def _check_cluster(cfg: dict, origin: dict) -> None:
+    """[cluster] values that Kafka or the client would take and then misbehave on: a group whose
+    coordination topic cannot exist (the client aborted the process on an empty one), more shards
+    than a group commits in time (the commits timed out and nothing was delivered), a session
+    timeout shorter than a heartbeat round trip (both instances kept every shard, each publishing
+    everything), and input partitions (the cluster needs one: the update order)."""
+    c = cfg["cluster"]
+
+    def where(section, key):
+        return origin.get((section, key), "defaults")
+
+    if not _TOPIC_NAME.fullmatch(f"{c['group']}.shards") or not c["group"]:
+        raise CsmdError(f"{where('cluster', 'group')}: [cluster] group must be 1 to 242 of A-Z a-z 0-9 . _ - "
+                        f"(its coordination topic is <group>.shards), got {c['group']!r}")
+    if c["shards"] > MAX_SHARDS:
+        raise CsmdError(f"{where('cluster', 'shards')}: [cluster] shards must be at most {MAX_SHARDS}, got {c['shards']}")
+    lo, hi = SESSION_TIMEOUT_MS
+    if not lo <= c["session_timeout_ms"] <= hi:
+        raise CsmdError(f"{where('cluster', 'session_timeout_ms')}: [cluster] session_timeout_ms must be {lo} to "
+                        f"{hi}, got {c['session_timeout_ms']}")
+    if cfg["topics"]["partitions"] != 1:
+        raise CsmdError(f"{where('topics', 'partitions')}: [topics] partitions must be 1 with [cluster] enabled "
+                        f"(every instance applies the input in one order), got {cfg['topics']['partitions']}")
 
 
 def split_listen(listen: str) -> tuple[str, int]:
