@@ -514,3 +514,39 @@ def test_delta_ids_number_each_records_deltas_per_query_across_batches(seed):
             assert got["count"] == d.counts.tolist() and got["seq"] == d.seq.tolist()
             assert got["sign"] == d.sign.tolist() and got["vertices"] == [[]] * len(d.seq)
             assert origins == want_origins
+
+
+def test_a_client_that_hangs_up_before_the_answer_leaves_no_traceback(capsys):
+    """A `csmd admin` that times out (a slow stats or match) closes its socket; the endpoint's
+    answer then meets a reset connection: no traceback in the daemon's output, and the next
+    request is answered."""
+    import socket
+    import struct
+    import threading
+    import time
+    import urllib.request
+
+    from csmd.service.admin import AdminServer
+
+    class Slow:
+        status, fatal = "running", None
+
+        def stats(self):
+            time.sleep(0.4)
+            return {"pad": "x" * (4 << 20)}  # past any socket buffer: the write meets the reset
+
+    server = AdminServer(Slow(), "127.0.0.1:0")
+    server.start()
+    try:
+        host, port = server.httpd.server_address[:2]
+        s = socket.create_connection((host, port))
+        s.sendall(b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        s.close()
+        time.sleep(1.0)
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=10) as resp:
+            assert json.loads(resp.read())["status"] == "running"
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "ConnectionReset" not in err, err

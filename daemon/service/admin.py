@@ -65,8 +65,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting: nobody to answer
+            self.close_connection = True
 
     def _body(self, fields: tuple[str, ...]) -> dict:
         """The request's JSON object, with no field but `fields` (a misspelt option is refused, not ignored)."""
