@@ -91,9 +91,11 @@ class Output:
             return
         self._publish(result, self.tracker.acked, self.tracker.sending)
         b = result.batch
-        self.tracker.executed(b.records)
+        # counted before the tracker hears of it: once the records are done (none pending), stats
+        # must count their updates
         self.metrics.inc("csmd_updates_total", b.records)
         self.metrics.updates_rate.add(b.records)
+        self.tracker.executed(b.records)
 
     def _publish(self, result, on_ack, on_send) -> None:
         """Count and publish a batch's deltas; on_send(origins) / on_ack(origins) per Kafka record."""
