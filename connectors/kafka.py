@@ -200,7 +200,8 @@ class KafkaSource:
                 continue
             pos = {tp.partition: tp.offset for tp in self.consumer.position(self._tps)}
             ends = self.end_offsets()
-            caught_up = all(pos.get(p, -1) >= ends.get(p, 0) or ends.get(p, 0) == 0 for p in self.partitions)
+            # an end not known yet (no fetch answered) is not "empty": a slow first fetch read as an empty log
+            caught_up = all(p in ends and (pos.get(p, -1) >= ends[p] or ends[p] == 0) for p in self.partitions)
             if caught_up and time.monotonic() - quiet_since >= idle:
                 return out
         raise CsmdError(f"could not read topic {self.topic!r} to its end within {timeout:.0f} s")

@@ -63,10 +63,10 @@ class Topics:
         ensure_topics({"bootstrap.servers": bootstrap}, {self.input: partitions, self.output: 1, self.control: 1,
                                                          self.dead_letter: 1})
 
-    def produce(self, topic: str, values, headers=None) -> None:
+    def produce(self, topic: str, values, headers=None, partition: int = -1) -> None:
         p = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, **QUIET})
         for v in values:
-            p.produce(topic, v if isinstance(v, bytes) else v.encode(), headers=headers)
+            p.produce(topic, v if isinstance(v, bytes) else v.encode(), headers=headers, partition=partition)
             p.poll(0)
         assert p.flush(30) == 0
 

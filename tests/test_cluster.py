@@ -493,3 +493,71 @@ def test_bad_cluster_settings_are_clear_errors(tmp_path, kafka_bootstrap):
         run = subprocess.run([sys.executable, "-m", "csmd", "run", "--config", str(cfg)], capture_output=True,
                              text=True, timeout=120)
         assert run.returncode == 2 and reason in run.stderr, run.stderr[-2000:]
+
+
+def test_an_instance_with_another_configuration_is_refused_and_says_what_differs(tmp_path, kafka_bootstrap):
+    """Instances that disagree on queries, initial graph or topics publish a shard's deltas by whoever
+    owns it: deltas lost or mixed without a word. The first deployment written to the coordination
+    topic is the group's; one that differs is refused, naming the differences; the same queries
+    written another way (comments, line order, another instance) are the same deployment."""
+    from csmd.service import deployment
+    from csmd.service.control import QuerySpec
+    from csmd.service.restore import config_specs
+
+    class Log:
+        def __init__(self):
+            self.lines = []
+
+        def warning(self, msg, **kw):
+            self.lines.append((msg, kw))
+
+        info = warning
+
+    c = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS)
+    cfg_path = tmp_path / "a.toml"
+    cfg_path.write_text(config_text(c.t, QUERIES, admin_port=new_admin_port(), cluster=c.settings))
+    cfg = load_config(cfg_path)
+    conf, topic, log = {"bootstrap.servers": kafka_bootstrap}, f"{c.group}.shards", Log()
+    ensure_topics(conf, {topic: SHARDS})
+    c.t.produce(topic, ["not a deployment"], partition=0)  # someone else's record on partition 0: skipped, said so
+    specs = config_specs(cfg)
+    ours = deployment.describe(cfg, specs, "a")
+    assert deployment.check(conf, topic, c.group, ours, log) == ours
+    assert [m for m, _ in log.lines][0].startswith("coordination topic: a record that is not a deployment")
+
+    # the same queries written another way, by another instance on another host
+    q1 = next(s for s in specs if s.name == "Q_1")
+    lines = q1.text.splitlines()
+    rewritten = "# Q_1, its edges reversed\n" + "\n".join([x for x in lines if x.startswith("v")] +
+                                                        [x for x in lines if x.startswith("e")][::-1]) + "\n\n"
+    same = [QuerySpec("Q_1", rewritten, q1.count_only)] + [s for s in specs if s.name != "Q_1"]
+    assert deployment.check(conf, topic, c.group, deployment.describe(cfg, same, "b"), log) == ours
+
+    other = [s for s in specs if s.name not in ("Q_2", "Q_5")] + [QuerySpec("Q_9", q1.text)]
+    other = [QuerySpec(s.name, s.text, s.name == "Q_8") for s in other]  # Q_8 count-only here
+    theirs = deployment.describe(cfg, other, "c")
+    theirs["output"], theirs["graph"] = "elsewhere", ""
+    with pytest.raises(CsmdError) as refused:
+        deployment.check(conf, topic, c.group, theirs, log)
+    said = str(refused.value)
+    for part in (f"[cluster] group '{c.group}' runs another configuration (written by instance 'a'",
+                 "output: 'elsewhere' here", "[graph] initial: set in the deployment only",
+                 "queries only here: Q_9", "queries only in the deployment: Q_2, Q_5",
+                 "queries with another graph or output mode: Q_8", "under another [cluster] group"):
+        assert part in said, said
+
+    # two instances that wrote at once: the first record is the deployment for both
+    race = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS)
+    rtopic = f"{race.group}.shards"
+    ensure_topics(conf, {rtopic: SHARDS})
+    race.t.produce(rtopic, [json.dumps(theirs), json.dumps(ours)], partition=0)
+    with pytest.raises(CsmdError, match="written by instance 'c'"):
+        deployment.check(conf, rtopic, race.group, ours, log)
+
+    # end to end: a daemon with other queries exits at start with the reason, before joining
+    cfg_b = tmp_path / "b.toml"
+    cfg_b.write_text(config_text(c.t, ["Q_1", "Q_3"], admin_port=new_admin_port(), cluster=c.settings))
+    run = subprocess.run([sys.executable, "-m", "csmd", "run", "--config", str(cfg_b)], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "queries only here: Q_3; queries only in the deployment: Q_2, Q_5, Q_8" in run.stderr, run.stderr[-2000:]

@@ -6,7 +6,8 @@ and holds the whole graph; the matching of each record belongs to one of
 the coordination topic "<group>.shards" has one partition per shard, every instance
 subscribes to it in the consumer group `[cluster] group`, and the cooperative-sticky
 assignor hands its partitions out, so joining, leaving and crashed instances move
-shards through ordinary rebalances. Nothing is ever written to or read from it.
+shards through ordinary rebalances. Nothing is written to it but the deployment: what
+every instance must agree on (service/deployment.py), checked before joining.
 
 A shard's progress is the input offset below which its deltas are delivered,
 committed as the offset of its partition in the group. The owner commits its done
@@ -35,6 +36,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from csmd.connectors.kafka import client, ensure_topics, librdkafka_settings, topic_partitions
 from csmd.errors import CsmdError
 from csmd.pipeline.shards import ShardChange, ShardWork
+from csmd.service import deployment
 
 
 class ClusterMember:
@@ -64,6 +66,8 @@ class ClusterMember:
         if have != self.shards:
             raise CsmdError(f"coordination topic {self.topic!r} has {have} partitions but [cluster] shards = "
                             f"{self.shards}: the number of shards is fixed for the life of a deployment")
+        deployment.check(conf, self.topic, c["group"],
+                         deployment.describe(daemon.cfg, daemon.specs.values(), self.instance), daemon.log)
         timeout = c["session_timeout_ms"]
         self.consumer = client(Consumer, {
             **conf, **librdkafka_settings(daemon.cfg["kafka"]["consumer"]), "group.id": c["group"],
