@@ -9,6 +9,7 @@ go through it, so delivery is handled in one place.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pyarrow as pa
@@ -27,7 +28,7 @@ FIXED = {
     "transactional.id": "[kafka] transactional_id", "message.timeout.ms": "[delivery] timeout_s",
     "enable.auto.commit": "csmd (it commits only delivered offsets)", "enable.auto.offset.store": "csmd",
     "isolation.level": "csmd", "enable.idempotence": "csmd", "acks": "csmd",
-    "error_cb": "csmd", "logger": "csmd",
+    "error_cb": "csmd", "logger": "csmd", "stats_cb": "csmd (the broker watch)",
 }
 
 
@@ -125,6 +126,13 @@ def input_positions(conf: dict, topic: str, group: str, timeout: float = 15.0) -
     return ends, committed
 
 
+def brokers_up(stats: str) -> bool:
+    """Whether a client's statistics (librdkafka's JSON) show a connection to a broker that is up
+    (the bootstrap address's own entry, nodeid -1, aside)."""
+    brokers = json.loads(stats).get("brokers", {})
+    return any(b.get("state") == "UP" for b in brokers.values() if b.get("nodeid", -1) >= 0)
+
+
 class KafkaSource:
     """Every partition of `topic`, from `start` offsets (partition -> next offset).
 
@@ -134,12 +142,15 @@ class KafkaSource:
     """
 
     def __init__(self, conf: dict, topic: str, group: str, start: dict[int, int] | None = None,
-                 reset: str = "earliest", settings: dict | None = None):
+                 reset: str = "earliest", settings: dict | None = None, on_brokers=None):
         self.topic = topic
         self.partitions = topic_partitions(conf, topic)
         self._on_error = conf.get("error_cb")
+        # on_brokers(up): each second, whether a broker connection is up (librdkafka's statistics;
+        # its errors say when brokers go away, nothing says when they are back)
+        watch = {"statistics.interval.ms": 1000, "stats_cb": lambda s: on_brokers(brokers_up(s))} if on_brokers else {}
         self.consumer = client(Consumer, {
-            **conf, "fetch.wait.max.ms": 5, **librdkafka_settings(settings or {}), "group.id": group,
+            **conf, "fetch.wait.max.ms": 5, **librdkafka_settings(settings or {}), **watch, "group.id": group,
             "enable.auto.commit": False, "enable.auto.offset.store": False, "auto.offset.reset": reset,
             "isolation.level": "read_committed",
         })

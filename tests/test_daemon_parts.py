@@ -531,6 +531,9 @@ def test_a_client_that_hangs_up_before_the_answer_leaves_no_traceback(capsys):
     class Slow:
         status, fatal = "running", None
 
+        def kafka_state(self):
+            return {"kafka": "up"}
+
         def stats(self):
             time.sleep(0.4)
             return {"pad": "x" * (4 << 20)}  # past any socket buffer: the write meets the reset

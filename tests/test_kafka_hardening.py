@@ -136,6 +136,44 @@ def test_a_failed_delivery_stops_the_daemon_in_bounded_time_and_a_restart_delive
         proxy.cut()
 
 
+def test_health_says_when_the_broker_is_unreachable_and_when_it_is_back(tmp_path, reference):  # noqa: F811
+    """The broker goes away while the daemon is idle: /health stays 200 (a restart would not bring
+    the broker back) and says kafka "down", /metrics has csmd_kafka_up 0 and the log a warning; once
+    the broker is back, "up" again and the stream goes on, nothing lost."""
+    port = free_port()
+    with EmbeddedBroker(log_path=tmp_path / "broker.log", advertise=port) as broker:
+        proxy = Proxy(port, broker.port).start()
+        t, cfg, admin = start(tmp_path, f"127.0.0.1:{port}")
+        lines = human_lines()
+        d = DaemonProcess(cfg, tmp_path / "d.log", admin)
+
+        def until(state):
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 40:
+                h = d.get("/health")
+                if h["kafka"] == state:
+                    return h
+                time.sleep(0.2)
+            raise AssertionError(f"/health never said kafka {state!r}: {h}")
+
+        assert until("up")["status"] == "running" and metric(d.get("/metrics"), "csmd_kafka_up") == 1
+        t.produce(t.input, lines[:500])
+        d.wait_offset(500)
+        proxy.cut()
+        h = until("down")
+        assert h["status"] == "running" and d.proc.poll() is None
+        assert metric(d.get("/metrics"), "csmd_kafka_up") == 0 and d.get("/stats")["kafka"] == "down"
+        assert "kafka unreachable" in (tmp_path / "d.log").read_text()
+        proxy.start()
+        until("up")
+        t.produce(t.input, lines[500:])
+        d.wait_offset(len(lines))
+        assert rows_of(dedup(t.deltas())[0]) == reference
+        assert "kafka reachable again" in (tmp_path / "d.log").read_text()
+        assert d.stop() == 0
+        proxy.cut()
+
+
 def test_a_checkpoint_beyond_the_end_of_the_topic_is_refused_with_the_setting_that_resolves_it(
         tmp_path, kafka_bootstrap):
     t, cfg, port = start(tmp_path, kafka_bootstrap, queries=["Q_1"], checkpoint=True)

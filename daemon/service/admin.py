@@ -1,6 +1,6 @@
 """The admin endpoint of a running daemon (HTTP, JSON) and the `csmd admin` client.
 
-  GET    /health            200 while running, 503 while starting or stopping
+  GET    /health            200 while running, 503 while starting or stopping; and the broker connection
   GET    /metrics           Prometheus text format
   GET    /stats             counters, rates, latency, per-query totals
   GET    /queries           the registered queries
@@ -106,7 +106,7 @@ class _Handler(BaseHTTPRequestHandler):
         d = self.daemon
         if self.path == "/health":
             ok = d.status == "running"
-            self._send(200 if ok else 503, {"status": d.status, "fatal": d.fatal})
+            self._send(200 if ok else 503, {"status": d.status, "fatal": d.fatal, **d.kafka_state()})
         elif self.path == "/metrics":
             self._guard(lambda: self._send(200, d.metrics.prometheus(), "text/plain; version=0.0.4"))
         elif self.path == "/stats":

@@ -79,6 +79,8 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self._requests = None  # producer of admin requests (outside any transaction of the daemon's)
         self.cluster: ClusterMember | None = None  # [cluster] enabled: shards of the matching work
         self._error_logged: dict[int, float] = {}  # Kafka error code -> when it was last logged
+        self.kafka_up: bool | None = None  # the input consumer's broker connection, as last seen
+        self.kafka_since = time.time()  # when kafka_up last changed
         self._lock = threading.Lock()
         self.started = time.time()
 
@@ -96,6 +98,19 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         if now - self._error_logged.get(err.code(), -1e9) >= 60:
             self._error_logged[err.code()] = now
             self.log.warning("kafka client error (librdkafka retries)", code=err.name(), reason=err.str())
+
+    def _brokers(self, up: bool) -> None:
+        """The input consumer's statistics, each second (main thread): say when Kafka goes away and
+        comes back; /health, /stats and csmd_kafka_up show it. The daemon stays up meanwhile (a
+        restart would not bring the broker back) and takes up where it was."""
+        if up == self.kafka_up:
+            return
+        was, self.kafka_up, self.kafka_since = self.kafka_up, up, time.time()
+        self.metrics.set("csmd_kafka_up", int(up))
+        if not up:
+            self.log.warning("kafka unreachable: no broker connection is up", bootstrap=self.cfg["kafka"]["bootstrap"])
+        elif was is not None:
+            self.log.info("kafka reachable again")
 
     def run(self) -> int:
         t = self.cfg["topics"]
@@ -131,7 +146,8 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         k = self.cfg["kafka"]
         self.sink = KafkaSink(conf, t["output"], t["max_message_bytes"], self._fail, self.cfg["delivery"]["timeout_s"],
                               k["transactional_id"] if k["transactions"] else None, k["producer"])
-        self.source = KafkaSource(conf, t["input"], k["group"], start, k["offset_reset"], k["consumer"])
+        self.source = KafkaSource(conf, t["input"], k["group"], start, k["offset_reset"], k["consumer"],
+                                  on_brokers=self._brokers)
         self.control = KafkaSource(conf, t["control"], k["group"] + ".control", {0: self.control_applied + 1},
                                    settings=k["consumer"])
         if self.cfg["cluster"]["enabled"]:  # each shard's progress replaces the input group's offsets
@@ -210,10 +226,16 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         state = self.pipe.graph_state()
         return state.live_graph(), state.seq
 
+    def kafka_state(self) -> dict:
+        """The broker connection, for /health and /stats: up, down or unknown (no statistics yet),
+        and for how long."""
+        state = {None: "unknown", True: "up", False: "down"}[self.kafka_up]
+        return {"kafka": state, "kafka_for_s": round(time.time() - self.kafka_since, 1)}
+
     def stats(self) -> dict:
         lat = self.metrics.latency
         return {
-            "status": self.status, "uptime_s": round(time.time() - self.started, 3),
+            "status": self.status, "uptime_s": round(time.time() - self.started, 3), **self.kafka_state(),
             "seq": self.pipe.next_seq, "vertices": len(self.pipe.vertices.index),
             "records": self.metrics.get("csmd_records_total"), "updates": self.metrics.get("csmd_updates_total"),
             "updates_per_s": round(self.metrics.updates_rate.per_second(), 3),

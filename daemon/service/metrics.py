@@ -171,6 +171,7 @@ _SERIES = [
     ("csmd_seq", Gauge, "Next update sequence number", ()),
     ("csmd_queries", Gauge, "Registered queries", ()),
     ("csmd_kafka_errors_total", Counter, "Errors reported by the Kafka clients, by code", ("code",)),
+    ("csmd_kafka_up", Gauge, "1 while the input consumer has a broker connection up, 0 while it has none", ()),
     ("csmd_cluster_shards_owned", Gauge, "Shards of the matching work this instance owns ([cluster])", ()),
     ("csmd_cluster_shard_lag", Gauge, "Input records past each shard's committed progress", ("shard",)),
     ("csmd_cluster_rebalances_total", Counter, "Shard assignments and revocations this instance went through", ()),
