@@ -34,6 +34,9 @@ longest single call of any stage but match, the (op, query) pairs it matched, an
 the first record was produced) it had taken in the last record, put out the last batch
 and committed the last progress.
 
+--per-record K puts K updates (text lines) in each input record, as a producer that batches
+its updates would: the shards split (record, query) pairs, so fewer, fuller records.
+
 Failover: two instances, the stream flowing at --rate updates/s; one is killed
 (SIGKILL) and the time runs until the committed progress of every shard it owned
 moves again (Kafka noticed, the survivor re-matched the shard from its progress and
@@ -123,10 +126,11 @@ def cluster(root: Path, bootstrap: str, w: Workload, tag: str, threads: int, bac
 
 
 def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
-               stages: bool, gpus: int = 1) -> tuple[float, dict[str, dict] | None]:
-    """Updates/s of `n` instances; with `stages`, each instance's stage timers and events, the
-    event times in seconds after the first record was produced."""
-    lines = w.lines
+               stages: bool, gpus: int = 1, per_record: int = 1) -> tuple[float, dict[str, dict] | None]:
+    """Updates/s of `n` instances, the stream's lines `per_record` to an input record; with
+    `stages`, each instance's stage timers and events, the event times in seconds after the
+    first record was produced."""
+    lines = ["\n".join(w.lines[i:i + per_record]) for i in range(0, len(w.lines), per_record)]
     tag = f"{w.name}-x{n}-{run}"
     timers = root / f"stages-{tag}"
     timers.mkdir()
@@ -143,13 +147,13 @@ def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
         c.stop(*names)
     print(f"{w.name}: {n} instances, run {run}: {seconds:.2f} s", file=sys.stderr)
     if not stages:
-        return len(lines) / seconds, None
+        return len(w.lines) / seconds, None
     found = {}
     for name in names:
         d = json.loads((timers / f"{name}.json").read_text())
         d["events"] = {k: t - wall0 for k, t in d["events"].items()}
         found[name] = d
-    return len(lines) / seconds, found
+    return len(w.lines) / seconds, found
 
 
 def broker(root: Path, tag: str) -> EmbeddedBroker:
@@ -211,6 +215,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, nargs=2, default=[32, 16], metavar=("HUMAN", "YEAST"),
                     help="rounds of each stream: the stream, its undoing, the stream again, ... (1: the stream alone)")
     ap.add_argument("--stages", action="store_true", help="time each instance's stages (bench/stage_timers.py)")
+    ap.add_argument("--per-record", type=int, default=1, metavar="K",
+                    help="updates per input record (text lines; a producer that batches its updates)")
     args = ap.parse_args()
     if not (args.datasets / "human" / "queries").is_dir():
         sys.exit(f"bench/cluster.py: {args.datasets / 'human'} not found (use --datasets DIR)")
@@ -226,9 +232,9 @@ def main() -> None:
                 w = workloads[name] = make(args.datasets, root, rounds)
                 first = w.lines[:len(w.lines) // rounds]
                 throughput(root, w._replace(lines=in_rounds(first[:200], 2)), 1, "warm-up", threads, args.backend,
-                           False, args.gpus)
+                           False, args.gpus, args.per_record)
                 for n in args.instances:
-                    runs = [throughput(root, w, n, r, threads, args.backend, args.stages, args.gpus)
+                    runs = [throughput(root, w, n, r, threads, args.backend, args.stages, args.gpus, args.per_record)
                             for r in range(args.runs)]
                     rates[name, n] = [rate for rate, _ in runs]
                     stages[name, n] = runs[-1][1]
@@ -242,7 +248,8 @@ def main() -> None:
     engine = (f"gpu engine, {args.gpus} GPUs (instance i on GPU i mod {args.gpus})" if args.backend == "gpu"
               else f"{args.backend} engine, {threads} matching threads per instance")
     print(f"\n{SHARDS} shards; embedded Tansu broker (a fresh one per run); {engine}; "
-          f"{os.cpu_count()} cores on this machine, shared by the broker and every instance; count-only; median of {args.runs} runs\n")
+          f"{os.cpu_count()} cores on this machine, shared by the broker and every instance; count-only; "
+          f"{args.per_record} updates per input record; median of {args.runs} runs\n")
     print(f"{'workload':>34} {'instances':>9} {'updates/s':>10} {'speed-up':>9} {'best run':>9}")
     for name, w in workloads.items():
         what = f"{name}: {len(w.lines)} updates, {len(queries_of(w))} queries"
@@ -251,7 +258,7 @@ def main() -> None:
             r = statistics.median(rates[name, n])
             print(f"{what:>34} {n:>9} {r:>10.0f} {r / base:>8.2f}x {max(rates[name, n]):>9.0f}")
     if args.stages:
-        print_stages(workloads, stages)
+        print_stages(workloads, stages, args.per_record)
     if not failovers:
         return
     print(f"\nfailover: human stream, 2 instances, {args.rate:.0f} updates/s offered; SIGKILL to the killed "
@@ -261,7 +268,7 @@ def main() -> None:
         print(f"{ms:>18} {s:>11.2f}")
 
 
-def print_stages(workloads: dict[str, Workload], stages: dict) -> None:
+def print_stages(workloads: dict[str, Workload], stages: dict, per_record: int) -> None:
     print("\nwhere the time went, last run of each: thread CPU seconds per stage (replicated: every instance does "
           "all of it; split: only a shard's owner, match in wall seconds, search: the CPU seconds of its engine "
           "threads (compiled engine); cluster: bookkeeping); the longest call of a stage but match; seconds after the first record was produced when the instance had taken in the "
@@ -270,7 +277,7 @@ def print_stages(workloads: dict[str, Workload], stages: dict) -> None:
     print(f"{'workload':>8} {'n':>2} {'inst':>4} {'batches':>7} {'pairs':>8} " + " ".join(f"{c:>8.8}" for c in cols)
           + f" {'longest':>16} {'last in':>8} {'last out':>8} {'committed':>9}")
     for (name, n), found in stages.items():
-        end = len(workloads[name].lines)
+        end = -(-len(workloads[name].lines) // per_record)  # input records
         for inst, d in found.items():
             t, ev = d["stages"], d["events"]
             batches, _records, ops = t.get("ops matched", (0, 0, 0))

@@ -64,12 +64,20 @@ class BadRecord(Exception):
 
 @dataclass(frozen=True)
 class RecordBlock(UpdateBlock):
-    """Consecutive input records of one partition that hold one update each, in columns: row i
-    is the Update that decode_updates makes of record (path, partition, lineno[i]): `path` is
-    the input, `lineno` the records' offsets."""
+    """Consecutive input records of one partition, in columns: row i is an Update that
+    decode_updates makes of record (path, partition, lineno[i]): `path` is the input, `lineno`
+    the records' offsets (repeated for a record of several updates, `part` their lines)."""
 
-    def source(self, line: int) -> str:
-        return f"{self.path}/{self.partition}/{line}"
+    def source(self, i: int) -> str:
+        line = 0 if self.part is None else self.part[i]
+        return f"{self.path}/{self.partition}/{self.lineno[i]}" + (f"#{line}" if line else "")
+
+    def records(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The records' offsets, and how many updates each holds (None: one each)."""
+        if self.part is None:
+            return self.lineno, None
+        first = np.flatnonzero(np.diff(self.lineno, prepend=-1))
+        return self.lineno[first], np.diff(np.append(first, len(self.lineno)))
 
 
 @dataclass(slots=True)
@@ -100,26 +108,30 @@ class Polled:
 
 
 def plain_runs(polled: Polled, fmt: str = "auto", str_ids: bool = False):
-    """A poll's records of one input partition, in order: runs of records that are each one plain
-    update line (connectors/textscan.py) as RecordBlocks, decoded in one compiled pass, and
-    every other record as a Record, for decode_updates. A record in a block is the one update
-    that decode_updates would make of it; with a declared content type, another input
-    format, string ids or without numba, every record is left to decode_updates."""
+    """A poll's records of one input partition, in order: runs of records of plain update lines
+    (connectors/textscan.py) as RecordBlocks, decoded in one compiled pass, and every other
+    record as a Record, for decode_updates. A block's rows are the updates that decode_updates
+    would make of its records; with a declared content type, another input format, string ids
+    or without numba, every record is left to decode_updates."""
     if scan_records is None or fmt not in ("auto", "text") or str_ids or not len(polled):
         yield from polled
         return
     values = polled.value
     ends = np.cumsum([len(v) for v in values])
-    op, u, v, label = scan_records(np.frombuffer(b"".join(values), np.uint8), ends)
+    count, _rec, part, op, u, v, label = scan_records(np.frombuffer(b"".join(values), np.uint8), ends)
+    first_row = np.concatenate(([0], np.cumsum(np.maximum(count, 0))))  # where each record's rows start
+    taken = count > 0
     for i, h in enumerate(polled.headers):
         if h and any(k == CONTENT_TYPE for k, _v in h):
-            op[i] = -1
-    cuts = np.flatnonzero(np.diff(op >= 0, prepend=False, append=False)).tolist()  # where runs start and end
+            taken[i] = False
+    offsets = np.asarray(polled.offset, np.int64)
+    cuts = np.flatnonzero(np.diff(taken, prepend=False, append=False)).tolist()  # where runs start and end
     done = 0
     for lo, hi in zip(cuts[::2], cuts[1::2]):
         yield from polled.records(done, lo)
-        yield RecordBlock(polled.input, np.array(polled.offset[lo:hi], np.int64), op[lo:hi], u[lo:hi], v[lo:hi],
-                          label[lo:hi], partition=polled.partition[lo])
+        rows, n = slice(int(first_row[lo]), int(first_row[hi])), count[lo:hi]
+        yield RecordBlock(polled.input, np.repeat(offsets[lo:hi], n), op[rows], u[rows], v[rows], label[rows],
+                          partition=polled.partition[lo], part=part[rows] if (n > 1).any() else None)
         done = hi
     yield from polled.records(done)
 
@@ -128,7 +140,7 @@ def load_scanner() -> float:
     """Load plain_runs' compiled scanner (numba's cache) now, not in the first poll; its seconds."""
     t0 = time.monotonic()
     if scan_records is not None:
-        scan_records(np.frombuffer(b"e 1 2", np.uint8), np.array([5], np.int64))
+        scan_records(np.frombuffer(b"e 1 2\ne 2 3", np.uint8), np.array([11], np.int64))
     return time.monotonic() - t0
 
 

@@ -6,7 +6,7 @@ spaces or tabs, each an integer of at most 18 digits (so it fits int64), labels 
 2^31-1. Blank and `#` lines are skipped as poll skips them. Any other line (a bad one, a
 19-digit id, a `+`, a non-ASCII byte, a form feed that splitlines would cut at) stops the scan
 and is left to the line-by-line path, which decides it exactly as before. scan_records
-reads a Kafka poll's records the same way, each record one line (connectors/records.py).
+reads a Kafka poll's records the same way, each record one or more lines (connectors/records.py).
 """
 
 from __future__ import annotations
@@ -110,24 +110,66 @@ def scan(buf, pos, lineno):
 
 
 @njit(cache=True, nogil=True)
+def _splittable(buf, s, e):
+    """Whether cutting buf[s:e] at '\n' gives the lines str.splitlines() gives: no other byte it
+    breaks at (\v, \f, \x1c-\x1e, a '\r' before anything but '\n' or the end) and no non-ASCII
+    byte (\x85 and U+2028/2029 break lines too)."""
+    for i in range(s, e):
+        c = buf[i]
+        if c == 11 or c == 12 or 28 <= c <= 30 or c >= 128 or (c == 13 and i + 1 < e and buf[i + 1] != 10):
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
 def scan_records(buf, ends):
-    """Input records, each a single plain line: buf holds the records' bytes one after the other,
-    record i ending at ends[i]. Returns per record its op (-1 where the record, stripped, is not
-    one plain line: empty, blank, a comment, several lines, anything else), u, v and label."""
+    """Input records of plain text lines: buf holds the records' bytes one after the other,
+    record i ending at ends[i]. A record is taken when every line of it that is not blank or a
+    comment is plain and it has at least one; anything else (empty, comments only, a line that
+    is not plain, a byte that would cut lines elsewhere) is left to decode_updates.
+    Returns per record its number of updates (-1: not taken), then per update: its record,
+    its line in the record (0 where it is the record's only update, which the record names:
+    as decode_updates names it), op, u, v and label."""
     n = len(ends)
-    op = np.full(n, -1, np.int8)
-    u = np.zeros(n, np.int64)
-    v = np.full(n, -1, np.int64)
-    label = np.zeros(n, np.int64)
+    cap = n
+    for i in range(len(buf)):
+        cap += buf[i] == 10
+    count = np.full(n, -1, np.int64)
+    rec = np.empty(cap, np.int64)
+    part = np.empty(cap, np.int64)
+    op = np.empty(cap, np.int8)
+    u = np.empty(cap, np.int64)
+    v = np.empty(cap, np.int64)
+    label = np.empty(cap, np.int64)
     val = np.zeros(4, np.int64)
+    rows = 0
     start = 0
     for i in range(n):
-        s, e = _stripped(buf, start, ends[i])
-        start = ends[i]
-        if s < e and buf[s] != 35:
-            op[i] = _plain(buf, s, e, val)
-            if op[i] >= 0:
-                u[i] = val[0]
-                v[i] = val[1] if op[i] < 2 else -1
-                label[i] = val[3]
-    return op, u, v, label
+        pos, stop = start, ends[i]
+        start = stop
+        first = rows
+        ok = _splittable(buf, pos, stop)
+        line = 0
+        while ok and pos < stop:
+            end = pos
+            while end < stop and buf[end] != 10:
+                end += 1
+            line += 1
+            s, e = _stripped(buf, pos, end)
+            if s < e and buf[s] != 35:  # not blank, not a comment: must be plain
+                o = _plain(buf, s, e, val)
+                if o < 0:
+                    ok = False
+                    break
+                rec[rows], part[rows], op[rows], u[rows] = i, line, o, val[0]
+                v[rows] = val[1] if o < 2 else -1
+                label[rows] = val[3]
+                rows += 1
+            pos = end + 1
+        if not ok or rows == first:
+            rows = first
+        else:
+            count[i] = rows - first
+            if rows - first == 1:
+                part[first] = 0
+    return count, rec[:rows], part[:rows], op[:rows], u[:rows], v[:rows], label[:rows]

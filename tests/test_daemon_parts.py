@@ -462,7 +462,7 @@ def test_delta_ids_number_each_records_deltas_per_query_across_batches(seed):
     """The encoder's ids against their definition, computed row by row: (input, partition,
     offset) of the update's record, and `index`, the count of the query's earlier deltas of that
     record (a record's updates may span batches); sources and counts carried through. Odd seeds:
-    batches cut from blocks of one-update records (their ids read from the block's columns)."""
+    batches cut from blocks of records (their ids read from the block's columns)."""
     from csmd.connectors.records import RecordBlock
     from csmd.engine import QueryDeltas, UpdateBatch
     from csmd.model.graph import Graph
@@ -483,13 +483,17 @@ def test_delta_ids_number_each_records_deltas_per_query_across_batches(seed):
                 record = Update("e", 0, 1, 0, f"r{offset}", (rng.choice(["in", "in2"]), rng.randrange(3), offset))
             record_of[seq] = record
             seq += 1
-        if seed % 2:  # the same rows as a block of one-update records of one partition
+        if seed % 2:  # the same rows as a block of records of one partition, some of several updates
             offset += 1
-            lines = np.cumsum(rng.choices([1, 1, 2], k=seq - first)) + offset
+            lines = np.cumsum([0] + rng.choices([0, 1, 1, 2], k=seq - first - 1)) + offset
             offset = int(lines[-1])
             z = np.zeros(len(lines), np.int64)
-            record_of = BlockRecords(RecordBlock("in", lines, z.astype(np.int8), z, z + 1, z, partition=seed % 3),
-                                     first)
+            run = np.flatnonzero(np.diff(lines, prepend=-1))  # each record's first row
+            size = np.diff(np.append(run, len(lines)))
+            part = np.arange(len(lines)) - np.repeat(run, size) + 1  # its line in the record
+            part[np.repeat(size == 1, size)] = 0  # a record's only update: named by the record
+            record_of = BlockRecords(RecordBlock("in", lines, z.astype(np.int8), z, z + 1, z, partition=seed % 3,
+                                                 part=part if (size > 1).any() else None), first)
         deltas = []
         for q in ("Q_a", "Q_b", "Q_c"):
             s = np.array(sorted(rng.choices(range(first, seq), k=rng.randrange(0, 40))), np.int64)

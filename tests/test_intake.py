@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from csmd.connectors import records as records_module
@@ -21,7 +22,12 @@ from test_stream_reader import ODD, PLAIN
 # records a stream file never has: one plain line with line breaks or blanks around it (one update, named
 # by its record, as decode_updates names a record's only update), several lines, JSON, declared types
 AROUND = ["e {a} {b}\n", "e {a} {b}\r\n", "e {a} {b}\r", " e {a} {b} ", "\ne {a} {b}", "e {a} {b}\n\n"]
-MULTI = ["e {a} {b}\ne {b} {a}", "e {a} {b}\n# note", "e {a} {b}\x1c", "{{\"op\": \"e\", \"u\": {a}, \"v\": {b}}}"]
+# records of several lines: plain ones (their updates named by record and line, blanks and comments counted)
+# and ones another line break, a bad line or JSON leaves to decode_updates
+MULTI = ["e {a} {b}\ne {b} {a}", "e {a} {b}\n# note", "e {a} {b}\r\n\r\n-e {b} {a} {l}\r\n", "# h\n\nv {a} {l}\n-v {b}\n",
+         "\te {a} {b}\n  \n e {b} {a} {l}\ne {a} {a}\n", "e {a} {b}\n-e {a} {b}\ne {a} {b}"]
+NOT_PLAIN = ["e {a} {b}\x1c", "{{\"op\": \"e\", \"u\": {a}, \"v\": {b}}}", "e {a} {b}\re {b} {a}", "e {a} {b}\x0be {b} {a}",
+             "# \u2028e {a} {b}\ne {b} {a}", "e {a} {b}\nx {a} {b}", "e {a} {b}\ne {a}", "# only\n# comments\n", "\n\n"]
 TYPES = [None, None, None, {"content-type": b"text/plain"}, {"content-type": b"application/json"}]
 
 
@@ -29,7 +35,8 @@ def random_records(rng: random.Random, n: int, first: int = 0) -> list[Record]:
     out = []
     for off in range(first, first + n):
         r = rng.random()
-        pick = rng.choice(ODD) if r < 0.1 else rng.choice(MULTI + AROUND) if r < 0.2 else rng.choice(PLAIN)
+        pick = rng.choice(ODD + NOT_PLAIN) if r < 0.1 else rng.choice(MULTI + AROUND) if r < 0.3 else \
+            "\n".join(rng.choice(PLAIN) for _ in range(rng.randrange(2, 6))) if r < 0.4 else rng.choice(PLAIN)
         ids = [rng.choice([rng.randrange(50), -rng.randrange(1, 10**18)]) for _ in range(2)]
         value = pick.format(a=ids[0], b=ids[1], l=rng.randrange(3)).encode("utf-8", "surrogateescape")
         headers = rng.choice(TYPES) if rng.random() < 0.1 else None
@@ -70,11 +77,12 @@ def test_plain_runs_decode_every_record_as_decode_updates_does(seed):
     assert [r.offset for it in items for r in ([it] if isinstance(it, Record) else [])] == \
         [r.offset for r in recs if not any(isinstance(it, RecordBlock) and r.offset in it.lineno for it in items)]
     assert any(isinstance(it, RecordBlock) for it in items)
+    assert any(isinstance(it, RecordBlock) and it.part is not None for it in items), "records of several updates"
 
 
-def test_what_is_not_one_plain_line_is_left_to_decode_updates():
+def test_what_is_not_plain_lines_is_left_to_decode_updates():
     recs = [Record("in", 0, i, p.format(a=5, b=6, l=1).encode("utf-8", "surrogateescape"))
-            for i, p in enumerate(ODD + MULTI + ["", "  ", "# note"])]
+            for i, p in enumerate(ODD + NOT_PLAIN + ["", "  ", "# note"])]
     recs += [Record("in", 0, 99, b"e 1 2", {"content-type": b"text/plain"})]  # declared: decode_updates decides
     items = list(plain_runs(polled(recs)))
     assert items == recs
@@ -99,22 +107,26 @@ def test_a_run_is_booked_as_its_records_one_by_one():
     rng = random.Random(4)
     for _ in range(30):
         runs, single = DeliveryTracker(), DeliveryTracker()
-        n = 0
+        n = r = 0  # updates, records
+        record_of = []  # each update's record
         while n < 60:
             k = rng.randrange(1, 8)
+            per = [1] * k if rng.random() < 0.5 else [rng.randrange(1, 4) for _ in range(k)]
             if rng.random() < 0.5:
-                runs.submitted_run("in", 0, list(range(n, n + k)))
+                runs.submitted_run("in", 0, list(range(r, r + k)), None if set(per) == {1} else np.array(per))
             else:
-                for o in range(n, n + k):
-                    runs.submitted(("in", 0, o), 1)
-            for o in range(n, n + k):
-                single.submitted(("in", 0, o), 1)
-            n += k
+                for o, m in zip(range(r, r + k), per):
+                    runs.submitted(("in", 0, o), m)
+            for o, m in zip(range(r, r + k), per):
+                single.submitted(("in", 0, o), m)
+            record_of += [o for o, m in zip(range(r, r + k), per) for _ in range(m)]
+            n, r = n + sum(per), r + k
         executed, outstanding = 0, []
         while executed < n or outstanding:
             if executed < n and (not outstanding or rng.random() < 0.5):
                 step = rng.randint(1, n - executed)
-                covered = [("in", 0, o) for o in range(executed, executed + step) if rng.random() < 0.3]
+                covered = [("in", 0, o) for o in sorted(set(record_of[executed:executed + step]))
+                           if rng.random() < 0.3]  # records of the updates executed, still pending
                 for t in (runs, single):
                     t.sending(covered)
                     t.executed(step)
@@ -125,7 +137,7 @@ def test_a_run_is_booked_as_its_records_one_by_one():
                 for t in (runs, single):
                     t.acked(acked)
             assert runs.pending() == single.pending() and runs.committable() == single.committable()
-        assert runs.committable() == {("in", 0): n}
+        assert runs.committable() == {("in", 0): r}
 
 
 # ---- the consume loop's hand-off ------------------------------------------------------------------------

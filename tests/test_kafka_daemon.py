@@ -98,6 +98,47 @@ def test_end_to_end_totals_match_expected_counts(tmp_path, kafka_bootstrap, refe
     assert d.stop() == 0
 
 
+def test_records_of_several_lines_give_the_same_deltas_and_ids_by_record_and_line(tmp_path, kafka_bootstrap,
+                                                                                   reference):
+    """A producer that batches: each record 1 to 9 lines of the stream, with comments, blank lines and
+    CRLF endings among them (taken in columns, as one-line records are). The deltas are replay's; each
+    names the record of its update (offset), the update's line in it (source, as decode_updates names
+    it) and numbers the query's deltas of that record in update order (index)."""
+    import random
+
+    t, cfg, port = start(tmp_path, kafka_bootstrap)
+    d = DaemonProcess(cfg, tmp_path / "d.log", port)
+    rng = random.Random(3)
+    lines, records, where = human_lines(), [], []  # where[seq]: (record offset, its line in the record)
+    i = 0
+    while i < len(lines):
+        k = min(rng.randrange(1, 10), len(lines) - i)
+        body = []
+        for ln in lines[i:i + k]:
+            if rng.random() < 0.1:
+                body.append(rng.choice(["# a note", "", "  "]))
+            body.append(ln)
+            where.append((len(records), len(body)))
+        end = "\r\n" if rng.random() < 0.2 else "\n"
+        records.append(end.join(body) + (end if rng.random() < 0.5 else ""))
+        i += k
+    t.produce(t.input, records)
+    d.wait_offset(len(records))
+    table = t.deltas()
+    deduped, dups = dedup(table)
+    assert dups == 0 and rows_of(table) == reference
+    ups = Counter(off for off, _ in where)
+    seen: Counter = Counter()
+    cols = [table.column(c).to_pylist() for c in ("query", "seq", "offset", "index", "source")]
+    for q, seq, off, index, source in sorted(zip(*cols), key=lambda r: (r[0], r[1])):
+        rec, line = where[seq]
+        assert off == rec and index == seen[q, rec]
+        assert source == f"{t.input}/0/{rec}" + (f"#{line}" if ups[rec] > 1 else "")
+        seen[q, rec] += 1
+    assert metric(d.get("/metrics"), "csmd_records_total") == len(records)
+    assert d.stop() == 0
+
+
 @pytest.mark.parametrize("checkpoint", [True, False], ids=["checkpoint", "no-checkpoint"])
 def test_kill_9_mid_stream_loses_nothing(tmp_path, kafka_bootstrap, reference, checkpoint):
     t, cfg, port = start(tmp_path, kafka_bootstrap, checkpoint=checkpoint)

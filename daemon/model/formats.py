@@ -323,18 +323,20 @@ class UpdateBlock:
     label: np.ndarray  # int64
     cut_from: tuple | None = None  # (block, row): what rows() cut these rows from, and where
     partition: int = 0
+    # the update's line within its record where a record holds several (0: the record's only
+    # update); None: every row is its record's only update
+    part: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.lineno)
 
-    def source(self, line: int) -> str:
-        """Where the update of row `line` (its lineno) comes from, for people."""
-        return f"{self.path}:{line}"
+    def source(self, i: int) -> str:
+        """Where the update of row i comes from, for people."""
+        return f"{self.path}:{self.lineno[i]}"
 
     def update(self, i: int) -> Update:
-        line = int(self.lineno[i])
-        return Update(OPS[self.op[i]], int(self.u[i]), int(self.v[i]), int(self.label[i]), self.source(line),
-                      (self.path, self.partition, line))
+        return Update(OPS[self.op[i]], int(self.u[i]), int(self.v[i]), int(self.label[i]), self.source(i),
+                      (self.path, self.partition, int(self.lineno[i])))
 
     def updates(self) -> list[Update]:
         return [self.update(i) for i in range(len(self))]
@@ -342,15 +344,18 @@ class UpdateBlock:
     def rows(self, lo: int, hi: int) -> "UpdateBlock":
         root, at = self.cut_from or (self, 0)
         return replace(self, lineno=self.lineno[lo:hi], op=self.op[lo:hi], u=self.u[lo:hi], v=self.v[lo:hi],
-                       label=self.label[lo:hi], cut_from=(root, at + lo))
+                       label=self.label[lo:hi], part=None if self.part is None else self.part[lo:hi],
+                       cut_from=(root, at + lo))
 
     @staticmethod
     def concat(blocks: list["UpdateBlock"]) -> "UpdateBlock":
         """Blocks of one file (or input partition), in order."""
         if len(blocks) == 1:
             return blocks[0]
-        return replace(blocks[0], cut_from=None, **{f: np.concatenate([getattr(b, f) for b in blocks])
-                                                    for f in ("lineno", "op", "u", "v", "label")})
+        part = None if all(b.part is None for b in blocks) else \
+            np.concatenate([np.zeros(len(b), np.int64) if b.part is None else b.part for b in blocks])
+        return replace(blocks[0], cut_from=None, part=part, **{f: np.concatenate([getattr(b, f) for b in blocks])
+                                                               for f in ("lineno", "op", "u", "v", "label")})
 
 
 def parse_update(line: str, path, lineno, source: str | None = None, origin: tuple | None = None) -> Update | None:

@@ -101,11 +101,13 @@ def _records(record_of, useq: np.ndarray) -> tuple[np.ndarray, list[tuple], np.n
     origin, and each update's source. A batch cut from a block reads them from its columns
     (no Update made: a batch can have deltas for thousands of updates, each in every instance
     of a cluster)."""
-    if isinstance(record_of, BlockRecords):  # one update per line, lines in update order
+    if isinstance(record_of, BlockRecords):  # rows in update order, a record's rows together
         block = record_of.block
-        lines = block.lineno[useq - record_of.first].tolist()
-        return (np.arange(len(lines), dtype=np.int64), [(block.path, block.partition, x) for x in lines],
-                np.array([block.source(x) for x in lines], object))
+        rows = (useq - record_of.first).tolist()
+        at = block.lineno[useq - record_of.first]
+        code = np.cumsum(np.diff(at, prepend=at[:1]) != 0)
+        return (code, [(block.path, block.partition, x) for x in at[np.flatnonzero(np.diff(at, prepend=-1))].tolist()],
+                np.array([block.source(i) for i in rows], object))
     urecs = [record_of[s] for s in useq.tolist()]
     codes: dict = {}
     code = np.array([codes.setdefault(r.origin, len(codes)) for r in urecs], np.int64)

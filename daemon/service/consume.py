@@ -20,7 +20,7 @@ class ConsumeLoop:
     """The Daemon's part that runs in the main thread."""
 
     def _take(self, records: Polled) -> None:
-        """A poll's records, into the pipeline in order. Runs of plain one-update text records go
+        """A poll's records, into the pipeline in order. Runs of plain text records go
         as one block each (decoded together, one hand-off, one bookkeeping step: what every
         instance of a cluster pays for every record); the others, and every record while
         replayed control changes wait for their position, one at a time."""
@@ -30,11 +30,11 @@ class ConsumeLoop:
             items = plain_runs(records, self.cfg["input"]["format"], self._str_ids)
         for item in items:
             if isinstance(item, RecordBlock):
-                offsets = item.lineno.tolist()
+                offsets, updates = item.records()
                 self.metrics.inc("csmd_records_total", len(offsets))
-                self.tracker.submitted_run(item.path, item.partition, offsets)
+                self.tracker.submitted_run(item.path, item.partition, offsets, updates)
                 self._inq.put(item)
-                self._next_offsets[item.partition] = offsets[-1] + 1
+                self._next_offsets[item.partition] = int(offsets[-1]) + 1
             else:
                 self._submit(item)
 

@@ -132,15 +132,19 @@ class DeliveryTracker:
             else:
                 self._advance({log})
 
-    def submitted_run(self, input: str, partition: int, offsets: list[int]) -> None:
-        """Input records of one partition entered the daemon, in order, holding one update each."""
-        if not offsets:
+    def submitted_run(self, input: str, partition: int, offsets, updates=None) -> None:
+        """Input records of one partition entered the daemon, in order, holding one update each
+        (updates None) or updates[i] each (at least one)."""
+        if not len(offsets):
             return
         now = time.monotonic()
         with self._lock:
             log = self._log((input, partition))
-            at = log.append(np.asarray(offsets, np.int64), 1, now)
-            self._unexecuted.append([log, at, at + len(offsets), 1])
+            at = log.append(np.asarray(offsets, np.int64), 1 if updates is None else updates, now)
+            if updates is None:
+                self._unexecuted.append([log, at, at + len(offsets), 1])
+            else:  # one step per record, not per update
+                self._unexecuted.extend([log, at + i, at + i + 1, k] for i, k in enumerate(updates.tolist()))
 
     def sending(self, origins) -> None:
         """A Kafka record covering these input records was produced."""
