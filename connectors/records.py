@@ -118,7 +118,7 @@ def plain_runs(polled: Polled, fmt: str = "auto", str_ids: bool = False):
         return
     values = polled.value
     ends = np.cumsum([len(v) for v in values])
-    count, _rec, part, op, u, v, label = scan_records(np.frombuffer(b"".join(values), np.uint8), ends)
+    count, part, op, u, v, label = scan_records(np.frombuffer(b"".join(values), np.uint8), ends)
     first_row = np.concatenate(([0], np.cumsum(np.maximum(count, 0))))  # where each record's rows start
     taken = count > 0
     for i, h in enumerate(polled.headers):

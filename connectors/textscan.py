@@ -127,15 +127,14 @@ def scan_records(buf, ends):
     record i ending at ends[i]. A record is taken when every line of it that is not blank or a
     comment is plain and it has at least one; anything else (empty, comments only, a line that
     is not plain, a byte that would cut lines elsewhere) is left to decode_updates.
-    Returns per record its number of updates (-1: not taken), then per update: its record,
-    its line in the record (0 where it is the record's only update, which the record names:
+    Returns per record its number of updates (-1: not taken), then per update (a record's
+    together, in record order): its line in the record (0 where it is the record's only update, which the record names:
     as decode_updates names it), op, u, v and label."""
     n = len(ends)
     cap = n
     for i in range(len(buf)):
         cap += buf[i] == 10
     count = np.full(n, -1, np.int64)
-    rec = np.empty(cap, np.int64)
     part = np.empty(cap, np.int64)
     op = np.empty(cap, np.int8)
     u = np.empty(cap, np.int64)
@@ -161,7 +160,7 @@ def scan_records(buf, ends):
                 if o < 0:
                     ok = False
                     break
-                rec[rows], part[rows], op[rows], u[rows] = i, line, o, val[0]
+                part[rows], op[rows], u[rows] = line, o, val[0]
                 v[rows] = val[1] if o < 2 else -1
                 label[rows] = val[3]
                 rows += 1
@@ -172,4 +171,4 @@ def scan_records(buf, ends):
             count[i] = rows - first
             if rows - first == 1:
                 part[first] = 0
-    return count, rec[:rows], part[:rows], op[:rows], u[:rows], v[:rows], label[:rows]
+    return count, part[:rows], op[:rows], u[:rows], v[:rows], label[:rows]

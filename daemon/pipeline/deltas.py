@@ -67,9 +67,7 @@ class DeltaEncoder:
         starts = np.flatnonzero(new)
         index = np.arange(n, dtype=np.int64) - np.repeat(starts, np.diff(np.append(starts, n)))
         runs = np.searchsorted(starts, bounds)  # the query's runs: starts[runs[i]:runs[i + 1]]
-        for i, d in enumerate(parts):
-            if not result.follows:
-                continue
+        for i, d in enumerate(parts if result.follows else ()):  # a re-match neither reads nor moves the carry
             lo, hi = bounds[i], bounds[i + 1]
             last_origin, carry = self._last.get(d.name, (None, 0))
             if origins[code[lo]] == last_origin:
@@ -103,11 +101,11 @@ def _records(record_of, useq: np.ndarray) -> tuple[np.ndarray, list[tuple], np.n
     of a cluster)."""
     if isinstance(record_of, BlockRecords):  # rows in update order, a record's rows together
         block = record_of.block
-        rows = (useq - record_of.first).tolist()
-        at = block.lineno[useq - record_of.first]
-        code = np.cumsum(np.diff(at, prepend=at[:1]) != 0)
-        return (code, [(block.path, block.partition, x) for x in at[np.flatnonzero(np.diff(at, prepend=-1))].tolist()],
-                np.array([block.source(i) for i in rows], object))
+        rows = useq - record_of.first
+        at = block.lineno[rows]
+        first = np.diff(at, prepend=-1) != 0  # a record's first update (offsets and lines are >= 0)
+        return (np.cumsum(first) - 1, [(block.path, block.partition, x) for x in at[first].tolist()],
+                np.array([block.source(i) for i in rows.tolist()], object))
     urecs = [record_of[s] for s in useq.tolist()]
     codes: dict = {}
     code = np.array([codes.setdefault(r.origin, len(codes)) for r in urecs], np.int64)
