@@ -110,13 +110,14 @@ def in_rounds(lines: list[str], rounds: int) -> list[str]:
 
 
 def cluster(root: Path, bootstrap: str, w: Workload, tag: str, threads: int, backend: str = "cpu",
-            command=CSMD, gpus: int = 1, **settings) -> Cluster:
+            command=CSMD, gpus: int = 1, max_batch: int | None = None, **settings) -> Cluster:
     """Daemons for the workload; with the GPU engine, instance a on GPU 0, b on GPU 1, ... (mod `gpus`)."""
     work = root / tag
     work.mkdir()
     overrides = {"graph": {"initial": str(w.graph)},
                  "queries": {"paths": [str(q) for q in w.queries], "count_only": True},
-                 "pipeline": {"backend": backend}, "log": {"level": "warning"}}
+                 "pipeline": {"backend": backend, **({"max_batch": max_batch} if max_batch else {})},
+                 "log": {"level": "warning"}}
 
     def env(name: str) -> dict:
         gpu = {"CUDA_VISIBLE_DEVICES": str((ord(name) - ord("a")) % gpus)} if backend == "gpu" else {}
@@ -126,7 +127,7 @@ def cluster(root: Path, bootstrap: str, w: Workload, tag: str, threads: int, bac
 
 
 def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
-               stages: bool, gpus: int = 1, per_record: int = 1) -> tuple[float, dict[str, dict] | None]:
+               stages: bool, gpus: int = 1, per_record: int = 1, max_batch: int | None = None) -> tuple[float, dict[str, dict] | None]:
     """Updates/s of `n` instances, the stream's lines `per_record` to an input record; with
     `stages`, each instance's stage timers and events, the event times in seconds after the
     first record was produced."""
@@ -136,7 +137,7 @@ def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
     timers.mkdir()
     with broker(root, tag) as b:
         c = cluster(root, b.bootstrap, w, tag, threads, backend, [*STAGE_TIMERS, str(timers)] if stages else CSMD,
-                    gpus)
+                    gpus, max_batch)
         names = [chr(ord("a") + i) for i in range(n)]
         c.start(*names)
         c.wait_balanced(names)
@@ -217,6 +218,8 @@ def main() -> None:
     ap.add_argument("--stages", action="store_true", help="time each instance's stages (bench/stage_timers.py)")
     ap.add_argument("--per-record", type=int, default=1, metavar="K",
                     help="updates per input record (text lines; a producer that batches its updates)")
+    ap.add_argument("--max-batch", type=int, metavar="N",
+                    help="[pipeline] max_batch: the most updates a batch grows to while the executor is behind")
     args = ap.parse_args()
     if not (args.datasets / "human" / "queries").is_dir():
         sys.exit(f"bench/cluster.py: {args.datasets / 'human'} not found (use --datasets DIR)")
@@ -232,9 +235,10 @@ def main() -> None:
                 w = workloads[name] = make(args.datasets, root, rounds)
                 first = w.lines[:len(w.lines) // rounds]
                 throughput(root, w._replace(lines=in_rounds(first[:200], 2)), 1, "warm-up", threads, args.backend,
-                           False, args.gpus, args.per_record)
+                           False, args.gpus, args.per_record, args.max_batch)
                 for n in args.instances:
-                    runs = [throughput(root, w, n, r, threads, args.backend, args.stages, args.gpus, args.per_record)
+                    runs = [throughput(root, w, n, r, threads, args.backend, args.stages, args.gpus, args.per_record,
+                                       args.max_batch)
                             for r in range(args.runs)]
                     rates[name, n] = [rate for rate, _ in runs]
                     stages[name, n] = runs[-1][1]

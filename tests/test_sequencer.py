@@ -38,7 +38,6 @@ def test_edge_only_batches_take_the_numpy_path_with_the_general_paths_result(see
     rng = np.random.default_rng(seed)
     g0, fast, slow = two_sequencers(rng)
     n = g0.n
-    took_fast = 0
     for _ in range(40):
         k = int(rng.integers(1, 12))
         u, v = (g0.ext_ids[rng.integers(0, n, k)] for _ in range(2))
@@ -46,12 +45,9 @@ def test_edge_only_batches_take_the_numpy_path_with_the_general_paths_result(see
         recs = [Update(str(op), int(x), int(y), int(rng.integers(0, 2))) for op, x, y in zip(ops, u, v)]
         got = fast._edges_only(recs, [0.0] * k)
         want = slow._general(recs, [0.0] * k)
-        if got is None:  # a pair named twice: the general path for both
-            got = fast._general(recs, [0.0] * k)
-        else:
-            took_fast += 1
+        assert got is not None  # edge records between known vertices, pairs named twice too
         assert_same(got, want, fast, slow)
-    assert took_fast > 10 and sum(slow.ignored.values()) > 10
+    assert sum(slow.ignored.values()) > 10
 
 
 # external ids from -50 (some negative: the index's look-ups) or from 0 (Vertices.table), and the id
@@ -114,58 +110,22 @@ def test_batches_cut_from_one_block_are_sequenced_as_their_updates(seed, first, 
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_block_batches_that_name_a_pair_again_are_sequenced_in_segments_as_their_updates(seed, monkeypatch):
+def test_block_batches_that_name_pairs_again_take_the_numpy_path_with_the_general_paths_result(seed):
     """Batches of a block over few vertices, so that most name some pair twice or more (an edge
-    inserted and deleted again in one batch): checked in segments free of repeats, each against
-    the state the segments before it leave, they are what the general path makes of them."""
+    inserted, deleted and inserted again in one batch, an insertion of a present edge before its
+    deletion): each record checked against what the records before it on its pair leave, they are
+    what the general path makes of them, without it."""
     rng = np.random.default_rng(seed)
     g0, fast, slow = two_sequencers(rng, n=8)
-    segments, in_segments = [], fast._in_segments
-
-    def counted(block):
-        got = in_segments(block)
-        segments.append(got is not None)
-        return got
-
-    monkeypatch.setattr(fast, "_in_segments", counted)
+    repeats = 0
     for i in range(40):
         k = int(rng.integers(2, 64))
         u, v = (g0.ext_ids[rng.integers(0, g0.n, k)] for _ in range(2))
         op = rng.choice([OPS.index(INSERT_EDGE), OPS.index(DELETE_EDGE)], k).astype(np.int8)
         block = UpdateBlock("s.txt", np.arange(k) + 100 * i, op, u, v, rng.integers(0, 2, k))
+        pairs = {frozenset(p) for p in zip(u.tolist(), v.tolist())}
+        repeats += len(pairs) < k
         got, want = fast.sequence(block, [0.0] * k), slow.sequence(block.updates(), [0.0] * k)
+        assert not isinstance(got.record_of, dict)  # the block's own path
         assert_same(got, want, fast, slow)
-    assert sum(segments) > 10 and not all(segments)  # some repeat pairs too often: record by record
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_the_vertex_table_looks_up_what_the_index_holds(seed):
-    """Vertices.lookup gives index.get(x, -1) for any int64 x, while vertices are added (ids inside
-    the table, past it, negative, numpy ints) and retired, from a graph with retired vertices."""
-    rng = np.random.default_rng(seed)
-    n = 50
-    ext = rng.choice(4 * n, n, replace=False)
-    g0 = Graph.from_edges(np.zeros(n, np.int64), np.array([0]), np.array([1]), ext_ids=ext)
-    vx = Vertices(g0, retired=rng.random(n) < 0.2)
-    for _ in range(300):
-        r = rng.random()
-        if r < 0.4:
-            new = [int(rng.integers(0, 8 * n)), -int(rng.integers(1, 9)), 10**12 + int(rng.integers(0, 3)),
-                   np.int64(rng.integers(0, 8 * n))][int(rng.integers(0, 4))]
-            if new not in vx.index:
-                vx.add(new, 0)
-        elif r < 0.7 and vx.index:
-            vx.retire(vx.index[list(vx.index)[int(rng.integers(0, len(vx.index)))]])
-        probe = np.concatenate([rng.integers(-10, 10 * n, 40), list(vx.index)[:5], [10**12, 10**12 + 1]]).astype(np.int64)
-        want = np.array([vx.index.get(int(x), -1) for x in probe], np.int64)
-        assert np.array_equal(vx.lookup(probe), want)
-        inside = probe[(probe >= 0) & (probe < len(vx.table))]
-        assert np.array_equal(vx.lookup(inside), np.array([vx.index.get(int(x), -1) for x in inside], np.int64))
-    assert len(vx.table) > 0
-
-
-def test_string_ids_have_no_vertex_table():
-    g0 = Graph.from_edges(np.zeros(3, np.int64), np.array([0]), np.array([1]), ext_ids=np.array(["a", "b", "1"], object))
-    vx = Vertices(g0)
-    assert len(vx.table) == 0
-    assert vx.lookup(np.array([0, 1, 2], np.int64)).tolist() == [-1, -1, -1]
+    assert repeats > 30

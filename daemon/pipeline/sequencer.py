@@ -28,7 +28,6 @@ FIRST_WINDOW, MAX_WINDOW = 1 << 11, 1 << 16  # block rows checked ahead: at firs
 # integer external ids below TABLE_SPAN times the vertex count plus TABLE_MIN are looked up
 # in an array (Vertices.table), sparser ones in the dict alone
 TABLE_SPAN, TABLE_MIN = 4, 1 << 16
-MAX_SEGMENTS = 8  # a block batch that names pairs again is checked in at most this many runs free of repeats
 FEW_RECORDS = 16  # batches of Updates up to this size are sequenced record by record (about half the time)
 # why an update changed nothing: the keys of Sequencer.ignored (the daemon's metric shows each from the start)
 IGNORED_REASONS = (SELF_LOOP, DUPLICATE_INSERT, MISSING_DELETE, DUPLICATE_VERTEX, MISSING_VERTEX) = (
@@ -144,7 +143,6 @@ class _Checked(NamedTuple):
     sign: np.ndarray
     valid: np.ndarray
     reason: np.ndarray
-    key: np.ndarray  # the vertex pair (negative: none, a self-loop)
     invalid: np.ndarray  # invalid[i]: how many of the first i records are not valid
 
 
@@ -170,8 +168,7 @@ class Sequencer:
 
     def _edges_only(self, records: list[Update], arrived: list[float]) -> UpdateBatch | None:
         """The common batch, with numpy instead of a Python step per record: edge records between
-        existing vertices, each vertex pair at most once. None for any other batch (_general
-        takes it, with the same result)."""
+        existing vertices. None for any other batch (_general takes it, with the same result)."""
         if not records:
             return None
         op = np.array([OPS.index(r.op) for r in records], np.int8)
@@ -183,9 +180,9 @@ class Sequencer:
                                                                 records)), arrived)
 
     def _edges_block(self, block: UpdateBlock, arrived: list[float]) -> UpdateBatch | None:
-        """_edges_only for a block. The rows after the batch are checked with it, up to a window
-        (ignoring none: a pair named again ends the check there), so the batches cut from the
-        same block next take their ops from that check, without array work of their own."""
+        """_edges_only for a block. The rows after the batch are checked with it, up to a window,
+        so that the batches cut from the same block next take their ops from that check, without
+        array work of their own: nothing but those rows changes the graph in between."""
         root, at = block.cut_from or (block, 0)
         k = len(block)
         last = self._checked
@@ -195,73 +192,55 @@ class Sequencer:
             checked = self._check(root.op[at:hi], ids, root.label[at:hi], k)
             if checked is None:
                 self._checked = None
-                checked = self._in_segments(block)
-                return None if checked is None else self._batch(checked, 0, k, BlockRecords(block, self.next_seq),
-                                                                arrived)
-            # the next window: twice what was free of repeats this time (a long run grows, a short one shrinks)
+                return None
+            # the next window: twice what this one held (a long run of edge records grows it, one cut
+            # short by a vertex record or an unknown vertex shrinks it)
             self._window = min(max(2 * len(checked.valid), k), MAX_WINDOW)
             last = (root, at, checked, at)
         self._checked = last[:3] + (at + k,)
         return self._batch(last[2], at - last[1], k, BlockRecords(block, self.next_seq), arrived)
 
-    def _in_segments(self, block: UpdateBlock) -> _Checked | None:
-        """A block batch of edge records that names some vertex pair again (a stream that undoes
-        what it did, a batch across two rounds of it), checked in segments that name no pair
-        twice, each against the latest state as the segments before it leave it. None where a
-        segment would start at a record _check refuses (a vertex record, an unknown vertex), or
-        after MAX_SEGMENTS segments: a batch that repeats pairs that often goes record by record."""
-        parts, changed, lo = [], None, 0
-        while lo < len(block) and len(parts) < MAX_SEGMENTS:
-            ids = self.vertices.lookup(np.concatenate([block.u[lo:], block.v[lo:]]))
-            part = self._check(block.op[lo:], ids, block.label[lo:], 1, changed)
-            if part is None:
-                return None
-            parts.append(part)
-            lo += len(part.valid)
-            # the pairs this segment changed, over those the earlier ones changed: their labels now (-1: absent)
-            keys = np.concatenate([part.key[part.valid]] + ([changed[0]] if changed else []))
-            labels = np.concatenate([np.where(part.sign > 0, part.label, -1)[part.valid]] + ([changed[1]] if changed else []))
-            keys, first = np.unique(keys, return_index=True)  # this segment's first: it comes later
-            changed = (keys, labels[first])
-        if lo < len(block):
-            return None
-        cols = [np.concatenate([getattr(p, f) for p in parts]) for f in _Checked._fields[:-1]]
-        return _Checked(*cols, np.concatenate(([0], np.cumsum(~cols[_Checked._fields.index("valid")]))))
-
-    def _check(self, op, ids, label, need: int, changed: tuple | None = None) -> _Checked | None:
+    def _check(self, op, ids, label, need: int) -> _Checked | None:
         """The longest prefix of these records (op: an index into OPS; ids: the internal ids of
-        their u's, then of their v's, -1 unknown) that are edge records between known vertices
-        and name no vertex pair twice, checked against the latest state (with no pair twice, no
-        record's outcome depends on another's); None if it is shorter than `need`. changed:
-        pairs that records before these changed in the same batch, not applied yet (sorted keys,
-        their live labels, -1 where absent)."""
+        their u's, then of their v's, -1 unknown) that are edge records between known vertices,
+        each checked against the latest state as the records before it leave it; None if it is
+        shorter than `need`.
+
+        A vertex pair's records are checked together, in their order: whatever a record's outcome,
+        an insertion leaves the pair's edge present and a deletion leaves it absent, so each record
+        finds the edge as the record before it on the same pair left it (the first, as the engine
+        holds it), and a deletion removes the label of the pair's last valid insertion before it
+        (of the first's stored edge where none)."""
         m = len(op)
         a, b = ids[:m], ids[m:]
-        pair = a != b
-        key = np.where(pair, np.minimum(a, b) * self.vertices.n + np.maximum(a, b), -1 - np.arange(m))
         bad = np.flatnonzero((op > OPS.index(DELETE_EDGE)) | (a < 0) | (b < 0))
-        stop = min(m, bad[0] if len(bad) else m)
-        ordered = np.sort(key)
-        if (ordered[1:] == ordered[:-1]).any():  # a pair named again: the stable order finds where
-            order = np.argsort(key, kind="stable")
-            again = order[1:][key[order[1:]] == key[order[:-1]]]  # records whose pair came before
-            stop = min(stop, again.min(initial=m))
+        stop = bad[0] if len(bad) else m
         if stop < need:
             return None
-        a, b, pair, insert = a[:stop], b[:stop], pair[:stop], op[:stop] == OPS.index(INSERT_EDGE)
+        a, b, insert, label = a[:stop], b[:stop], op[:stop] == OPS.index(INSERT_EDGE), label[:stop]
+        pair = a != b
+        key = np.where(pair, np.minimum(a, b) * self.vertices.n + np.maximum(a, b), -1 - np.arange(stop))
         live = np.full(stop, -1, np.int64)
         live[pair] = self.engine.live_edge_labels(a[pair], b[pair])
-        if changed is not None and len(changed[0]):
-            at = np.minimum(np.searchsorted(changed[0], key[:stop]), len(changed[0]) - 1)
-            hit = changed[0][at] == key[:stop]
-            live[hit] = changed[1][at[hit]]
-        valid = pair & ((live < 0) == insert)  # an insertion of an absent edge, a deletion of a live one
+        order = np.argsort(key, kind="stable")  # by pair, in time within each
+        k, ins = key[order], insert[order]
+        first = np.ones(stop, bool)
+        first[1:] = k[1:] != k[:-1]
+        present = np.where(first, live[order] >= 0, np.roll(ins, 1))  # before each record (sorted)
+        valid = np.empty(stop, bool)
+        valid[order] = pair[order] & (present != ins)  # an insertion of an absent edge, a deletion of a live one
+        # each record's pair's last valid insertion before it (sorted positions), if in its group
+        made = np.maximum.accumulate(np.where(ins & valid[order], np.arange(stop), -1))
+        prior = np.r_[-1, made[:-1]]
+        start = np.maximum.accumulate(np.where(first, np.arange(stop), 0))
+        stored = np.empty(stop, np.int64)
+        stored[order] = np.where(prior >= start, label[order][np.maximum(prior, 0)], live[order])
         reason = np.full(stop, -1, np.int8)
         for r, rows in enumerate((insert & ~pair, insert & pair & ~valid, ~insert & ~valid)):  # IGNORED_REASONS
             reason[rows] = r
         # an insertion carries its record's label, a deletion the stored edge's: it is what vanishes
-        return _Checked(a, b, np.where(insert, label[:stop], live), insert * np.int64(2) - 1, valid, reason,
-                        key[:stop], np.concatenate(([0], np.cumsum(~valid))))
+        return _Checked(a, b, np.where(insert, label, stored), insert * np.int64(2) - 1, valid, reason,
+                        np.concatenate(([0], np.cumsum(~valid))))
 
     def _batch(self, checked: _Checked, lo: int, k: int, record_of, arrived) -> UpdateBatch:
         """The batch of the checked records lo .. lo + k - 1, numbered from next_seq."""
