@@ -3,14 +3,16 @@
 Throughput, for two workloads, count-only (every human match would be some 10^9 delta
 rows): the human insertion stream with Q_1..Q_100 registered, and the mixed
 insert/delete stream made from yeast (bench/replay_yeast.py's, seeded) with its 17
-queries. --rounds H Y makes the streams H and Y rounds long (32 and 16: some 2 and 15 s
-on one instance of the compiled engine), so that the measurement is the
+queries. --rounds H Y makes the streams H and Y rounds long (128 and 16: some 3.5 and 15 s
+on one instance of the compiled engine, 4 threads), so that the measurement is the
 steady state (as in production) rather than start-up and drain: round 1 is the stream
 itself, round 2 undoes it (every insertion deleted, every deletion re-inserted), round 3
 does it again, and so on, each round in its own seeded order. Every update of every round
 changes the graph and is matched at its own timestamp: real work, not padding. One human
-round lasts about 0.1 s on one instance, too short for the split part to show (start-up
-of the pipeline, the last batch's drain and the commit interval weigh as much).
+round lasts about 0.03 s on one instance, too short for the split part to show (start-up
+of the pipeline, the last batch's drain and the commit interval weigh as much); 32 rounds,
+the default until the human stream's run fell to 0.8 s, leave the 100 ms commit interval
+and the drain an eighth of a run and more.
 
 Before the measured runs of a workload, one unmeasured run (one instance, a piece of its
 first round and of its undoing) fills numba's on-disk cache: on a fresh machine the first
@@ -213,7 +215,7 @@ def main() -> None:
                     help="the engine of the throughput runs (numpy: slower matching, so it weighs more)")
     ap.add_argument("--gpus", type=int, default=1, help="with --backend gpu: instance i runs on GPU i mod GPUS")
     ap.add_argument("--workloads", nargs="+", choices=("human", "yeast"), default=["human", "yeast"])
-    ap.add_argument("--rounds", type=int, nargs=2, default=[32, 16], metavar=("HUMAN", "YEAST"),
+    ap.add_argument("--rounds", type=int, nargs=2, default=[128, 16], metavar=("HUMAN", "YEAST"),
                     help="rounds of each stream: the stream, its undoing, the stream again, ... (1: the stream alone)")
     ap.add_argument("--stages", action="store_true", help="time each instance's stages (bench/stage_timers.py)")
     ap.add_argument("--per-record", type=int, default=1, metavar="K",

@@ -14,7 +14,7 @@ import weakref
 import numpy as np
 
 from csmd.cpu.arena import graph_view
-from csmd.cpu.dfs import DONE, LIMIT, match_units, plan_units, static_step
+from csmd.cpu.dfs import DONE, LIMIT, match_units, nonzero_rows, plan_units, static_step
 from csmd.cpu.plans import BACKWARD, Memo, branch_order, joined, new_state, plan_set
 from csmd.cpu.engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
@@ -200,9 +200,7 @@ class CompiledEngine(CpuEngine):
         out = {}
         counted = [i for i, cq in enumerate(queries) if cq.count_only]
         if counted:  # one pass over the counts of all of them: a batch has a hundred queries, most with a few hits
-            per_query = counts[counted]
-            which, op = np.nonzero(per_query)  # by query, then op
-            hits = per_query[which, op]
+            which, op, hits = nonzero_rows(counts, np.array(counted, np.int64))  # by query, then op
             cuts = np.searchsorted(which, np.arange(len(counted) + 1)).tolist()
             for k, i in enumerate(counted):
                 if cuts[k] < cuts[k + 1]:

@@ -371,6 +371,26 @@ def plan_units(labels, e_a, e_b, e_el, keys, by_key, plan_el, plan_query, select
 
 
 @njit(cache=True, nogil=True)
+def nonzero_rows(counts, rows):
+    """The nonzero entries of counts[rows], by row then column: (index into rows, column, value).
+    A numpy gather and nonzero copied and scanned a hundred queries' counts of a batch's ops
+    under the interpreter lock, which every stage of a cluster instance waits on."""
+    n = 0
+    for r in rows:
+        for c in range(counts.shape[1]):
+            n += counts[r, c] != 0
+    which, col, val = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    n = 0
+    for i in range(len(rows)):
+        for c in range(counts.shape[1]):
+            x = counts[rows[i], c]
+            if x != 0:
+                which[n], col[n], val[n] = i, c, x
+                n += 1
+    return which, col, val
+
+
+@njit(cache=True, nogil=True)
 def match_units(gv, ps, unit_e, unit_p, e_seq, e_a, e_b, counts, taken, grain, materialize, width, memo, sid):
     """Incremental matching of a batch's edge ops, unit by unit (plan_units: an op with one plan
     of a query), the units taken `grain` at a time from the counter `taken` that every thread of
