@@ -57,7 +57,7 @@ def test_config_layers_defaults_file_and_environment(tmp_path):
     ('[topics]\ninput = ""\n', {}, "[topics] input must be a Kafka topic name"),
     ('[topics]\ncontrol = "a b"\n', {}, "[topics] control must be a Kafka topic name"),
     ('[topics]\nmax_message_bytes = 10\n', {}, "[topics] max_message_bytes must be at least 10000, got 10"),
-    ('[pipeline]\nbatch_size = 99999999\n', {}, "[pipeline] batch_size (99999999) must not exceed max_batch (4096)"),
+    ('[pipeline]\nbatch_size = 99999999\n', {}, "[pipeline] batch_size (99999999) must not exceed max_batch (16384)"),
     ('[checkpoint]\ndir = "c.toml"\n', {}, "[checkpoint] dir"),
 ])
 def test_config_errors_name_the_file_and_key(tmp_path, text, env, message):

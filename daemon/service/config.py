@@ -63,10 +63,15 @@ DEFAULTS: dict[str, dict] = {
         "batch_size": 64,
         "batch_wait_ms": 0.125,
         # while the executor is behind, a batch takes up to this many records (never fewer than
-        # batch_size): high rates are matched in large batches, low ones in small batches
-        "max_batch": 4096,
+        # batch_size): high rates are matched in large batches, low ones in small batches. Each
+        # batch costs host work whatever its size (a graph version per touched vertex, a Kafka
+        # record per query): 16384, not 4096, took a 4-instance cluster on the human stream from
+        # 1.30x to 2.00x its single instance's rate (bench/cluster.py, same H100 host)
+        "max_batch": 16384,
         "queue_depth": 4,
-        "max_pending_records": 20_000,  # the consumer pauses above this many records in flight
+        # the consumer pauses above this many records in flight: some 5 of the largest batches,
+        # so that the updater can form the next while the executor works
+        "max_pending_records": 80_000,
         "threads": 0,  # the compiled CPU engine's threads; 0: CSMD_THREADS, else the cores
     },
     "delivery": {
