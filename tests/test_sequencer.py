@@ -129,3 +129,36 @@ def test_block_batches_that_name_pairs_again_take_the_numpy_path_with_the_genera
         assert not isinstance(got.record_of, dict)  # the block's own path
         assert_same(got, want, fast, slow)
     assert repeats > 30
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_vertex_table_looks_up_what_the_index_holds(seed):
+    """Vertices.lookup gives index.get(x, -1) for any int64 x, while vertices are added (ids inside
+    the table, past it, negative, numpy ints) and retired, from a graph with retired vertices."""
+    rng = np.random.default_rng(seed)
+    n = 50
+    ext = rng.choice(4 * n, n, replace=False)
+    g0 = Graph.from_edges(np.zeros(n, np.int64), np.array([0]), np.array([1]), ext_ids=ext)
+    vx = Vertices(g0, retired=rng.random(n) < 0.2)
+    for _ in range(300):
+        r = rng.random()
+        if r < 0.4:
+            new = [int(rng.integers(0, 8 * n)), -int(rng.integers(1, 9)), 10**12 + int(rng.integers(0, 3)),
+                   np.int64(rng.integers(0, 8 * n))][int(rng.integers(0, 4))]
+            if new not in vx.index:
+                vx.add(new, 0)
+        elif r < 0.7 and vx.index:
+            vx.retire(vx.index[list(vx.index)[int(rng.integers(0, len(vx.index)))]])
+        probe = np.concatenate([rng.integers(-10, 10 * n, 40), list(vx.index)[:5], [10**12, 10**12 + 1]]).astype(np.int64)
+        want = np.array([vx.index.get(int(x), -1) for x in probe], np.int64)
+        assert np.array_equal(vx.lookup(probe), want)
+        inside = probe[(probe >= 0) & (probe < len(vx.table))]
+        assert np.array_equal(vx.lookup(inside), np.array([vx.index.get(int(x), -1) for x in inside], np.int64))
+    assert len(vx.table) > 0
+
+
+def test_string_ids_have_no_vertex_table():
+    g0 = Graph.from_edges(np.zeros(3, np.int64), np.array([0]), np.array([1]), ext_ids=np.array(["a", "b", "1"], object))
+    vx = Vertices(g0)
+    assert len(vx.table) == 0
+    assert vx.lookup(np.array([0, 1, 2], np.int64)).tolist() == [-1, -1, -1]
