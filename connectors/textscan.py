@@ -75,6 +75,23 @@ def _stripped(buf, s, e):
 
 
 @njit(cache=True, nogil=True)
+def _row(buf, pos, end, val, rows, line, at, op, u, v, label):
+    """The line buf[pos:end] (number `line`) into row `rows` of the columns at, op, u, v, label:
+    returns rows + 1 for a plain update line, rows for a blank line or a comment, -1 for any
+    other line."""
+    s, e = _stripped(buf, pos, end)
+    if s == e or buf[s] == 35:
+        return rows
+    o = _plain(buf, s, e, val)
+    if o < 0:
+        return -1
+    at[rows], op[rows], u[rows] = line, o, val[0]
+    v[rows] = val[1] if o < 2 else -1
+    label[rows] = val[3]
+    return rows + 1
+
+
+@njit(cache=True, nogil=True)
 def scan(buf, pos, lineno):
     """The plain lines of buf[pos:] up to the first other one. buf holds whole lines (the last
     may lack its newline); lineno is the number of the line at pos. Returns (rows, where the
@@ -95,15 +112,10 @@ def scan(buf, pos, lineno):
         end = pos
         while end < n and buf[end] != 10:
             end += 1
-        s, e = _stripped(buf, pos, end)
-        if s < e and buf[s] != 35:  # not blank, not a comment: must be plain
-            op = _plain(buf, s, e, val)
-            if op < 0:
-                break
-            out_line[rows], out_op[rows], out_u[rows] = lineno, op, val[0]
-            out_v[rows] = val[1] if op < 2 else -1
-            out_label[rows] = val[3]
-            rows += 1
+        got = _row(buf, pos, end, val, rows, lineno, out_line, out_op, out_u, out_v, out_label)
+        if got < 0:
+            break
+        rows = got
         pos = end + 1
         lineno += 1
     return (rows, pos, lineno, out_line[:rows], out_op[:rows], out_u[:rows], out_v[:rows], out_label[:rows])
@@ -154,16 +166,11 @@ def scan_records(buf, ends):
             while end < stop and buf[end] != 10:
                 end += 1
             line += 1
-            s, e = _stripped(buf, pos, end)
-            if s < e and buf[s] != 35:  # not blank, not a comment: must be plain
-                o = _plain(buf, s, e, val)
-                if o < 0:
-                    ok = False
-                    break
-                part[rows], op[rows], u[rows] = line, o, val[0]
-                v[rows] = val[1] if o < 2 else -1
-                label[rows] = val[3]
-                rows += 1
+            got = _row(buf, pos, end, val, rows, line, part, op, u, v, label)
+            if got < 0:
+                ok = False
+                break
+            rows = got
             pos = end + 1
         if not ok or rows == first:
             rows = first
