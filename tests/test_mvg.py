@@ -65,3 +65,19 @@ def test_reads_at_every_readable_timestamp_match_the_model(graph_type, seed):
     assert g.compactions >= 6
     live = sorted((p[0], p[1], lv[-1][2]) for p, lv in lives.items() if lv[-1][1] == INF)
     assert sorted(zip(*(x.tolist() for x in g.live_edges()))) == live
+
+
+@pytest.mark.parametrize("vertices", [40, 100_000])  # counting sort by endpoint; a mergesort (few ops, many vertices)
+@pytest.mark.parametrize("seed", range(4))
+def test_batch_ops_are_ordered_by_endpoint_neighbour_label_neighbour_then_time(vertices, seed):
+    from csmd.cpu.updater import _by_vertex
+
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 3, vertices).astype(np.int32)
+    ops = int(rng.integers(1, 400))
+    a, b = rng.integers(0, 40, (2, ops))  # ops on the first 40 vertices: endpoints and pairs repeat
+    order, own, nbr, key = _by_vertex(labels, a, b)
+    assert own.tolist() == np.column_stack([a, b]).reshape(-1).tolist()
+    assert nbr.tolist() == np.column_stack([b, a]).reshape(-1).tolist()
+    want = np.lexsort((np.arange(2 * ops), nbr, labels[nbr], own))  # the last key sorts first
+    assert order.tolist() == want.tolist()

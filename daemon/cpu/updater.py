@@ -46,6 +46,9 @@ class Arena(NamedTuple):
 
 
 _NONE = np.int64(1) << 62  # a label or neighbour beyond every real one
+COUNTING_SORT = 8  # a batch's ops are put in endpoint order by counting while the graph has at most
+                   # this many vertices per op endpoint (the counts cost one pass over the vertices):
+                   # a mergesort of the endpoints was 40% of the apply of a human batch of 16384
 
 
 @njit(cache=True, nogil=True)
@@ -58,7 +61,18 @@ def _by_vertex(labels, a, b):
     for i in range(len(a)):
         own[2 * i], nbr[2 * i], own[2 * i + 1], nbr[2 * i + 1] = a[i], b[i], b[i], a[i]
     key = (labels[nbr].astype(np.int64) << 32) | nbr
-    order = np.argsort(own, kind="mergesort")
+    if len(labels) <= COUNTING_SORT * m:  # by endpoint in O(m + |V|), in time order within each
+        at = np.zeros(len(labels) + 1, np.int64)
+        for x in range(m):
+            at[own[x] + 1] += 1
+        for u in range(len(labels)):
+            at[u + 1] += at[u]
+        order = np.empty(m, np.int64)
+        for x in range(m):
+            order[at[own[x]]] = x
+            at[own[x]] += 1
+    else:  # a small batch on a big graph
+        order = np.argsort(own, kind="mergesort")
     lo = 0
     for x in range(1, m + 1):  # each endpoint's run by key, stably
         if x < m and own[order[x]] == own[order[lo]]:
