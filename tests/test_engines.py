@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -79,3 +81,37 @@ def test_warm_up_runs_every_kind_of_batch_through_a_throwaway_engine(backend):
     # e 9 1 close nothing (9-1 has edge label 1); -e 0 2 opens 0-1-2 (-6); -v 9 takes no triangle;
     # e 0 3 closes 0-1-3 (+6); e 2 3 is a repeat (ignored)
     assert deltas == {"count": 24, "rows": 24} and seconds > 0
+
+
+def test_after_the_warm_up_a_stream_and_its_compaction_compile_nothing():
+    """In a fresh process with an empty numba cache: once warm_up("cpu") ran, applying, matching,
+    releasing and compacting a real engine's graph finds every kernel compiled already."""
+    code = """
+import numpy as np
+from numba.core.registry import CPUDispatcher
+import csmd.cpu.arena, csmd.cpu.dfs, csmd.cpu.updater
+from csmd.engines import continuous_engine, warm_up
+from csmd.model.formats import parse_update
+from csmd.model.graph import Graph
+from csmd.pipeline.stages import Pipeline
+
+def compiled():
+    mods = (csmd.cpu.arena, csmd.cpu.dfs, csmd.cpu.updater)
+    return {f"{m.__name__}.{k}": len(v.signatures) for m in mods for k, v in vars(m).items() if isinstance(v, CPUDispatcher)}
+
+warm_up("cpu")
+before = compiled()
+g0 = Graph.from_edges([0] * 6, [0, 1, 2, 3], [1, 2, 3, 4], [0] * 4)
+tri = Graph.from_edges([0] * 3, [0, 1, 0], [1, 2, 2], [0] * 3)
+pipe = Pipeline(g0, engine=continuous_engine("cpu", g0, threads=2), batch_size=4, threaded=False)
+pipe.add_query("count", tri, True)
+lines = ["e 0 2 0", "e 1 3 0", "e 3 5 0", "-e 1 2 0", "e 2 4 0", "-e 0 2 0", "e 1 2 0", "e 0 5 0"]
+pipe.run((parse_update(line, "t", i) for i, line in enumerate(lines)), lambda r: None)
+pipe.engine.mvg.compact()
+assert pipe.engine.mvg.compactions == 1
+print(sorted(k for k, n in compiled().items() if n != before[k]))
+"""
+    with tempfile.TemporaryDirectory() as cache:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "NUMBA_CACHE_DIR": cache}).stdout
+    assert out.strip() == "[]"
