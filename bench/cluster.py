@@ -71,6 +71,7 @@ from kafka_harness import CSMD, Cluster, kill_leftovers  # noqa: E402
 from replay_yeast import QUERIES as YEAST_QUERIES, make_stream  # noqa: E402
 
 from csmd.connectors.broker import EmbeddedBroker  # noqa: E402
+from csmd.service.config import tomllib  # noqa: E402  (tomli before Python 3.11)
 
 SHARDS = 12
 STAGE_TIMERS = [sys.executable, str(Path(__file__).resolve().parent / "stage_timers.py")]
@@ -112,14 +113,16 @@ def in_rounds(lines: list[str], rounds: int) -> list[str]:
 
 
 def cluster(root: Path, bootstrap: str, w: Workload, tag: str, threads: int, backend: str = "cpu",
-            command=CSMD, gpus: int = 1, max_batch: int | None = None, **settings) -> Cluster:
-    """Daemons for the workload; with the GPU engine, instance a on GPU 0, b on GPU 1, ... (mod `gpus`)."""
+            command=CSMD, gpus: int = 1, config: dict | None = None, **settings) -> Cluster:
+    """Daemons for the workload; with the GPU engine, instance a on GPU 0, b on GPU 1, ... (mod
+    `gpus`); `config`: {section: {key: value}} over the workload's settings."""
     work = root / tag
     work.mkdir()
     overrides = {"graph": {"initial": str(w.graph)},
                  "queries": {"paths": [str(q) for q in w.queries], "count_only": True},
-                 "pipeline": {"backend": backend, **({"max_batch": max_batch} if max_batch else {})},
-                 "log": {"level": "warning"}}
+                 "pipeline": {"backend": backend}, "log": {"level": "warning"}}
+    for section, values in (config or {}).items():
+        overrides.setdefault(section, {}).update(values)
 
     def env(name: str) -> dict:
         gpu = {"CUDA_VISIBLE_DEVICES": str((ord(name) - ord("a")) % gpus)} if backend == "gpu" else {}
@@ -129,7 +132,7 @@ def cluster(root: Path, bootstrap: str, w: Workload, tag: str, threads: int, bac
 
 
 def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
-               stages: bool, gpus: int = 1, per_record: int = 1, max_batch: int | None = None) -> tuple[float, dict[str, dict] | None]:
+               stages: bool, gpus: int = 1, per_record: int = 1, config: dict | None = None) -> tuple[float, dict[str, dict] | None]:
     """Updates/s of `n` instances, the stream's lines `per_record` to an input record; with
     `stages`, each instance's stage timers and events, the event times in seconds after the
     first record was produced."""
@@ -139,7 +142,7 @@ def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
     timers.mkdir()
     with broker(root, tag) as b:
         c = cluster(root, b.bootstrap, w, tag, threads, backend, [*STAGE_TIMERS, str(timers)] if stages else CSMD,
-                    gpus, max_batch)
+                    gpus, config)
         names = [chr(ord("a") + i) for i in range(n)]
         c.start(*names)
         c.wait_balanced(names)
@@ -220,12 +223,15 @@ def main() -> None:
     ap.add_argument("--stages", action="store_true", help="time each instance's stages (bench/stage_timers.py)")
     ap.add_argument("--per-record", type=int, default=1, metavar="K",
                     help="updates per input record (text lines; a producer that batches its updates)")
-    ap.add_argument("--max-batch", type=int, metavar="N",
-                    help="[pipeline] max_batch: the most updates a batch grows to while the executor is behind")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", type=setting,
+                    help="a daemon setting for the throughput runs (TOML value), e.g. pipeline.max_batch=4096; repeatable")
     args = ap.parse_args()
     if not (args.datasets / "human" / "queries").is_dir():
         sys.exit(f"bench/cluster.py: {args.datasets / 'human'} not found (use --datasets DIR)")
     args.datasets = args.datasets.resolve()  # the daemons run in their own folders
+    config: dict[str, dict] = {}
+    for section, key, value in args.set:
+        config.setdefault(section, {})[key] = value
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(args.instances))
     rates, failovers, workloads, stages = {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -237,10 +243,10 @@ def main() -> None:
                 w = workloads[name] = make(args.datasets, root, rounds)
                 first = w.lines[:len(w.lines) // rounds]
                 throughput(root, w._replace(lines=in_rounds(first[:200], 2)), 1, "warm-up", threads, args.backend,
-                           False, args.gpus, args.per_record, args.max_batch)
+                           False, args.gpus, args.per_record, config)
                 for n in args.instances:
                     runs = [throughput(root, w, n, r, threads, args.backend, args.stages, args.gpus, args.per_record,
-                                       args.max_batch)
+                                       config)
                             for r in range(args.runs)]
                     rates[name, n] = [rate for rate, _ in runs]
                     stages[name, n] = runs[-1][1]
@@ -295,6 +301,18 @@ def print_stages(workloads: dict[str, Workload], stages: dict, per_record: int) 
                   + f" {longest:>10.10} {t[longest][3]:>5.3f}"
                   + f" {ev.get('last record', float('nan')):>8.3f} {ev.get('last batch out', float('nan')):>8.3f}"
                   + f" {committed:>9.3f}")
+
+
+def setting(text: str) -> tuple[str, str, object]:
+    """--set's SECTION.KEY=VALUE: (section, key, the value read as TOML)."""
+    name, eq, value = text.partition("=")
+    section, dot, key = name.partition(".")
+    if not (eq and dot and section and key):
+        raise argparse.ArgumentTypeError(f"expected SECTION.KEY=VALUE, got {text!r}")
+    try:
+        return section, key, tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: the value is not TOML ({exc})") from None
 
 
 def queries_of(w: Workload) -> list[Path]:
