@@ -20,7 +20,11 @@ sorted by (neighbor label, neighbor). `e_key = group << 31 | neighbor` and
 label l at T" and "edge {a, b} at T" are vectorized searchsorted calls. A version's
 groups are contiguous, [v_gs, v_ge): compiled reads search those few, not all of g_key
 (a search over the whole table costs a cache miss a step, many times per update). Freed
-versions leave holes that a compaction removes once they outweigh live data.
+versions leave holes that a compaction removes once they outweigh live data; it renumbers the
+live versions too (in arena order, so both keys stay sorted), else the version table would grow
+by every version ever made (a daemon's graph, every touched vertex of every batch: gigabytes a
+day). Version ids are therefore only stable between compactions: apply's tokens (one array of
+replaced versions per batch) are kept here until freed and renumbered with the rest.
 """
 
 from __future__ import annotations
@@ -113,6 +117,7 @@ class MultiVersionGraph:
             self.e_key = _Buf(np.int64, (group_of.astype(np.int64) << SHIFT) | nbrs)
         self.freed_entries = 0
         self.compactions = 0
+        self._held: dict[int, np.ndarray] = {}  # id -> apply's tokens not freed yet
 
     # ---- vertices -------------------------------------------------------------------------
     @property
@@ -220,8 +225,9 @@ class MultiVersionGraph:
         Works on all touched vertices at once, as the GPU updater does: per vertex the
         deletions before its first insertion set dt in place; from that insertion on,
         its live entries are copied, merged with the inserted ones, the later deletions
-        closed, and the whole sorted into a new version. Returns the replaced versions
-        as (version, replaced_at) for the GC graph.
+        closed, and the whole sorted into a new version. Returns the batch's replaced versions
+        for the GC graph: [] or one (token, replaced_at), the token an array of the versions
+        (_token), replaced_at the latest of their replacements.
         """
         # each undirected op touches both endpoints; order by (vertex, time)
         own = np.concatenate([a, b]).astype(np.int64)
@@ -303,7 +309,7 @@ class MultiVersionGraph:
         self.v_ee.extend(v_es + counts)
         self.v_live.extend(np.ones(len(vs), bool))
         self.cur.a[vs] = vids
-        return list(zip(old[has_old].tolist(), ts0[has_old].tolist()))
+        return self._token(old[has_old], ts0[has_old])
 
     def _live_entry(self, v: np.ndarray, nbr: np.ndarray) -> np.ndarray:
         """Positions of the live (dt == INF) entries v -> nbr in v's newest version."""
@@ -315,15 +321,37 @@ class MultiVersionGraph:
         return pos
 
     # ---- garbage collection ------------------------------------------------------------------------
-    def free(self, versions) -> bool:
-        """Release versions no pending read can reach (the GC decided that); True when so many
-        entries are free that `compact` is due (it moves entries: no search may run meanwhile)."""
+    def _token(self, replaced: np.ndarray, at) -> list:
+        """apply's answer for versions replaced at `at`: one token, held (and renumbered by
+        compactions) until freed. A version is released at most one batch later than its own
+        replacement allows, and the GC and the release handle one item per batch."""
+        if not len(replaced):
+            return []
+        token = np.ascontiguousarray(replaced, np.int64)
+        self._held[id(token)] = token
+        return [(token, int(np.max(at)))]
+
+    def free(self, tokens) -> bool:
+        """Release apply's tokens whose versions no pending read can reach (the GC decided that);
+        True when so many entries are free that `compact` is due (it moves entries and renumbers
+        versions: no search may run meanwhile)."""
+        for t in tokens:
+            self._held.pop(id(t), None)
+        versions = np.concatenate(tokens) if len(tokens) else np.zeros(0, np.int64)
         self.freed_entries += self._free(versions)
         return self.freed_entries > max(self.e_nbr.n // 2, 1 << 16)
 
-    def _free(self, versions) -> int:
+    def _renumbered(self, new_id: np.ndarray) -> None:
+        """After a compaction moved version v to new_id[v] (-1: freed): the newest versions and the
+        tokens not freed yet follow (the version table's own columns moved with it)."""
+        cur = self.cur.view()
+        cur[cur >= 0] = new_id[cur[cur >= 0]]
+        for token in self._held.values():
+            token[:] = new_id[token]
+
+    def _free(self, versions: np.ndarray) -> int:
         """Mark the versions freed (each once); returns how many entries they held."""
-        vid = np.unique(np.asarray(versions, np.int64))
+        vid = np.unique(versions)
         vid = vid[self.v_live.a[vid]]
         self.v_live.a[vid] = False
         return int((self.v_ee.a[vid] - self.v_es.a[vid]).sum())
@@ -333,7 +361,7 @@ class MultiVersionGraph:
         return int(self.v_live.view().sum())
 
     def compact(self) -> None:
-        """Drop freed versions' entries; version ids stay, group ids and entry offsets move."""
+        """Drop freed versions' entries and ids: live versions, groups and entries move down, in order."""
         live = np.flatnonzero(self.v_live.view())
         es, ee = self.v_es.a[live], self.v_ee.a[live]
         take = gather_ranges(es, ee - es)
@@ -352,12 +380,19 @@ class MultiVersionGraph:
         self.e_ct = _Buf(np.int64, self.e_ct.a[take])
         self.e_dt = _Buf(np.int64, self.e_dt.a[take])
         self.e_key = _Buf(np.int64, (group_of.astype(np.int64) << SHIFT) | nbr)
-        self.g_key = _Buf(np.int64, gkey[gkeep])
         self.g_start = _Buf(np.int64, g_start)
         self.g_end = _Buf(np.int64, g_end)
-        self.v_es.a[live] = new_es
-        self.v_ee.a[live] = new_es + (ee - es)
-        self.v_gs.a[live] = np.searchsorted(gvid[gkeep], live, "left")
-        self.v_ge.a[live] = np.searchsorted(gvid[gkeep], live, "right")
+        new_id = np.full(self.v_vertex.n, -1, np.int64)
+        new_id[live] = np.arange(len(live))
+        self.g_key = _Buf(np.int64, (new_id[gvid[gkeep]] << SHIFT) | (gkey[gkeep] & ((1 << SHIFT) - 1)))
+        prev = self.v_prev.a[live]
+        columns = {self.v_vertex: self.v_vertex.a[live], self.v_ct_min: self.v_ct_min.a[live],
+                   self.v_prev: np.where(prev >= 0, new_id[np.maximum(prev, 0)], -1), self.v_es: new_es,
+                   self.v_ee: new_es + (ee - es), self.v_gs: np.searchsorted(gvid[gkeep], live, "left"),
+                   self.v_ge: np.searchsorted(gvid[gkeep], live, "right"), self.v_live: np.ones(len(live), bool)}
+        for buf, values in columns.items():
+            buf.a[: len(live)] = values
+            buf.n = len(live)
+        self._renumbered(new_id)
         self.freed_entries = 0
         self.compactions += 1

@@ -215,25 +215,31 @@ def _apply(ar, used, seq, a, b, label, sign):
 
 
 @njit(cache=True, nogil=True)
-def _compact(ar, used):
-    """Move the live versions' entries and groups down over the freed ones, in place: both lie
-    in version order, so every move goes to a lower offset. Versions keep their ids. Advances
-    used to what is kept."""
-    e, g = 0, 0
+def _compact(ar, used, new_id):
+    """Move the live versions, their entries and their groups down over the freed ones, in
+    place: all three lie in version order, so every move goes to a lower position. Version v
+    becomes new_id[v] (-1: freed); a link to a freed version becomes -1 (no read follows it:
+    the GC freed it). Advances used to what is kept."""
+    e, g, k = 0, 0, 0
     for v in range(used[2]):
+        new_id[v] = -1
         if not ar.v_live[v]:
             continue
+        new_id[v] = k
         s, t = ar.v_es[v], ar.v_ee[v]
-        for j in range(s, t):
-            ar.e_nbr[e + j - s], ar.e_el[e + j - s], ar.e_ct[e + j - s], ar.e_dt[e + j - s] = (
-                ar.e_nbr[j], ar.e_el[j], ar.e_ct[j], ar.e_dt[j])
+        if e < s:
+            for j in range(s, t):
+                ar.e_nbr[e + j - s], ar.e_el[e + j - s], ar.e_ct[e + j - s], ar.e_dt[e + j - s] = (
+                    ar.e_nbr[j], ar.e_el[j], ar.e_ct[j], ar.e_dt[j])
         gs, gt = ar.v_gs[v], ar.v_ge[v]
         for x in range(gs, gt):
-            ar.g_key[g + x - gs] = ar.g_key[x]
+            ar.g_key[g + x - gs] = (k << 31) | (ar.g_key[x] & 0x7FFFFFFF)
             ar.g_start[g + x - gs], ar.g_end[g + x - gs] = ar.g_start[x] - s + e, ar.g_end[x] - s + e
-        ar.v_es[v], ar.v_ee[v], ar.v_gs[v], ar.v_ge[v] = e, e + t - s, g, g + gt - gs
-        e, g = e + t - s, g + gt - gs
-    used[0], used[1] = e, g
+        prev = ar.v_prev[v]
+        ar.v_vertex[k], ar.v_ct_min[k], ar.v_prev[k] = ar.v_vertex[v], ar.v_ct_min[v], new_id[prev] if prev >= 0 else -1
+        ar.v_es[k], ar.v_ee[k], ar.v_gs[k], ar.v_ge[k], ar.v_live[k] = e, e + t - s, g, g + gt - gs, True
+        e, g, k = e + t - s, g + gt - gs, k + 1
+    used[0], used[1], used[2] = e, g, k
 
 
 @njit(cache=True, nogil=True)
@@ -251,10 +257,8 @@ class CompiledGraph(MultiVersionGraph):
     """The multi-version graph with its batch apply, its compaction and its edge reads compiled
     (same results). Its reads search a group's neighbours directly, so it keeps no e_key.
 
-    apply returns one (token, replaced_at) pair per batch, as the GPU engine does: the token is
-    the array of the versions it replaced, replaced_at the latest of their replacements (a
-    version is released at most one batch later than its own replacement allows, and the GC
-    and the release handle one item per batch instead of one per touched vertex)."""
+    apply returns one (token, replaced_at) pair per batch (MultiVersionGraph._token), as the GPU
+    engine does."""
 
     keyed = False
 
@@ -312,10 +316,9 @@ class CompiledGraph(MultiVersionGraph):
         if not ok:  # the sequencer only passes deletions of live edges
             raise RuntimeError("multi-version graph: deleting an edge that is not live")
         self._set_used(used)
-        return [(old, int(at))] if len(old) else []
+        return self._token(old, at)
 
-    def _free(self, tokens) -> int:
-        versions = np.concatenate(tokens) if len(tokens) else np.zeros(0, np.int64)
+    def _free(self, versions: np.ndarray) -> int:
         return int(_free(self.v_live.a, self.v_es.a, self.v_ee.a, versions))
 
     def edge_label_between(self, a: np.ndarray, b: np.ndarray, ts: np.ndarray) -> np.ndarray:
@@ -324,7 +327,9 @@ class CompiledGraph(MultiVersionGraph):
 
     def compact(self) -> None:
         used = self._used()
-        _compact(self._arena(), used)
+        new_id = np.empty(used[2], np.int64)
+        _compact(self._arena(), used, new_id)
         self._set_used(used)
+        self._renumbered(new_id)
         self.freed_entries = 0
         self.compactions += 1
