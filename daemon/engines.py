@@ -102,9 +102,9 @@ def warm_up(backend: str) -> tuple[float, dict[str, int]]:
     """Run a tiny stream through a throwaway engine of the resolved `backend` ("cpu", "numpy",
     "gpu") with a count-only and a materialized triangle: the compiled code (numba's cache,
     the CUDA modules) loads here, at start, instead of in the first batch of the real stream
-    (some 0.3 s on the compiled CPU engine), and the graph's compaction, instead of in the first
-    one (compiled there, it held the updater stage 0.45 s on a busy device host). Returns the seconds it took and the deltas per
-    query (proof that the matching paths ran)."""
+    (some 0.3 s on the compiled CPU engine), and the graph's compaction, instead of in the
+    first one (compiled there, it held the updater stage 0.45 s on a busy device host).
+    Returns the seconds it took and the deltas per query (proof that the matching paths ran)."""
     from csmd.cpu.engine import CpuEngine
     from csmd.model.formats import parse_update
     from csmd.pipeline.stages import Pipeline
