@@ -25,7 +25,8 @@ acknowledged by the broker). Each instance gets --threads matching threads (CSMD
 default: cores // the most instances measured), the same whatever the instance count, as
 if each instance had a machine of its own, and the most instances together do not
 oversubscribe this one; every instance still applies every update (the graph is
-replicated), only the matching is split.
+replicated), only the matching is split. Any other daemon setting goes to every instance
+through its variable, e.g. CSMD_PIPELINE__MAX_BATCH=4096 (the daemons inherit the environment).
 
 --stages runs the daemons under bench/stage_timers.py and prints, for the last run of each
 workload and instance count, where each instance's time went: thread CPU seconds of the
@@ -71,7 +72,6 @@ from kafka_harness import CSMD, Cluster, kill_leftovers  # noqa: E402
 from replay_yeast import QUERIES as YEAST_QUERIES, make_stream  # noqa: E402
 
 from csmd.connectors.broker import EmbeddedBroker  # noqa: E402
-from csmd.service.config import tomllib  # noqa: E402  (tomli before Python 3.11)
 
 SHARDS = 12
 STAGE_TIMERS = [sys.executable, str(Path(__file__).resolve().parent / "stage_timers.py")]
@@ -113,16 +113,13 @@ def in_rounds(lines: list[str], rounds: int) -> list[str]:
 
 
 def cluster(root: Path, bootstrap: str, w: Workload, tag: str, threads: int, backend: str = "cpu",
-            command=CSMD, gpus: int = 1, config: dict | None = None, **settings) -> Cluster:
-    """Daemons for the workload; with the GPU engine, instance a on GPU 0, b on GPU 1, ... (mod
-    `gpus`); `config`: {section: {key: value}} over the workload's settings."""
+            command=CSMD, gpus: int = 1, **settings) -> Cluster:
+    """Daemons for the workload; with the GPU engine, instance a on GPU 0, b on GPU 1, ... (mod `gpus`)."""
     work = root / tag
     work.mkdir()
     overrides = {"graph": {"initial": str(w.graph)},
                  "queries": {"paths": [str(q) for q in w.queries], "count_only": True},
                  "pipeline": {"backend": backend}, "log": {"level": "warning"}}
-    for section, values in (config or {}).items():
-        overrides.setdefault(section, {}).update(values)
 
     def env(name: str) -> dict:
         gpu = {"CUDA_VISIBLE_DEVICES": str((ord(name) - ord("a")) % gpus)} if backend == "gpu" else {}
@@ -132,7 +129,7 @@ def cluster(root: Path, bootstrap: str, w: Workload, tag: str, threads: int, bac
 
 
 def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
-               stages: bool, gpus: int = 1, per_record: int = 1, config: dict | None = None) -> tuple[float, dict[str, dict] | None]:
+               stages: bool, gpus: int = 1, per_record: int = 1) -> tuple[float, dict[str, dict] | None]:
     """Updates/s of `n` instances, the stream's lines `per_record` to an input record; with
     `stages`, each instance's stage timers and events, the event times in seconds after the
     first record was produced."""
@@ -142,7 +139,7 @@ def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
     timers.mkdir()
     with broker(root, tag) as b:
         c = cluster(root, b.bootstrap, w, tag, threads, backend, [*STAGE_TIMERS, str(timers)] if stages else CSMD,
-                    gpus, config)
+                    gpus)
         names = [chr(ord("a") + i) for i in range(n)]
         c.start(*names)
         c.wait_balanced(names)
@@ -223,15 +220,10 @@ def main() -> None:
     ap.add_argument("--stages", action="store_true", help="time each instance's stages (bench/stage_timers.py)")
     ap.add_argument("--per-record", type=int, default=1, metavar="K",
                     help="updates per input record (text lines; a producer that batches its updates)")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", type=setting,
-                    help="a daemon setting for the throughput runs (TOML value), e.g. pipeline.max_batch=4096; repeatable")
     args = ap.parse_args()
     if not (args.datasets / "human" / "queries").is_dir():
         sys.exit(f"bench/cluster.py: {args.datasets / 'human'} not found (use --datasets DIR)")
     args.datasets = args.datasets.resolve()  # the daemons run in their own folders
-    config: dict[str, dict] = {}
-    for section, key, value in args.set:
-        config.setdefault(section, {})[key] = value
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(args.instances))
     rates, failovers, workloads, stages = {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -243,10 +235,9 @@ def main() -> None:
                 w = workloads[name] = make(args.datasets, root, rounds)
                 first = w.lines[:len(w.lines) // rounds]
                 throughput(root, w._replace(lines=in_rounds(first[:200], 2)), 1, "warm-up", threads, args.backend,
-                           False, args.gpus, args.per_record, config)
+                           False, args.gpus, args.per_record)
                 for n in args.instances:
-                    runs = [throughput(root, w, n, r, threads, args.backend, args.stages, args.gpus, args.per_record,
-                                       config)
+                    runs = [throughput(root, w, n, r, threads, args.backend, args.stages, args.gpus, args.per_record)
                             for r in range(args.runs)]
                     rates[name, n] = [rate for rate, _ in runs]
                     stages[name, n] = runs[-1][1]
@@ -301,18 +292,6 @@ def print_stages(workloads: dict[str, Workload], stages: dict, per_record: int) 
                   + f" {longest:>10.10} {t[longest][3]:>5.3f}"
                   + f" {ev.get('last record', float('nan')):>8.3f} {ev.get('last batch out', float('nan')):>8.3f}"
                   + f" {committed:>9.3f}")
-
-
-def setting(text: str) -> tuple[str, str, object]:
-    """--set's SECTION.KEY=VALUE: (section, key, the value read as TOML)."""
-    name, eq, value = text.partition("=")
-    section, dot, key = name.partition(".")
-    if not (eq and dot and section and key):
-        raise argparse.ArgumentTypeError(f"expected SECTION.KEY=VALUE, got {text!r}")
-    try:
-        return section, key, tomllib.loads(f"v = {value}")["v"]
-    except tomllib.TOMLDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: the value is not TOML ({exc})") from None
 
 
 def queries_of(w: Workload) -> list[Path]:

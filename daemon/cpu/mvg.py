@@ -345,7 +345,8 @@ class MultiVersionGraph:
         """After a compaction moved version v to new_id[v] (-1: freed): the newest versions and the
         tokens not freed yet follow (the version table's own columns moved with it)."""
         cur = self.cur.view()
-        cur[cur >= 0] = new_id[cur[cur >= 0]]
+        has = cur >= 0
+        cur[has] = new_id[cur[has]]
         for token in self._held.values():
             token[:] = new_id[token]
 

@@ -222,8 +222,8 @@ def _compact(ar, used, new_id):
     the GC freed it). Advances used to what is kept."""
     e, g, k = 0, 0, 0
     for v in range(used[2]):
-        new_id[v] = -1
         if not ar.v_live[v]:
+            new_id[v] = -1
             continue
         new_id[v] = k
         s, t = ar.v_es[v], ar.v_ee[v]
