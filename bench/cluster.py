@@ -143,20 +143,42 @@ def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
         names = [chr(ord("a") + i) for i in range(n)]
         c.start(*names)
         c.wait_balanced(names)
+        procs = [b.proc.pid, *(c.members[x].proc.pid for x in names)]
+        cpu0 = [cpu_seconds(pid) for pid in procs]
         t0, wall0 = time.monotonic(), time.time()
         c.t.produce(c.t.input, lines)
         c.wait_progress(len(lines), timeout=600, poll=0.02)
         seconds = time.monotonic() - t0
+        cpu = [cpu_seconds(pid) - c0 for pid, c0 in zip(procs, cpu0)]
         c.stop(*names)
     print(f"{w.name}: {n} instances, run {run}: {seconds:.2f} s", file=sys.stderr)
+    busy = Busy(seconds, cpu[0], cpu[1:])
     if not stages:
-        return len(w.lines) / seconds, None
+        return len(w.lines) / seconds, busy, None
     found = {}
     for name in names:
         d = json.loads((timers / f"{name}.json").read_text())
         d["events"] = {k: t - wall0 for k, t in d["events"].items()}
         found[name] = d
-    return len(w.lines) / seconds, found
+    return len(w.lines) / seconds, busy, found
+
+
+class Busy(NamedTuple):
+    """A run's wall seconds and the CPU seconds the broker and each instance used in it."""
+
+    seconds: float
+    broker: float
+    instances: list[float]
+
+    def cores(self) -> float:
+        """Cores kept busy on average: what the run took of the machine."""
+        return (self.broker + sum(self.instances)) / self.seconds
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a process so far (Linux: /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def broker(root: Path, tag: str) -> EmbeddedBroker:
@@ -225,7 +247,7 @@ def main() -> None:
         sys.exit(f"bench/cluster.py: {args.datasets / 'human'} not found (use --datasets DIR)")
     args.datasets = args.datasets.resolve()  # the daemons run in their own folders
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(args.instances))
-    rates, failovers, workloads, stages = {}, {}, {}, {}
+    rates, busy, failovers, workloads, stages = {}, {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         try:
@@ -239,8 +261,9 @@ def main() -> None:
                 for n in args.instances:
                     runs = [throughput(root, w, n, r, threads, args.backend, args.stages, args.gpus, args.per_record)
                             for r in range(args.runs)]
-                    rates[name, n] = [rate for rate, _ in runs]
-                    stages[name, n] = runs[-1][1]
+                    rates[name, n] = [rate for rate, _, _ in runs]
+                    busy[name, n] = [b for _, b, _ in runs]
+                    stages[name, n] = runs[-1][2]
                     print(f"done: {name}, {n} instances", file=sys.stderr)
             human = workloads.get("human") or human_workload(args.datasets, root, args.rounds[0])
             for ms in args.sessions:
@@ -253,13 +276,19 @@ def main() -> None:
     print(f"\n{SHARDS} shards; embedded Tansu broker (a fresh one per run); {engine}; "
           f"{os.cpu_count()} cores on this machine, shared by the broker and every instance; count-only; "
           f"{args.per_record} updates per input record; median of {args.runs} runs\n")
-    print(f"{'workload':>34} {'instances':>9} {'updates/s':>10} {'speed-up':>9} {'best run':>9}")
+    print("cores busy: CPU seconds of the broker and every instance over the run's wall seconds (of "
+          f"{os.cpu_count()}); CPU s: each instance's, then the broker's (medians of the runs)\n")
+    print(f"{'workload':>34} {'instances':>9} {'updates/s':>10} {'speed-up':>9} {'best run':>9} {'cores busy':>10} "
+          f"{'CPU s':>24}")
     for name, w in workloads.items():
         what = f"{name}: {len(w.lines)} updates, {len(queries_of(w))} queries"
         base = statistics.median(rates[name, args.instances[0]])
         for n in args.instances:
-            r = statistics.median(rates[name, n])
-            print(f"{what:>34} {n:>9} {r:>10.0f} {r / base:>8.2f}x {max(rates[name, n]):>9.0f}")
+            r, runs = statistics.median(rates[name, n]), busy[name, n]
+            each = [statistics.median(b.instances[i] for b in runs) for i in range(n)]
+            cpu = " ".join(f"{x:.1f}" for x in each) + f" | {statistics.median(b.broker for b in runs):.1f}"
+            print(f"{what:>34} {n:>9} {r:>10.0f} {r / base:>8.2f}x {max(rates[name, n]):>9.0f} "
+                  f"{statistics.median(b.cores() for b in runs):>10.1f} {cpu:>24}")
     if args.stages:
         print_stages(workloads, stages, args.per_record)
     if not failovers:
