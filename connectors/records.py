@@ -18,11 +18,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from csmd.errors import InputError
 from csmd.model.formats import (DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update, UpdateBlock, in_int64,
-                                parse_update)
+                                parse_update, text_array)
 from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, JSON, TEXT
 
 try:
@@ -71,6 +72,13 @@ class RecordBlock(UpdateBlock):
     def source(self, i: int) -> str:
         line = 0 if self.part is None else self.part[i]
         return f"{self.path}/{self.partition}/{self.lineno[i]}" + (f"#{line}" if line else "")
+
+    def sources(self, rows: np.ndarray) -> pa.Array:
+        out = pc.binary_join_element_wise(f"{self.path}/{self.partition}/", text_array(self.lineno[rows]), "")
+        if self.part is None:
+            return out
+        line = self.part[rows]
+        return pc.if_else(pa.array(line != 0), pc.binary_join_element_wise(out, text_array(line), "#"), out)
 
     def records(self) -> tuple[np.ndarray, np.ndarray | None]:
         """The records' offsets, and how many updates each holds (None: one each)."""

@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from csmd.errors import InputError, missing
 from csmd.model.graph import Graph, scalar
@@ -303,6 +305,10 @@ class Update:
     origin: tuple = ("", 0, 0)
 
 
+def text_array(x: np.ndarray) -> pa.Array:
+    return pa.array(x).cast(pa.string())
+
+
 OPS = (INSERT_EDGE, DELETE_EDGE, INSERT_VERTEX, DELETE_VERTEX)  # an UpdateBlock's op codes index this
 
 
@@ -333,6 +339,11 @@ class UpdateBlock:
     def source(self, i: int) -> str:
         """Where the update of row i comes from, for people."""
         return f"{self.path}:{self.lineno[i]}"
+
+    def sources(self, rows: np.ndarray) -> pa.Array:
+        """source(i) of each of the rows, as Arrow strings: no Python string per row (a batch's
+        deltas name thousands of updates)."""
+        return pc.binary_join_element_wise(f"{self.path}:", text_array(self.lineno[rows]), "")
 
     def update(self, i: int) -> Update:
         return Update(OPS[self.op[i]], int(self.u[i]), int(self.v[i]), int(self.label[i]), self.source(i),

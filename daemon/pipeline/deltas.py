@@ -81,7 +81,7 @@ class DeltaEncoder:
             pa.array(np.repeat(names, np.diff(bounds)), pa.string()),
             pa.array(np.concatenate([d.sign for d in parts]), pa.int8()),
             pa.array(seq, pa.int64()),
-            pa.array(usource[inv], pa.string()),
+            usource.take(inv),
             vertices,
             pa.array(np.concatenate([np.ones(len(d.seq), np.int64) if d.rows is not None else d.counts
                                      for d in parts]), pa.int64()),
@@ -94,7 +94,7 @@ class DeltaEncoder:
                  [origins[c] for c in code[starts[runs[i]: runs[i + 1]]].tolist()]) for i, d in enumerate(parts)]
 
 
-def _records(record_of, useq: np.ndarray) -> tuple[np.ndarray, list[tuple], np.ndarray]:
+def _records(record_of, useq: np.ndarray) -> tuple[np.ndarray, list[tuple], pa.Array]:
     """For distinct updates (sorted): a code per update naming its input record, each code's
     origin, and each update's source. A batch cut from a block reads them from its columns
     (no Update made: a batch can have deltas for thousands of updates, each in every instance
@@ -105,8 +105,8 @@ def _records(record_of, useq: np.ndarray) -> tuple[np.ndarray, list[tuple], np.n
         at = block.lineno[rows]
         first = np.diff(at, prepend=-1) != 0  # a record's first update (offsets and lines are >= 0)
         return (np.cumsum(first) - 1, [(block.path, block.partition, x) for x in at[first].tolist()],
-                np.array([block.source(i) for i in rows.tolist()], object))
+                block.sources(rows))
     urecs = [record_of[s] for s in useq.tolist()]
     codes: dict = {}
     code = np.array([codes.setdefault(r.origin, len(codes)) for r in urecs], np.int64)
-    return code, list(codes), np.array([r.source for r in urecs], object)
+    return code, list(codes), pa.array([r.source for r in urecs], pa.string())

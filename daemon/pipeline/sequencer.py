@@ -156,9 +156,9 @@ class Sequencer:
         self._checked: tuple | None = None
         self._window = FIRST_WINDOW
 
-    def sequence(self, records: list[Update] | UpdateBlock, arrived: list[float] | None = None) -> UpdateBatch:
+    def sequence(self, records: list[Update] | UpdateBlock, arrived: np.ndarray | None = None) -> UpdateBatch:
         """Number the records and turn them into valid ops against the latest state."""
-        arrived = arrived if arrived is not None else [time.monotonic()] * len(records)
+        arrived = arrived if arrived is not None else np.full(len(records), time.monotonic())
         if isinstance(records, UpdateBlock):
             batch = self._edges_block(records, arrived)
             return batch if batch is not None else self._general(records.updates(), arrived)
@@ -166,7 +166,7 @@ class Sequencer:
         batch = self._edges_only(records, arrived) if len(records) > FEW_RECORDS else None
         return batch if batch is not None else self._general(records, arrived)
 
-    def _edges_only(self, records: list[Update], arrived: list[float]) -> UpdateBatch | None:
+    def _edges_only(self, records: list[Update], arrived: np.ndarray) -> UpdateBatch | None:
         """The common batch, with numpy instead of a Python step per record: edge records between
         existing vertices. None for any other batch (_general takes it, with the same result)."""
         if not records:
@@ -179,7 +179,7 @@ class Sequencer:
         return self._batch(checked, 0, len(records), dict(zip(range(self.next_seq, self.next_seq + len(records)),
                                                                 records)), arrived)
 
-    def _edges_block(self, block: UpdateBlock, arrived: list[float]) -> UpdateBatch | None:
+    def _edges_block(self, block: UpdateBlock, arrived: np.ndarray) -> UpdateBatch | None:
         """_edges_only for a block. The rows after the batch are checked with it, up to a window,
         so that the batches cut from the same block next take their ops from that check, without
         array work of their own: nothing but those rows changes the graph in between."""
@@ -259,7 +259,7 @@ class Sequencer:
         return UpdateBatch(first, self.next_seq, seq, *cols, z, z, z, np.zeros(0, np.int32), self.vertices.n, record_of,
                            arrived, k)
 
-    def _general(self, records: list[Update], arrived: list[float]) -> UpdateBatch:
+    def _general(self, records: list[Update], arrived: np.ndarray) -> UpdateBatch:
         """Any batch, one record at a time (vertex records, new vertices, a pair named twice)."""
         vx, engine = self.vertices, self.engine
         first, first_vertex = self.next_seq, vx.n

@@ -142,6 +142,22 @@ class GraphState:
         return Graph.from_edges(self.labels[live], new_id[self.src], new_id[self.dst], self.elabel, ext[live])
 
 
+class _Arrivals:
+    """A forming batch's arrival times, one per update, as runs of updates that arrived together
+    (a block's thousands at once): one array when the batch closes, not a float per update."""
+
+    def __init__(self):
+        self._at: list[float] = []
+        self._n: list[int] = []
+
+    def add(self, now: float, n: int) -> None:
+        self._at.append(now)
+        self._n.append(n)
+
+    def times(self) -> np.ndarray:
+        return np.repeat(np.array(self._at, np.float64), self._n)
+
+
 def _joined(parts: list, blocks: int) -> list[Update] | UpdateBlock:
     """A batch's Updates and block pieces (`blocks` of them), in order: one block if there are
     only blocks, the list itself if there are none."""
@@ -245,12 +261,12 @@ class Pipeline:
         def limit() -> int:
             return self.max_batch if grow and backlog() else self.batch_size
 
-        parts, blocks, count, arrived, opened, quiet = [], 0, 0, [], 0.0, False
+        parts, blocks, count, arrived, opened, quiet = [], 0, 0, _Arrivals(), 0.0, False
         for rec in source:
             if isinstance(rec, Marker):
                 if count:
-                    yield _joined(parts, blocks), arrived, quiet
-                    parts, blocks, count, arrived, quiet = [], 0, 0, [], False
+                    yield _joined(parts, blocks), arrived.times(), quiet
+                    parts, blocks, count, arrived, quiet = [], 0, 0, _Arrivals(), False
                 yield rec, None, quiet
                 quiet = False
                 continue
@@ -264,11 +280,11 @@ class Pipeline:
                     if count < cap:
                         hi = min(len(rec), lo + cap - count)
                         parts.append(rec.rows(lo, hi))
-                        arrived += [now] * (hi - lo)
+                        arrived.add(now, hi - lo)
                         blocks, count, lo = blocks + 1, count + hi - lo, hi
                     if count >= cap:
-                        yield _joined(parts, blocks), arrived, quiet
-                        parts, blocks, count, arrived, quiet = [], 0, 0, [], False
+                        yield _joined(parts, blocks), arrived.times(), quiet
+                        parts, blocks, count, arrived, quiet = [], 0, 0, _Arrivals(), False
                 continue
             if rec is None and not count:
                 quiet = True
@@ -276,14 +292,14 @@ class Pipeline:
                 if not count:
                     opened = now
                 parts.append(rec)
-                arrived.append(now)
+                arrived.add(now, 1)
                 count += 1
             full = count >= self.batch_size and count >= limit()  # the queue is asked only when it matters
             if count and (full or now - opened >= self.batch_wait and rec is None):
-                yield _joined(parts, blocks), arrived, quiet or rec is None  # closed by an idle poll: quiet too
-                parts, blocks, count, arrived, quiet = [], 0, 0, [], False
+                yield _joined(parts, blocks), arrived.times(), quiet or rec is None  # closed by an idle poll: quiet too
+                parts, blocks, count, arrived, quiet = [], 0, 0, _Arrivals(), False
         if count:
-            yield _joined(parts, blocks), arrived, quiet
+            yield _joined(parts, blocks), arrived.times(), quiet
 
     def _update(self, records, arrived) -> UpdateBatch | Marker:
         with self._updating:
@@ -365,7 +381,7 @@ class Pipeline:
         self.stats.updates += b.end_seq - b.first_seq
         self.stats.batches += 1
         self.stats.largest = max(self.stats.largest, b.records)
-        self.stats.latency.observe(now - np.asarray(b.arrived))
+        self.stats.latency.observe(now - b.arrived)
         free = self.gc.finished(b.first_seq, b.end_seq)
         if free:
             self.engine.release(free)
