@@ -45,7 +45,12 @@ Failover: two instances, the stream flowing at --rate updates/s; one is killed
 moves again (Kafka noticed, the survivor re-matched the shard from its progress and
 its deltas are acknowledged), for two session timeouts.
 
-Median (and best) of --runs runs; prints a table. Embedded broker; --backend cpu (the
+Median (and best) of --runs runs; prints a table, with how much of the machine each run
+took: the CPU seconds of the broker and of every instance over the run's wall seconds
+("cores busy"). Each instance runs its pipeline stages beside its matching threads, so
+4 instances of cores // 4 threads want more cores than the machine has (13.8 of 16 busy
+on an H100 host): there the split is bound by the machine, not by the design; --threads 2
+leaves them room. Embedded broker; --backend cpu (the
 compiled engine), numpy (its matching is some 10x slower, so the share that scales
 weighs more) or gpu (each instance on its own GPU: a on GPU 0, b on GPU 1, ..., mod
 --gpus; the failover runs stay on the compiled engine).

@@ -216,6 +216,26 @@ def test_batches_of_a_quiet_source_run_inline_and_deltas_stay_the_same(tmp_path,
         assert pipe.threaded and 1 <= pipe.stats.inline < pipe.stats.batches
 
 
+def test_each_update_keeps_its_arrival_time_across_batch_cuts(monkeypatch):
+    """Records and blocks arriving at known times, cut into batches of 4 updates: each batch's
+    arrival times are its updates', in order, one per update (the latency histogram's input)."""
+    from csmd.model.formats import Update, UpdateBlock
+    from csmd.model.graph import Graph
+    import csmd.pipeline.stages as stages
+
+    clock = iter(range(1, 100))
+    monkeypatch.setattr(stages.time, "monotonic", lambda: float(next(clock)))
+    z = np.zeros(6, np.int64)
+    block = UpdateBlock("s.txt", np.arange(6), z.astype(np.int8), z, z + 1, z)
+    one = Update("e", 0, 1, 0, "s.txt:9", ("s.txt", 0, 9))
+    pipe = Pipeline(Graph.from_edges([0, 0], [], []), batch_size=4)
+    got = [(len(batch), times.tolist()) for batch, times, _ in pipe._batches([one, block, one, one, block])]
+    # arrivals: the record at 1, the block at 2, the records at 3 and 4, the block at 5
+    want = [2.0] * 6 + [5.0] * 6
+    want = [1.0] + want[:6] + [3.0, 4.0] + want[6:]
+    assert got == [(len(want[i:i + 4]), want[i:i + 4]) for i in range(0, len(want), 4)]
+
+
 @pytest.mark.parametrize("threaded", [False, True])
 def test_the_heap_is_frozen_while_a_stream_runs_and_unfrozen_after(tmp_path, threaded, backend):
     """What exists at a stream's start (the engine among it) is out of the cyclic collector's
