@@ -23,8 +23,8 @@ The whole stream is produced at once, and the time runs from the first record pr
 until every shard's committed progress has passed the last record (every delta
 acknowledged by the broker). Each instance gets --threads matching threads (CSMD_THREADS;
 default: cores // the most instances measured), the same whatever the instance count, as
-if each instance had a machine of its own, and the most instances together do not
-oversubscribe this one; every instance still applies every update (the graph is
+if each instance had a machine of its own (their pipeline threads come on top: see below);
+every instance still applies every update (the graph is
 replicated), only the matching is split. Any other daemon setting goes to every instance
 through its variable, e.g. CSMD_PIPELINE__MAX_BATCH=4096 (the daemons inherit the environment).
 
@@ -47,7 +47,7 @@ its deltas are acknowledged), for two session timeouts.
 
 Median (and best) of --runs runs; prints a table, with how much of the machine each run
 took: the CPU seconds of the broker and of every instance over the run's wall seconds
-("cores busy"). Each instance runs its pipeline stages beside its matching threads, so
+("cores busy"; this process, which produces the stream and polls the progress, is left out). Each instance runs its pipeline stages beside its matching threads, so
 4 instances of cores // 4 threads want more cores than the machine has (13.8 of 16 busy
 on an H100 host): there the split is bound by the machine, not by the design; --threads 2
 leaves them room. Embedded broker; --backend cpu (the
@@ -134,10 +134,10 @@ def cluster(root: Path, bootstrap: str, w: Workload, tag: str, threads: int, bac
 
 
 def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
-               stages: bool, gpus: int = 1, per_record: int = 1) -> tuple[float, dict[str, dict] | None]:
-    """Updates/s of `n` instances, the stream's lines `per_record` to an input record; with
-    `stages`, each instance's stage timers and events, the event times in seconds after the
-    first record was produced."""
+               stages: bool, gpus: int = 1, per_record: int = 1) -> tuple[float, "Busy", dict[str, dict] | None]:
+    """Updates/s of `n` instances, the stream's lines `per_record` to an input record, and the
+    CPU the run took; with `stages`, each instance's stage timers and events, the event times
+    in seconds after the first record was produced."""
     lines = ["\n".join(w.lines[i:i + per_record]) for i in range(0, len(w.lines), per_record)]
     tag = f"{w.name}-x{n}-{run}"
     timers = root / f"stages-{tag}"

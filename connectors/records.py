@@ -74,6 +74,7 @@ class RecordBlock(UpdateBlock):
         return f"{self.path}/{self.partition}/{self.lineno[i]}" + (f"#{line}" if line else "")
 
     def sources(self, rows: np.ndarray) -> pa.Array:
+        """source(i) of each of the rows, as Arrow strings (UpdateBlock.sources)."""
         out = pc.binary_join_element_wise(f"{self.path}/{self.partition}/", text_array(self.lineno[rows]), "")
         if self.part is None:
             return out

@@ -77,7 +77,7 @@ class UpdateBatch:
     new_labels: np.ndarray  # labels of the vertices this batch created, ids first_vertex, first_vertex+1, ...
     first_vertex: int
     record_of: dict = field(default_factory=dict)  # seq -> the record it came from
-    arrived: np.ndarray = field(default_factory=lambda: np.zeros(0))  # arrival time of each record (latency)
+    arrived: np.ndarray = field(default_factory=lambda: np.zeros(0))  # arrival time of each update (latency)
     records: int = 0
 
     def take(self, edges: np.ndarray, vertices: np.ndarray) -> "UpdateBatch":

@@ -175,7 +175,7 @@ def _one_update_batches(n: int, first: int = 0):
     for k in range(first, first + n):
         rec = Update("e", 1, 2, 0, "", ("in", 0, k))
         yield UpdateBatch(k, k + 1, np.array([k]), np.array([0]), np.array([1]), np.array([0]), np.array([1]),
-                          z, z, z, np.zeros(0, np.int32), 2, {k: rec}, [], 1)
+                          z, z, z, np.zeros(0, np.int32), 2, {k: rec}, np.zeros(1), 1)
 
 
 def _block(records: int):
@@ -186,7 +186,7 @@ def _block(records: int):
     parts = list(_one_update_batches(records))
     return UpdateBatch(0, records, *(np.concatenate([getattr(b, f) for b in parts]) for f in (
         "edge_seq", "edge_a", "edge_b", "edge_label", "edge_sign", "vertex_seq", "vertex_id", "vertex_sign")),
-        np.zeros(0, np.int32), 2, {k: b.record_of[k] for b in parts for k in b.record_of}, [], records)
+        np.zeros(0, np.int32), 2, {k: b.record_of[k] for b in parts for k in b.record_of}, np.zeros(records), records)
 
 
 class _Q:

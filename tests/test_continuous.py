@@ -219,12 +219,14 @@ def test_batches_of_a_quiet_source_run_inline_and_deltas_stay_the_same(tmp_path,
 def test_each_update_keeps_its_arrival_time_across_batch_cuts(monkeypatch):
     """Records and blocks arriving at known times, cut into batches of 4 updates: each batch's
     arrival times are its updates', in order, one per update (the latency histogram's input)."""
+    from types import SimpleNamespace
+
     from csmd.model.formats import Update, UpdateBlock
     from csmd.model.graph import Graph
     import csmd.pipeline.stages as stages
 
-    clock = iter(range(1, 100))
-    monkeypatch.setattr(stages.time, "monotonic", lambda: float(next(clock)))
+    clock = iter(range(1, 100))  # the batcher's clock only (other threads keep the real one)
+    monkeypatch.setattr(stages, "time", SimpleNamespace(monotonic=lambda: float(next(clock))))
     z = np.zeros(6, np.int64)
     block = UpdateBlock("s.txt", np.arange(6), z.astype(np.int8), z, z + 1, z)
     one = Update("e", 0, 1, 0, "s.txt:9", ("s.txt", 0, 9))

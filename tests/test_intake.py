@@ -226,7 +226,7 @@ z = np.zeros(0, np.int64)
 seq = np.array([5, 6], np.int64)
 batch = UpdateBatch(5, 7, z, z, z, z, z, z, z, z, np.zeros(0, np.int32), 4,
                     {5: Update("e", 0, 1, 0, "in/0/9", ("in", 0, 9)), 6: Update("e", 1, 2, 0, "in/0/10", ("in", 0, 10))},
-                    [0.0, 0.0], 2)
+                    np.zeros(2), 2)
 deltas = [QueryDeltas("Q_%d" % q, seq, np.array([1, -1], np.int8), None, 3, 2, np.array([3, 2])) for q in range(3)]
 for _q, rb, _o in DeltaEncoder(vertices).encode(BatchResult(batch, deltas, 0.0)):
     rb.column("sign").to_numpy()

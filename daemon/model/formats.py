@@ -306,7 +306,7 @@ class Update:
 
 
 def text_array(x: np.ndarray) -> pa.Array:
-    return pa.array(x).cast(pa.string())
+    return pa.array(np.asarray(x, np.int64)).cast(pa.string())  # line numbers and offsets: integers
 
 
 OPS = (INSERT_EDGE, DELETE_EDGE, INSERT_VERTEX, DELETE_VERTEX)  # an UpdateBlock's op codes index this

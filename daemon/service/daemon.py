@@ -263,7 +263,7 @@ def warm_output(vertices, max_bytes: int) -> float:
     instance of a cluster). Returns the seconds it took."""
     t0 = time.monotonic()
     z = np.zeros(0, np.int64)
-    batch = UpdateBatch(0, 1, z, z, z, z, z, z, z, z, np.zeros(0, np.int32), 0, {0: Update("e", 0, 1)}, [t0], 1)
+    batch = UpdateBatch(0, 1, z, z, z, z, z, z, z, z, np.zeros(0, np.int32), 0, {0: Update("e", 0, 1)}, np.array([t0]), 1)
     delta = QueryDeltas("warm-up", np.zeros(1, np.int64), np.ones(1, np.int8), None, 1, 0, np.ones(1, np.int64))
     for _query, record_batch, _origins in DeltaEncoder(vertices).encode(BatchResult(batch, [delta], t0)):
         record_batch.column("sign").to_numpy()
