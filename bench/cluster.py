@@ -24,9 +24,9 @@ until every shard's committed progress has passed the last record (every delta
 acknowledged by the broker). Each instance gets --threads matching threads (CSMD_THREADS;
 default: cores // the most instances measured), the same whatever the instance count, as
 if each instance had a machine of its own (their pipeline threads come on top: see below);
-every instance still applies every update (the graph is
-replicated), only the matching is split. Any other daemon setting goes to every instance
-through its variable, e.g. CSMD_PIPELINE__MAX_BATCH=4096 (the daemons inherit the environment).
+every instance still applies every update (the graph is replicated), only the matching is
+split. Any other daemon setting goes to every instance through its variable, e.g.
+CSMD_PIPELINE__MAX_BATCH=4096 (the daemons inherit the environment).
 
 --stages runs the daemons under bench/stage_timers.py and prints, for the last run of each
 workload and instance count, where each instance's time went: thread CPU seconds of the
@@ -47,10 +47,11 @@ its deltas are acknowledged), for two session timeouts.
 
 Median (and best) of --runs runs; prints a table, with how much of the machine each run
 took: the CPU seconds of the broker and of every instance over the run's wall seconds
-("cores busy"; this process, which produces the stream and polls the progress, is left out). Each instance runs its pipeline stages beside its matching threads, so
-4 instances of cores // 4 threads want more cores than the machine has (13.8 of 16 busy
-on an H100 host): there the split is bound by the machine, not by the design; --threads 2
-leaves them room. Embedded broker; --backend cpu (the
+("cores busy"; this process, which produces the stream and polls the progress, is left
+out). Each instance runs its pipeline stages beside its matching threads, so 4 instances
+of cores // 4 threads want more cores than the machine has (13.8 of 16 busy on an H100
+host): there the split is bound by the machine, not by the design; --threads 2 leaves
+them room. Embedded broker; --backend cpu (the
 compiled engine), numpy (its matching is some 10x slower, so the share that scales
 weighs more) or gpu (each instance on its own GPU: a on GPU 0, b on GPU 1, ..., mod
 --gpus; the failover runs stay on the compiled engine).
