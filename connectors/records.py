@@ -69,13 +69,15 @@ class RecordBlock(UpdateBlock):
     decode_updates makes of record (path, partition, lineno[i]): `path` is the input, `lineno`
     the records' offsets (repeated for a record of several updates, `part` their lines)."""
 
+    def _prefix(self) -> str:
+        return f"{self.path}/{self.partition}/"
+
     def source(self, i: int) -> str:
         line = 0 if self.part is None else self.part[i]
-        return f"{self.path}/{self.partition}/{self.lineno[i]}" + (f"#{line}" if line else "")
+        return super().source(i) + (f"#{line}" if line else "")
 
     def sources(self, rows: np.ndarray) -> pa.Array:
-        """source(i) of each of the rows, as Arrow strings (UpdateBlock.sources)."""
-        out = pc.binary_join_element_wise(f"{self.path}/{self.partition}/", text_array(self.lineno[rows]), "")
+        out = super().sources(rows)
         if self.part is None:
             return out
         line = self.part[rows]

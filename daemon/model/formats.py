@@ -336,14 +336,18 @@ class UpdateBlock:
     def __len__(self) -> int:
         return len(self.lineno)
 
+    def _prefix(self) -> str:
+        """What a row's source starts with; its line number follows."""
+        return f"{self.path}:"
+
     def source(self, i: int) -> str:
         """Where the update of row i comes from, for people."""
-        return f"{self.path}:{self.lineno[i]}"
+        return f"{self._prefix()}{self.lineno[i]}"
 
     def sources(self, rows: np.ndarray) -> pa.Array:
         """source(i) of each of the rows, as Arrow strings: no Python string per row (a batch's
         deltas name thousands of updates)."""
-        return pc.binary_join_element_wise(f"{self.path}:", text_array(self.lineno[rows]), "")
+        return pc.binary_join_element_wise(self._prefix(), text_array(self.lineno[rows]), "")
 
     def update(self, i: int) -> Update:
         return Update(OPS[self.op[i]], int(self.u[i]), int(self.v[i]), int(self.label[i]), self.source(i),
