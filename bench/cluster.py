@@ -45,8 +45,10 @@ Failover: two instances, the stream flowing at --rate updates/s; one is killed
 moves again (Kafka noticed, the survivor re-matched the shard from its progress and
 its deltas are acknowledged), for two session timeouts.
 
-Median (and best) of --runs runs; prints a table, with how much of the machine each run
-took: the CPU seconds of the broker and of every instance over the run's wall seconds
+Median (and best) of --runs runs; each run measures every instance count in turn, and
+`in run` is the median of the speed-ups within one run (the hosts lent drift by 15% and
+more over minutes: one run's counts see the same host). Prints a table, with how much of
+the machine each run took: the CPU seconds of the broker and of every instance over the run's wall seconds
 ("cores busy"; this process, which produces the stream and polls the progress, is left
 out). Each instance runs its pipeline stages beside its matching threads, so 4 instances
 of cores // 4 threads want more cores than the machine has (13.8 of 16 busy on an H100
@@ -157,8 +159,9 @@ def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
         seconds = time.monotonic() - t0
         cpu = [cpu_seconds(pid) - c0 for pid, c0 in zip(procs, cpu0)]
         c.stop(*names)
-    print(f"{w.name}: {n} instances, run {run}: {seconds:.2f} s", file=sys.stderr)
     busy = Busy(seconds, cpu[0], cpu[1:])
+    print(f"{w.name}: {n} instances, run {run}: {seconds:.2f} s, CPU s " + " ".join(f"{x:.1f}" for x in cpu[1:])
+          + f" | broker {cpu[0]:.1f}", file=sys.stderr)
     if not stages:
         return len(w.lines) / seconds, busy, None
     found = {}
@@ -264,13 +267,14 @@ def main() -> None:
                 first = w.lines[:len(w.lines) // rounds]
                 throughput(root, w._replace(lines=in_rounds(first[:200], 2)), 1, "warm-up", threads, args.backend,
                            False, args.gpus, args.per_record)
-                for n in args.instances:
-                    runs = [throughput(root, w, n, r, threads, args.backend, args.stages, args.gpus, args.per_record)
-                            for r in range(args.runs)]
-                    rates[name, n] = [rate for rate, _, _ in runs]
-                    busy[name, n] = [b for _, b, _ in runs]
-                    stages[name, n] = runs[-1][2]
-                    print(f"done: {name}, {n} instances", file=sys.stderr)
+                for r in range(args.runs):  # each run measures every count: a host's drift over minutes hits them alike
+                    for n in args.instances:
+                        rate, b, timed = throughput(root, w, n, r, threads, args.backend, args.stages, args.gpus,
+                                                    args.per_record)
+                        rates.setdefault((name, n), []).append(rate)
+                        busy.setdefault((name, n), []).append(b)
+                        stages[name, n] = timed
+                    print(f"done: {name}, run {r}", file=sys.stderr)
             human = workloads.get("human") or human_workload(args.datasets, root, args.rounds[0])
             for ms in args.sessions:
                 failovers[ms] = statistics.median(failover(root, human, ms, args.rate, r) for r in range(args.runs))
@@ -284,16 +288,18 @@ def main() -> None:
           f"{args.per_record} updates per input record; median of {args.runs} runs\n")
     print("cores busy: CPU seconds of the broker and every instance over the run's wall seconds (of "
           f"{os.cpu_count()}); CPU s: each instance's, then the broker's (medians of the runs)\n")
-    print(f"{'workload':>34} {'instances':>9} {'updates/s':>10} {'speed-up':>9} {'best run':>9} {'cores busy':>10} "
-          f"{'CPU s':>24}")
+    print(f"{'workload':>34} {'instances':>9} {'updates/s':>10} {'speed-up':>9} {'in run':>7} {'best run':>9} "
+          f"{'cores busy':>10} {'CPU s':>24}")
     for name, w in workloads.items():
         what = f"{name}: {len(w.lines)} updates, {len(queries_of(w))} queries"
-        base = statistics.median(rates[name, args.instances[0]])
+        first = rates[name, args.instances[0]]
+        base = statistics.median(first)
         for n in args.instances:
             r, runs = statistics.median(rates[name, n]), busy[name, n]
+            paired = statistics.median(x / y for x, y in zip(rates[name, n], first))
             each = [statistics.median(b.instances[i] for b in runs) for i in range(n)]
             cpu = " ".join(f"{x:.1f}" for x in each) + f" | {statistics.median(b.broker for b in runs):.1f}"
-            print(f"{what:>34} {n:>9} {r:>10.0f} {r / base:>8.2f}x {max(rates[name, n]):>9.0f} "
+            print(f"{what:>34} {n:>9} {r:>10.0f} {r / base:>8.2f}x {paired:>6.2f}x {max(rates[name, n]):>9.0f} "
                   f"{statistics.median(b.cores() for b in runs):>10.1f} {cpu:>24}")
     if args.stages:
         print_stages(workloads, stages, args.per_record)
