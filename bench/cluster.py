@@ -152,16 +152,17 @@ def throughput(root, w: Workload, n: int, run: int, threads: int, backend: str,
         c.start(*names)
         c.wait_balanced(names)
         procs = [b.proc.pid, *(c.members[x].proc.pid for x in names)]
-        cpu0 = [cpu_seconds(pid) for pid in procs]
+        cpu0, steal0 = [cpu_seconds(pid) for pid in procs], steal_seconds()
         t0, wall0 = time.monotonic(), time.time()
         c.t.produce(c.t.input, lines)
         c.wait_progress(len(lines), timeout=600, poll=0.02)
         seconds = time.monotonic() - t0
         cpu = [cpu_seconds(pid) - c0 for pid, c0 in zip(procs, cpu0)]
+        stolen = steal_seconds() - steal0
         c.stop(*names)
-    busy = Busy(seconds, cpu[0], cpu[1:])
+    busy = Busy(seconds, cpu[0], cpu[1:], stolen)
     print(f"{w.name}: {n} instances, run {run}: {seconds:.2f} s, CPU s " + " ".join(f"{x:.1f}" for x in cpu[1:])
-          + f" | broker {cpu[0]:.1f}", file=sys.stderr)
+          + f" | broker {cpu[0]:.1f}, stolen {stolen:.1f}", file=sys.stderr)
     if not stages:
         return len(w.lines) / seconds, busy, None
     found = {}
@@ -178,6 +179,7 @@ class Busy(NamedTuple):
     seconds: float
     broker: float
     instances: list[float]
+    stolen: float  # CPU seconds the hypervisor gave this machine's CPUs to others meanwhile (all CPUs)
 
     def cores(self) -> float:
         """Cores kept busy on average: what the run took of the machine."""
@@ -188,6 +190,13 @@ def cpu_seconds(pid: int) -> float:
     """User and system CPU seconds of a process so far (Linux: /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def steal_seconds() -> float:
+    """CPU seconds stolen from this virtual machine so far, all CPUs together (Linux: /proc/stat's
+    steal): time its CPUs wanted to run and the hypervisor ran someone else's."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
 
 
 def broker(root: Path, tag: str) -> EmbeddedBroker:
@@ -287,9 +296,10 @@ def main() -> None:
           f"{os.cpu_count()} cores on this machine, shared by the broker and every instance; count-only; "
           f"{args.per_record} updates per input record; median of {args.runs} runs\n")
     print("cores busy: CPU seconds of the broker and every instance over the run's wall seconds (of "
-          f"{os.cpu_count()}); CPU s: each instance's, then the broker's (medians of the runs)\n")
+          f"{os.cpu_count()}); stolen: cores the hypervisor gave to other machines meanwhile; CPU s: each "
+          f"instance's, then the broker's (medians of the runs)\n")
     print(f"{'workload':>34} {'instances':>9} {'updates/s':>10} {'speed-up':>9} {'in run':>7} {'best run':>9} "
-          f"{'cores busy':>10} {'CPU s':>24}")
+          f"{'cores busy':>10} {'stolen':>6} {'CPU s':>24}")
     for name, w in workloads.items():
         what = f"{name}: {len(w.lines)} updates, {len(queries_of(w))} queries"
         first = rates[name, args.instances[0]]
@@ -300,7 +310,8 @@ def main() -> None:
             each = [statistics.median(b.instances[i] for b in runs) for i in range(n)]
             cpu = " ".join(f"{x:.1f}" for x in each) + f" | {statistics.median(b.broker for b in runs):.1f}"
             print(f"{what:>34} {n:>9} {r:>10.0f} {r / base:>8.2f}x {paired:>6.2f}x {max(rates[name, n]):>9.0f} "
-                  f"{statistics.median(b.cores() for b in runs):>10.1f} {cpu:>24}")
+                  f"{statistics.median(b.cores() for b in runs):>10.1f} "
+                  f"{statistics.median(b.stolen / b.seconds for b in runs):>6.2f} {cpu:>24}")
     if args.stages:
         print_stages(workloads, stages, args.per_record)
     if not failovers:
