@@ -36,6 +36,7 @@ bench: setup
 	$(BIN)/python bench/kafka_e2e.py
 	$(BIN)/python bench/cluster.py --datasets $(DATASETS)
 	$(BIN)/python bench/core_scaling.py --datasets $(DATASETS)
+	$(BIN)/python bench/split_search.py --datasets $(DATASETS)
 
 # on a machine with a CUDA device and CuPy
 bench-gpu: setup
