@@ -46,7 +46,7 @@ moves again (Kafka noticed, the survivor re-matched the shard from its progress 
 its deltas are acknowledged), for two session timeouts.
 
 Median (and best) of --runs runs; each run measures every instance count in turn, and
-`in run` is the median of the speed-ups within one run (the hosts lent drift by 15% and
+`in run` is the median of the speed-ups within one run (the hosts lent drift by 40% and
 more over minutes: one run's counts see the same host). Prints a table, with how much of
 the machine each run took: the CPU seconds of the broker and of every instance over the run's wall seconds
 ("cores busy"; this process, which produces the stream and polls the progress, is left
