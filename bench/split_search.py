@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cluster import human_workload, queries_of, yeast_workload
+from cluster import human_workload, in_rounds, queries_of, yeast_workload
 
 from csmd.cpu.compiled import CompiledEngine
-from csmd.model.formats import read_graph, read_query
+from csmd.model.formats import Update, read_graph, read_query
 from csmd.cli.replay import decoded_updates
 from csmd.pipeline.queries import continuous_query
 from csmd.pipeline.sequencer import Sequencer, Vertices
@@ -49,9 +49,8 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         make = {"human": human_workload, "yeast": yeast_workload}[args.workload]
-        (Path(tmp) / "one").mkdir()
-        one = len(make(args.datasets, Path(tmp) / "one", 1).lines)  # a round's updates
-        w = make(args.datasets, Path(tmp), -(-args.batches * BATCH // one))
+        w = make(args.datasets, Path(tmp), 1)
+        w = w._replace(lines=in_rounds(w.lines, -(-args.batches * BATCH // len(w.lines))))
         stream = Path(tmp) / "stream.txt"
         stream.write_text("\n".join(w.lines) + "\n")
         updates = list(decoded_updates(stream))[: args.batches * BATCH]
@@ -65,7 +64,8 @@ def main() -> None:
         batch = sequencer.sequence(updates[i:i + BATCH], np.zeros(len(updates[i:i + BATCH])))
         engine.apply(batch)
         # the record of each update as the cluster's input would have it: per_record lines a record
-        batch.record_of = {s: _Record(s // args.per_record) for s in range(batch.first_seq, batch.end_seq)}
+        batch.record_of = {s: Update("e", 0, 0, 0, "", ("stream", 0, s // args.per_record))
+                           for s in range(batch.first_seq, batch.end_seq)}
         batches.append(batch)
     searched = {"t": 0.0}
     plain = CompiledEngine._match
@@ -98,15 +98,6 @@ def main() -> None:
     for n in counts:
         over = statistics.median(x / y for x, y in zip(seconds[n][1:], seconds[1][1:]))
         print(f"{n:>9} {statistics.median(seconds[n][1:]):>26.3f} {over:>8.3f}x")
-
-
-class _Record:
-    """Where an update came from, as ShardWork reads it: (input, partition 0, this offset)."""
-
-    __slots__ = ("origin",)
-
-    def __init__(self, offset: int):
-        self.origin = ("stream", 0, offset)
 
 
 if __name__ == "__main__":
