@@ -37,6 +37,13 @@ longest single call of any stage but match, the (op, query) pairs it matched, an
 the first record was produced) it had taken in the last record, put out the last batch
 and committed the last progress.
 
+--bound also runs, in each run, N concurrent `csmd replay`s of the whole stream for each
+instance count N, each with --threads threads (no Kafka, no split: every process does what
+the lone instance does), and prints `bound`, N times how much faster one replay alone ran
+than the slowest of N at once: the speed-up that N processes get from this machine at this
+moment (cores slow down as more of them work; the host is shared), and `of bound`, the
+speed-up in run over it. A split that reaches its bound has lost nothing to the design.
+
 --per-record K puts K updates (text lines) in each input record, as a producer that batches
 its updates would: the shards split (record, query) pairs, so fewer, fuller records.
 
@@ -67,6 +74,7 @@ import os
 import random
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -118,6 +126,28 @@ def in_rounds(lines: list[str], rounds: int) -> list[str]:
         random.Random(r).shuffle(this)
         out += this
     return out
+
+
+def replay_command(w: Workload, root: Path, backend: str = "cpu") -> list[str]:
+    """`csmd replay` of the workload's whole stream, count-only: the matching one instance does, without Kafka."""
+    stream = root / f"{w.name}-replay.txt"
+    stream.write_text("\n".join(w.lines) + "\n")
+    return [sys.executable, "-m", "csmd", "replay", "--data", str(w.graph), "--stream", str(stream),
+            "--query", *map(str, w.queries), "--count-only", "--json", "--backend", backend]
+
+
+def replay_seconds(cmd: list[str], processes: int, threads: int) -> float:
+    """Seconds of the slowest of `processes` concurrent replays."""
+    env = {**os.environ, "CSMD_THREADS": str(threads)}
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(processes)]
+    seconds = []
+    for p in procs:
+        out, err = p.communicate()
+        if p.returncode:
+            sys.exit(f"replay failed ({p.returncode}): {err[-2000:]}")
+        seconds.append(json.loads(out.splitlines()[-1])["seconds"])  # one line per query, the run's seconds
+    return max(seconds)
 
 
 def cluster(root: Path, bootstrap: str, w: Workload, tag: str, threads: int, backend: str = "cpu",
@@ -260,12 +290,17 @@ def main() -> None:
     ap.add_argument("--stages", action="store_true", help="time each instance's stages (bench/stage_timers.py)")
     ap.add_argument("--per-record", type=int, default=1, metavar="K",
                     help="updates per input record (text lines; a producer that batches its updates)")
+    ap.add_argument("--bound", action="store_true",
+                    help="in each run, also time N concurrent replays of the whole stream (no Kafka, no split) for "
+                         "each count N: what the machine gives N processes at once (not with --backend gpu)")
     args = ap.parse_args()
+    if args.bound and args.backend == "gpu":
+        sys.exit("bench/cluster.py: --bound times CPU replays; leave it out with --backend gpu")
     if not (args.datasets / "human" / "queries").is_dir():
         sys.exit(f"bench/cluster.py: {args.datasets / 'human'} not found (use --datasets DIR)")
     args.datasets = args.datasets.resolve()  # the daemons run in their own folders
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(args.instances))
-    rates, busy, failovers, workloads, stages = {}, {}, {}, {}, {}
+    rates, busy, failovers, workloads, stages, alone = {}, {}, {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         try:
@@ -276,6 +311,7 @@ def main() -> None:
                 first = w.lines[:len(w.lines) // rounds]
                 throughput(root, w._replace(lines=in_rounds(first[:200], 2)), 1, "warm-up", threads, args.backend,
                            False, args.gpus, args.per_record)
+                replay = replay_command(w, root, args.backend) if args.bound else None
                 for r in range(args.runs):  # each run measures every count: a host's drift over minutes hits them alike
                     for n in args.instances:
                         rate, b, timed = throughput(root, w, n, r, threads, args.backend, args.stages, args.gpus,
@@ -283,6 +319,8 @@ def main() -> None:
                         rates.setdefault((name, n), []).append(rate)
                         busy.setdefault((name, n), []).append(b)
                         stages[name, n] = timed
+                    for n in args.instances if replay else ():  # the same run: the host's drift hits both alike
+                        alone.setdefault((name, n), []).append(replay_seconds(replay, n, threads))
                     print(f"done: {name}, run {r}", file=sys.stderr)
             human = workloads.get("human") or human_workload(args.datasets, root, args.rounds[0])
             for ms in args.sessions:
@@ -298,8 +336,12 @@ def main() -> None:
     print("cores busy: CPU seconds of the broker and every instance over the run's wall seconds (of "
           f"{os.cpu_count()}); stolen: cores the hypervisor gave to other machines meanwhile; CPU s: each "
           f"instance's, then the broker's (medians of the runs)\n")
+    if alone:
+        print("bound: N over how much slower each of N concurrent replays of the whole stream (no Kafka, no split) "
+              f"ran than one alone, in the same run: what the machine gives N processes of {threads} threads at once; "
+              "of bound: the speed-up in run over it (medians of the runs)\n")
     print(f"{'workload':>34} {'instances':>9} {'updates/s':>10} {'speed-up':>9} {'in run':>7} {'best run':>9} "
-          f"{'cores busy':>10} {'stolen':>6} {'CPU s':>24}")
+          f"{'cores busy':>10} {'stolen':>6} {'CPU s':>24}" + (f" {'bound':>6} {'of bound':>8}" if alone else ""))
     for name, w in workloads.items():
         what = f"{name}: {len(w.lines)} updates, {len(queries_of(w))} queries"
         first = rates[name, args.instances[0]]
@@ -311,7 +353,8 @@ def main() -> None:
             cpu = " ".join(f"{x:.1f}" for x in each) + f" | {statistics.median(b.broker for b in runs):.1f}"
             print(f"{what:>34} {n:>9} {r:>10.0f} {r / base:>8.2f}x {paired:>6.2f}x {max(rates[name, n]):>9.0f} "
                   f"{statistics.median(b.cores() for b in runs):>10.1f} "
-                  f"{statistics.median(b.stolen / b.seconds for b in runs):>6.2f} {cpu:>24}")
+                  f"{statistics.median(b.stolen / b.seconds for b in runs):>6.2f} {cpu:>24}" + bound_columns(
+                      alone, name, n, args.instances[0], rates))
     if args.stages:
         print_stages(workloads, stages, args.per_record)
     if not failovers:
@@ -321,6 +364,16 @@ def main() -> None:
     print(f"{'session timeout ms':>18} {'failover s':>11}")
     for ms, s in failovers.items():
         print(f"{ms:>18} {s:>11.2f}")
+
+
+def bound_columns(alone: dict, name: str, n: int, base: int, rates: dict) -> str:
+    """The machine's bound for n instances and the speed-up's share of it, run by run (empty without --bound)."""
+    if not alone:
+        return ""
+    runs = list(zip(alone[name, n], alone[name, base], rates[name, n], rates[name, base]))
+    bound = [(n / base) * t_base / t_n for t_n, t_base, _r, _rb in runs]
+    share = [(r / rb) / b for (_t, _tb, r, rb), b in zip(runs, bound)]
+    return f" {statistics.median(bound):>5.2f}x {statistics.median(share):>7.0%}"
 
 
 def print_stages(workloads: dict[str, Workload], stages: dict, per_record: int) -> None:

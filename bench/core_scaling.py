@@ -19,31 +19,15 @@ reports it: the pipeline, not the process start).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from cluster import yeast_workload
+from cluster import replay_command, replay_seconds, yeast_workload
 
 DEFAULT_CONFIGS = ["1x1", "1x4", "1x8", "1x16", "2x4", "4x4", "16x1"]
-
-
-def replay_seconds(cmd: list[str], processes: int, threads: int) -> float:
-    """Seconds of the slowest of `processes` concurrent replays."""
-    env = {**os.environ, "CSMD_THREADS": str(threads)}
-    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(processes)]
-    seconds = []
-    for p in procs:
-        out, err = p.communicate()
-        if p.returncode:
-            sys.exit(f"replay failed ({p.returncode}): {err[-2000:]}")
-        seconds.append(json.loads(out.splitlines()[-1])["seconds"])  # one line per query, the run's seconds
-    return max(seconds)
 
 
 def main() -> None:
@@ -56,10 +40,7 @@ def main() -> None:
     configs = [tuple(int(x) for x in c.lower().split("x")) for c in args.configs]
     with tempfile.TemporaryDirectory() as tmp:
         w = yeast_workload(args.datasets, Path(tmp), args.rounds)
-        stream = Path(tmp) / "stream.txt"
-        stream.write_text("\n".join(w.lines) + "\n")
-        cmd = [sys.executable, "-m", "csmd", "replay", "--data", str(w.graph), "--stream", str(stream),
-               "--query", *map(str, w.queries), "--count-only", "--json", "--backend", "cpu"]
+        cmd = replay_command(w, Path(tmp))
         replay_seconds(cmd, 1, 1)  # numba's on-disk cache
         seconds = {}
         for p, t in configs:
