@@ -271,10 +271,23 @@ def test_control_changes_take_effect_at_a_well_defined_update_and_survive_restar
     want = Counter({k: n for k, n in reference.items()
                     if (k[0] == "Q_1" and k[1] < 3000) or (k[0] == "Q_2" and k[1] >= 1200)})
     assert rows_of(t.deltas()) == want
-    # restart: the registrations survive (replayed from the control topic)
+    # control records that make the parsers fail, or say "applied" with positions no one can use: each
+    # stopped the daemon, and every restart that replayed the control log (a black-box test found them)
+    bad_control = [b"[" * 10_000, b'{"op": "add", "name": "n", "query": 1' + b"1" * 5000 + b"}", b"\xff\xfe",
+                   b'{"op": "applied", "name": "Q_9", "request": 5, "at": {"x": 1}}',
+                   b'{"op": "applied", "name": "Q_9", "request": true, "at": {"0": 1}}',
+                   b'{"op": "applied", "name": "Q_9", "request": 5, "at": {"0": -1}}']
+    t.produce(t.control, bad_control)
+    # restart: the registrations survive (replayed from the control topic), the bad records are left behind
     d = DaemonProcess(cfg, tmp_path / "d2.log", port)
     d.wait_offset(len(lines))
     assert {q["name"] for q in d.get("/queries")["queries"]} == {"Q_2"}
+    assert (tmp_path / "d2.log").read_text().count("malformed control record skipped") == len(bad_control)
+    t.produce(t.control, bad_control)  # read live: dead letters, the daemon goes on
+    letters = t.read(t.dead_letter, until=lambda m: len(m) >= len(bad_control))
+    assert [m.value() for m in letters] == bad_control
+    assert all(dict(m.headers())["csmd-error"].startswith(b"control message") or b"applied" in
+               dict(m.headers())["csmd-error"] for m in letters)
     # refusals: an unknown name, a query that is not connected; the daemon goes on
     assert csmd(["admin", "--url", d.url, "remove", "--name", "nope"]) == 2
     bad = tmp_path / "bad.graph"
@@ -305,6 +318,36 @@ def test_control_changes_take_effect_at_a_well_defined_update_and_survive_restar
     assert {q["name"] for q in d.get("/queries")["queries"]} == {"Q_2"}
     t.output = t2_out.output
     assert rows_of(t.deltas()) == want
+    assert d.stop() == 0
+
+
+def test_a_control_topic_not_the_checkpoints_is_read_from_its_start(tmp_path, kafka_bootstrap):
+    """The checkpoint's last applied control request is an offset of the topic it was taken with:
+    applied to another control topic, it skipped that topic's first requests without a word (and an
+    admin call waited for its request in vain)."""
+    from csmd.cli import main as csmd
+
+    t, cfg, port = start(tmp_path, kafka_bootstrap, queries=["Q_1"], checkpoint=True)
+    d = DaemonProcess(cfg, tmp_path / "d1.log", port)
+    for q in ("Q_2", "Q_3"):  # offsets 0 to 3 of the first control topic: two requests, two applied records
+        assert csmd(["admin", "--url", d.url, "add", "--query", str(HUMAN / "queries" / f"{q}.graph")]) == 0
+    lines = human_lines()[:300]
+    t.produce(t.input, lines)
+    d.wait_offset(len(lines))
+    assert d.stop() == 0  # with a checkpoint of the end
+    control = Topics(kafka_bootstrap).control
+    cfg.write_text(cfg.read_text().replace(f'control = "{t.control}"', f'control = "{control}"'))
+    q4 = (HUMAN / "queries" / "Q_4.graph").read_text()
+    t.produce(control, [json.dumps({"op": "add", "name": "Q_4", "query": q4})])  # offset 0: requested while down
+    d = DaemonProcess(cfg, tmp_path / "d2.log", port)
+    names = lambda: {q["name"] for q in d.get("/queries")["queries"]}  # noqa: E731
+    t0 = time.monotonic()
+    while "Q_4" not in names() and time.monotonic() - t0 < 20:
+        time.sleep(0.1)
+    assert names() == {"Q_1", "Q_2", "Q_3", "Q_4"}
+    assert csmd(["admin", "--url", d.url, "add", "--query", str(HUMAN / "queries" / "Q_5.graph")]) == 0
+    assert names() == {"Q_1", "Q_2", "Q_3", "Q_4", "Q_5"}
+    assert "the control topic is not the checkpoint's" in (tmp_path / "d2.log").read_text()
     assert d.stop() == 0
 
 

@@ -34,6 +34,7 @@ class Checkpointing:
         return {"seq": graph.seq, "offsets": {str(p): o for p, o in offsets.items()},
                 "control_applied": self.control_applied, "removed": sorted(self.removed),
                 "queries": [dict(vars(s)) for s in self.specs.values()], "input": self.cfg["topics"]["input"],
+                "control": self.cfg["topics"]["control"],
                 "written": time.time()}
 
     def _checkpointing(self) -> bool:

@@ -63,8 +63,11 @@ def control_request(body: bytes, source: str) -> dict:
     """A control message, checked; InputError(source, None, reason) when it is malformed."""
     try:
         msg = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except json.JSONDecodeError as exc:
         raise InputError(source, None, f"control message is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, nested too deep, a number too long: the record's
+        # fault; raised past here it stopped the daemon, and every restart that replayed the control log
+        raise InputError(source, None, f"control message is not readable JSON: {type(exc).__name__}: {exc}") from None
     if not isinstance(msg, dict) or msg.get("op") not in ("add", "remove", "applied"):
         raise InputError(source, None, "control message needs \"op\": \"add\", \"remove\" or \"applied\"")
     name = msg.get("name")
@@ -79,9 +82,18 @@ def control_request(body: bytes, source: str) -> dict:
         if not isinstance(msg.get("count_only", False), bool):
             raise InputError(source, None, "\"count_only\" must be true or false")
         parse_query_text(msg["query"], f"{source} query {msg['name']}")  # refuses bad graphs with their line
-    if msg["op"] == "applied" and not (isinstance(msg.get("request"), int) and isinstance(msg.get("at"), dict)):
-        raise InputError(source, None, "\"applied\" needs \"request\" and \"at\"")
+    if msg["op"] == "applied":  # read back at every start: a bad one must be refused here, not fail there
+        at = msg.get("at")
+        if not (_position(msg.get("request")) and isinstance(at, dict)
+                and all(p.isascii() and p.isdecimal() and _position(o) for p, o in at.items())):
+            raise InputError(source, None, "\"applied\" needs \"request\" (an offset) and \"at\" (partition -> "
+                                           "offset)")
     return msg
+
+
+def _position(x) -> bool:
+    """A Kafka offset as JSON gives it: an integer from 0 to 2^63-1 (not a bool, which Python counts as one)."""
+    return type(x) is int and 0 <= x < 1 << 63
 
 
 # Instances of a cluster would each apply a change at their own input position, so shards

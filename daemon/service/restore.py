@@ -71,8 +71,13 @@ def start_state(cfg: dict, conf: dict, log) -> StartState:
     known = {s.name for s in specs} | set(state["removed"])
     specs += [s for s in configured if s.name not in known]
     log.info("restored checkpoint", seq=state["seq"], offsets=offsets, queries=len(specs))
+    control_applied = state["control_applied"]
+    if state.get("control", t["control"]) != t["control"]:  # its offset is one of another topic's
+        log.warning("the control topic is not the checkpoint's: its requests are read from its start",
+                    checkpoint=state["control"], control=t["control"])
+        control_applied = -1
     return StartState(ckpt.graph, int(state["seq"]), offsets, specs, committed, set(state["removed"]),
-                      state["control_applied"], ckpt.retired, ends)
+                      control_applied, ckpt.retired, ends)
 
 
 def config_specs(cfg: dict) -> list[QuerySpec]:
