@@ -77,6 +77,32 @@ def test_bad_tables(tmp_path):
     pq.write_table(pa.table({"src": [0], "dst": [1]}), p)
     assert "edges.vertices.parquet:row 2: duplicate vertex id 0" in run_match(tmp_path, p, GOOD_QUERY)
 
+    # vertex ids are int64 or strings, one kind a graph: anything else was read as ids (floats, bools,
+    # lists), failed in numpy with a traceback (mixed kinds), or broke the outputs later (uint64 >= 2^63)
+    (tmp_path / "edges.vertices.parquet").unlink()
+    for table, message in [
+        (pa.table({"src": [0, 1], "dst": ["1", "2"]}), "column 'src' holds integer ids, 'dst' string ones"),
+        (pa.table({"src": [0.0, 1.5], "dst": [1.0, 2.0]}), "column 'src' is double; vertex ids are integers or strings"),
+        (pa.table({"src": [True], "dst": [False]}), "column 'src' is bool"),
+        (pa.table({"src": [[0]], "dst": [[1]]}), "column 'src' is list<"),
+        (pa.table({"src": pa.array([5, 2**63], pa.uint64()), "dst": pa.array([2**64 - 1, 5], pa.uint64())}),
+         "edges.parquet:row 1: vertex id 9223372036854775808 in src out of range (int64"),
+    ]:
+        pq.write_table(table, p)
+        assert message in run_match(tmp_path, p, GOOD_QUERY)
+    pq.write_table(pa.table({"src": [0], "dst": [1]}), p)
+    pq.write_table(pa.table({"id": ["0", "1"], "label": [1, 2]}), tmp_path / "edges.vertices.parquet")
+    assert "edges.vertices.parquet: column 'id' holds string ids, the edges of edges.parquet integer ones" in \
+        run_match(tmp_path, p, GOOD_QUERY)
+    (tmp_path / "edges.vertices.parquet").unlink()
+    pq.write_table(pa.table({"src": pa.array([2**63 - 1], pa.uint64()), "dst": pa.array([3], pa.uint8())}), p)
+    (tmp_path / "q.graph").write_text("v 0 0\nv 1 0\ne 0 1\n")
+    ok = subprocess.run(CSMD + ["match", "--data", str(p), "--query", str(tmp_path / "q.graph"), "--json", "--output",
+                                str(tmp_path / "m.arrow")], capture_output=True, text=True)
+    assert ok.returncode == 0 and '"matches": 2' in ok.stdout  # any integer type, up to 2^63-1
+    assert sorted(pa.ipc.open_file(tmp_path / "m.arrow").read_all().column("vertices").to_pylist()) == \
+        [[3, 2**63 - 1], [2**63 - 1, 3]]
+
     garbage = tmp_path / "junk.arrow"
     garbage.write_bytes(b"\x00\x01not arrow at all")
     assert "junk.arrow: not a readable Arrow/Parquet table" in run_match(tmp_path, garbage, GOOD_QUERY)

@@ -159,6 +159,25 @@ def _column(table, name, path, required=True):
     return col.to_numpy(zero_copy_only=False)
 
 
+def _ids(table, name, path) -> np.ndarray:
+    """The vertex ids of column `name`: int64 from any integer column, objects from a string one.
+    Other types (floats, bools, lists, timestamps) are refused rather than read as ids, and so is
+    a uint64 beyond int64: the daemon and the outputs hold ids as int64 or strings."""
+    import pyarrow as pa
+
+    typ = table.schema.field(name).type if name in table.column_names else None
+    if typ is not None and pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    if typ is not None and not (pa.types.is_integer(typ) or pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+        raise InputError(path, None, f"column {name!r} is {typ}; vertex ids are integers or strings")
+    values = _column(table, name, path)
+    if values.dtype == np.uint64 and len(values) and values.max() > np.iinfo(np.int64).max:
+        row = int(np.flatnonzero(values > np.iinfo(np.int64).max)[0])
+        raise InputError(path, f"row {row}", f"vertex id {scalar(values[row])} in {name} out of range "
+                                             f"(int64: -2^63 .. 2^63-1)")
+    return values.astype(np.int64) if values.dtype.kind in "iu" else values.astype(object)
+
+
 def _ints(values, path, name):
     if values.dtype.kind not in "iu":
         raise InputError(path, None, f"column {name!r} must be integers, is {values.dtype}")
@@ -168,6 +187,10 @@ def _ints(values, path, name):
     return values.astype(np.int32)
 
 
+def _kind(ids: np.ndarray) -> str:
+    return "integer" if ids.dtype.kind in "iu" else "string"
+
+
 def vertices_path(path: Path) -> Path:
     """Where the vertex table of edge table `path` lives."""
     return path.with_name(path.stem + ".vertices" + path.suffix)
@@ -175,14 +198,19 @@ def vertices_path(path: Path) -> Path:
 
 def _read_table_graph(path: Path) -> Graph:
     edges = _read_table(path)
-    src = _column(edges, "src", path)
-    dst = _column(edges, "dst", path)
+    src, dst = _ids(edges, "src", path), _ids(edges, "dst", path)
+    if src.dtype != dst.dtype:
+        raise InputError(path, None, f"column 'src' holds {_kind(src)} ids, 'dst' {_kind(dst)} ones: "
+                                     "a graph's vertex ids are all integers or all strings")
     el = _column(edges, "label", path, required=False)
     el = np.zeros(len(src), np.int32) if el is None else _ints(el, path, "label")
     vpath = vertices_path(path)
     if vpath.exists():
         verts = _read_table(vpath)
-        ext = _column(verts, "id", vpath)
+        ext = _ids(verts, "id", vpath)
+        if len(src) and ext.dtype != src.dtype:
+            raise InputError(vpath, None, f"column 'id' holds {_kind(ext)} ids, the edges of {path.name} "
+                                          f"{_kind(src)} ones")
         labels = _ints(_column(verts, "label", vpath), vpath, "label")
         uniq, first = np.unique(ext, return_index=True)
         if len(uniq) != len(ext):
