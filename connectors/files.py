@@ -51,12 +51,12 @@ class FileSource:
                 out.append(Record(name, 0, self._lineno, body, where=f"{name}:{self._lineno}"))
         return out
 
-    def read(self):
+    def read(self, blocks: bool = True):
         """The rest of the file, for a caller that takes it all at once (csmd replay): runs of
         plain update lines as UpdateBlocks, read by compiled code (textscan.py), and every other
-        line as the Record that poll makes of it (decode_updates decides it). Without numba,
-        only Records."""
-        if scan is None:
+        line as the Record that poll makes of it (decode_updates decides it). Without numba, or
+        without `blocks` (their ids are integers), only Records."""
+        if scan is None or not blocks:
             while recs := self.poll():
                 yield from recs
             return

@@ -242,8 +242,6 @@ def _json(rec: Record, str_ids: bool) -> list[Update]:
 
 
 def _text(rec: Record, str_ids: bool) -> list[Update]:
-    if str_ids:
-        raise BadRecord("text records carry integer vertex ids; this graph is keyed by strings")
     try:
         text = rec.value.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -254,7 +252,8 @@ def _text(rec: Record, str_ids: bool) -> list[Update]:
     out = []
     for lineno, line in enumerate(lines, 1):
         try:
-            upd = parse_update(line, rec.source, lineno, rec.source if one else f"{rec.source}#{lineno}", rec.origin)
+            upd = parse_update(line, rec.source, lineno, rec.source if one else f"{rec.source}#{lineno}", rec.origin,
+                               str_ids)
         except InputError as exc:
             raise BadRecord(exc.reason if one else f"line {lineno}: {exc.reason}") from None
         if upd is not None:

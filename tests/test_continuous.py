@@ -335,6 +335,38 @@ def test_lines_left_to_the_line_parser_give_the_same_deltas(tmp_path, seed):
     assert signed.equals(plain) and signed.num_rows
 
 
+@pytest.mark.parametrize("seed", range(410, 414))
+def test_a_graph_keyed_by_strings_reads_its_streams_ids_as_strings(tmp_path, seed):
+    """The same case with every id spelled as a string ("n" + id) in a Parquet graph and its text
+    stream: the same deltas, vertex for vertex. The stream's ids were read as integers before, and
+    made new vertices beside the graph's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    qpaths, truth = make_case(tmp_path, seed, steps=60)
+    plain, _, _ = run_replay(tmp_path, qpaths, batch_size=7, name="plain.arrow")
+    g = read_graph(tmp_path / "g0.graph")
+    name = np.array([f"n{x}" for x in g.ext_ids], dtype=object)
+    s, d, e = g.edge_list()
+    pq.write_table(pa.table({"src": name[s], "dst": name[d], "label": e}), tmp_path / "g0.parquet")
+    pq.write_table(pa.table({"id": name, "label": g.labels}), tmp_path / "g0.vertices.parquet")
+    lines = []
+    for line in (tmp_path / "stream.txt").read_text().splitlines():
+        op, *f = line.split()
+        ids = 1 if op in ("v", "-v") else 2
+        lines.append(" ".join([op, *(f"n{x}" for x in f[:ids]), *f[ids:]]))
+    (tmp_path / "named.txt").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "named.arrow"
+    results, _ = replay(read_graph(tmp_path / "g0.parquet"), tmp_path / "named.txt",
+                        [(p.stem, read_query(p)) for p in qpaths], batch_size=7, count_only=False, output=out,
+                        show_progress=False)
+    named = ipc.open_file(out).read_all()
+    assert named.column("vertices").to_pylist() == [[f"n{x}" for x in v] for v in plain.column("vertices").to_pylist()]
+    assert named.column("seq").equals(plain.column("seq")) and named.column("sign").equals(plain.column("sign"))
+    assert [r["positive"] for r in results] == [sum(c for (_, s, _), c in truth[p.stem].items() if s > 0)
+                                                for p in qpaths]
+
+
 def test_ops_no_anchor_edge_can_take_skip_the_search_and_no_delta_is_lost(tmp_path, monkeypatch):
     """With 5 vertex labels most edge ops match the end labels of no anchor edge of either query:
     the compiled engine hands only the others to its kernel, and every delta still equals brute force."""

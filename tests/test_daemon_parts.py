@@ -153,6 +153,17 @@ def test_bad_arrow_records():
     assert decode_updates(_rec(_arrow(op=["e"], u=["a"], v=["b"])), str_ids=True)[0].u == "a"
 
 
+def test_a_graph_keyed_by_strings_reads_the_ids_of_every_format_as_strings():
+    """Text records too: their tokens as written (they were refused; replay read them as integers)."""
+    want = [("e", "a", "7", 2), ("-v", "x", -1, 0)]
+    for value in (b"e a 7 2\n-v x", json.dumps([{"op": "e", "u": "a", "v": "7", "label": 2},
+                                                 {"op": "-v", "u": "x"}]).encode(),
+                  _arrow(op=["e", "-v"], u=["a", "x"], v=["7", None], label=[2, None])):
+        assert [(u.op, u.u, u.v, u.label) for u in decode_updates(_rec(value), str_ids=True)] == want
+    with pytest.raises(BadRecord, match="bad integer 'a'"):
+        decode_updates(_rec(b"e a 7"))
+
+
 def _arrow_batch(batch: pa.RecordBatch) -> bytes:
     sink = pa.BufferOutputStream()
     with ipc.new_stream(sink, batch.schema) as w:

@@ -15,25 +15,26 @@ from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.stages import Pipeline
 
 
-def file_updates(source: FileSource):
-    """The updates of a stream file in order, runs of plain lines as UpdateBlocks; a bad line
-    stops the replay with file:line: reason."""
-    for item in source.read():
+def file_updates(source: FileSource, str_ids: bool = False):
+    """The updates of a stream file in order, runs of plain lines as UpdateBlocks (of integer
+    ids: with str_ids, a graph keyed by strings, every line is decoded alone); a bad line stops
+    the replay with file:line: reason."""
+    for item in source.read(blocks=not str_ids):
         if isinstance(item, UpdateBlock):
             yield item
             continue
         try:
-            yield from decode_updates(item, "text")
+            yield from decode_updates(item, "text", str_ids)
         except BadRecord as exc:
             raise InputError(item.input, item.offset, str(exc)) from None
 
 
-def read_stream(path) -> list:
+def read_stream(path, str_ids: bool = False) -> list:
     """The whole stream file decoded, in memory (UpdateBlocks and Updates), for replay to time
     the pipeline alone: RapidFlow, the reference, loads its stream before its clock starts."""
     source = FileSource(path)
     try:
-        return list(file_updates(source))
+        return list(file_updates(source, str_ids))
     finally:
         source.close()
 
@@ -82,7 +83,7 @@ def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: i
 
     t0 = time.monotonic()
     try:
-        stats = pipe.run(iter(stream) if in_memory else file_updates(source), on_result)
+        stats = pipe.run(iter(stream) if in_memory else file_updates(source, g0.str_ids), on_result)
     finally:
         progress.close()
         if source is not None:

@@ -401,9 +401,11 @@ class UpdateBlock:
                                                                for f in ("lineno", "op", "u", "v", "label")})
 
 
-def parse_update(line: str, path, lineno, source: str | None = None, origin: tuple | None = None) -> Update | None:
+def parse_update(line: str, path, lineno, source: str | None = None, origin: tuple | None = None,
+                 str_ids: bool = False) -> Update | None:
     """Parse one stream line; None for blanks and comments. source / origin replace the
-    defaults (path:lineno, (path, 0, lineno)) where the line is part of a larger record."""
+    defaults (path:lineno, (path, 0, lineno)) where the line is part of a larger record.
+    str_ids: the vertex ids are the tokens as written (a graph keyed by strings), else int64."""
     parts = line.split()
     if not parts or parts[0][0] == "#":
         return None
@@ -416,12 +418,13 @@ def parse_update(line: str, path, lineno, source: str | None = None, origin: tup
         raise InputError(path, lineno, f"wrong field count: {op!r} takes {_UPDATE_USAGE[op]}, got {nf} fields")
     if source is None:
         source, origin = f"{path}:{lineno}", (str(path), 0, lineno)
-    u = _vertex_id(parts[1], path, lineno)
+    vertex = (lambda tok, _path, _lineno: tok) if str_ids else _vertex_id
+    u = vertex(parts[1], path, lineno)
     if op == INSERT_VERTEX:
         return Update(op, u, -1, _label(parts[2], path, lineno, "vertex label"), source, origin)
     if op == DELETE_VERTEX:
         return Update(op, u, -1, 0, source, origin)
-    v = _vertex_id(parts[2], path, lineno)
+    v = vertex(parts[2], path, lineno)
     return Update(op, u, v, _label(parts[3], path, lineno, "edge label") if nf == 3 else 0, source, origin)
 
 

@@ -41,6 +41,12 @@ class Graph:
         self._grouped = None
 
     # ---- construction -------------------------------------------------------
+    @property
+    def str_ids(self) -> bool:
+        """Whether the graph is keyed by strings (an Arrow/Parquet graph with string ids): the ids of
+        its text update streams are then the tokens as written."""
+        return self.ext_ids.dtype.kind in "OUS"
+
     @classmethod
     def from_edges(cls, labels, src, dst, elabels=None, ext_ids=None) -> "Graph":
         """Build from internal-id edge lists; drops self-loops and repeated pairs (first wins)."""

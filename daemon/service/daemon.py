@@ -121,8 +121,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         st = start_state(self.cfg, conf, self.log)
         g0, seq0, start, specs = st.graph, st.seq, st.offsets, st.specs
         self.removed, self.control_applied = st.removed, st.control_applied
-        ext = g0.ext_ids
-        self._str_ids = getattr(ext, "dtype", None) is not None and ext.dtype.kind in "OUS"
+        self._str_ids = g0.str_ids
         bs = self.cfg["pipeline"]
         engine = continuous_engine(bs["backend"], g0, "[pipeline] backend", threads=bs["threads"] or None)
         # the first record does not wait for numba's compiled code to load; not on the GPU, where a
