@@ -47,8 +47,14 @@ class Record:
     partition: int
     offset: int
     value: bytes
-    headers: dict[str, bytes] = field(default_factory=dict)
+    # as Kafka gives them, (key, value or None) in order, a key possibly more than once: a dead letter
+    # carries them unchanged
+    headers: list[tuple[str, bytes | None]] = field(default_factory=list)
     where: str = ""  # for people, when not topic/partition/offset (a file's name:line)
+
+    def header(self, key: str) -> bytes | None:
+        """The value of the last header named `key` (None if there is none, or it has no value)."""
+        return next((v for k, v in reversed(self.headers) if k == key), None)
 
     @property
     def source(self) -> str:
@@ -108,8 +114,7 @@ class Polled:
 
     def record(self, i: int) -> Record:
         h = self.headers[i]
-        return Record(self.input, self.partition[i], self.offset[i], self.value[i],
-                      {k: v or b"" for k, v in h} if h else {})
+        return Record(self.input, self.partition[i], self.offset[i], self.value[i], list(h) if h else [])
 
     def records(self, lo: int = 0, hi: int | None = None) -> list[Record]:
         return [self.record(i) for i in range(lo, len(self) if hi is None else hi)]
@@ -170,7 +175,7 @@ def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False) -> lis
     """
     if rec.value is None or not len(rec.value):
         raise BadRecord("empty record")
-    declared = rec.headers.get(CONTENT_TYPE)
+    declared = rec.header(CONTENT_TYPE)
     if declared is not None:
         declared = declared.decode("utf-8", "replace").split(";")[0].strip()
         if declared not in _CONTENT_TYPES:

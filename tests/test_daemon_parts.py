@@ -75,7 +75,7 @@ def test_shipped_configs_load():
 
 # ---- records -----------------------------------------------------------------------------------------
 def _rec(value: bytes, headers=None) -> Record:
-    return Record("in", 0, 7, value, headers or {})
+    return Record("in", 0, 7, value, list((headers or {}).items()))
 
 
 def _arrow(**cols) -> bytes:

@@ -28,7 +28,7 @@ MULTI = ["e {a} {b}\ne {b} {a}", "e {a} {b}\n# note", "e {a} {b}\r\n\r\n-e {b} {
          "\te {a} {b}\n  \n e {b} {a} {l}\ne {a} {a}\n", "e {a} {b}\n-e {a} {b}\ne {a} {b}"]
 NOT_PLAIN = ["e {a} {b}\x1c", "{{\"op\": \"e\", \"u\": {a}, \"v\": {b}}}", "e {a} {b}\re {b} {a}", "e {a} {b}\x0be {b} {a}",
              "# \u2028e {a} {b}\ne {b} {a}", "e {a} {b}\nx {a} {b}", "e {a} {b}\ne {a}", "# only\n# comments\n", "\n\n"]
-TYPES = [None, None, None, {"content-type": b"text/plain"}, {"content-type": b"application/json"}]
+TYPES = [None, None, None, [("content-type", b"text/plain")], [("content-type", b"application/json")]]
 
 
 def random_records(rng: random.Random, n: int, first: int = 0) -> list[Record]:
@@ -40,14 +40,14 @@ def random_records(rng: random.Random, n: int, first: int = 0) -> list[Record]:
         ids = [rng.choice([rng.randrange(50), -rng.randrange(1, 10**18)]) for _ in range(2)]
         value = pick.format(a=ids[0], b=ids[1], l=rng.randrange(3)).encode("utf-8", "surrogateescape")
         headers = rng.choice(TYPES) if rng.random() < 0.1 else None
-        out.append(Record("in", 0, off, value, dict(headers or {})))
+        out.append(Record("in", 0, off, value, list(headers or [])))
     return out
 
 
 def polled(records: list[Record]) -> Polled:
     """The records as the Kafka source hands a poll over (headers as the client gives them)."""
     return Polled(records[0].input if records else "", [r.partition for r in records], [r.offset for r in records],
-                  [r.value for r in records], [list(r.headers.items()) or None for r in records])
+                  [r.value for r in records], [list(r.headers) or None for r in records])
 
 
 def one_by_one(recs: list[Record], fmt: str = "auto", str_ids: bool = False) -> list:
@@ -83,7 +83,7 @@ def test_plain_runs_decode_every_record_as_decode_updates_does(seed):
 def test_what_is_not_plain_lines_is_left_to_decode_updates():
     recs = [Record("in", 0, i, p.format(a=5, b=6, l=1).encode("utf-8", "surrogateescape"))
             for i, p in enumerate(ODD + NOT_PLAIN + ["", "  ", "# note"])]
-    recs += [Record("in", 0, 99, b"e 1 2", {"content-type": b"text/plain"})]  # declared: decode_updates decides
+    recs += [Record("in", 0, 99, b"e 1 2", [("content-type", b"text/plain")])]  # declared: decode_updates decides
     items = list(plain_runs(polled(recs)))
     assert items == recs
 
@@ -152,6 +152,7 @@ class _Sink:
         self.dead = []
 
     def produce(self, topic, value, key, headers, on_ack, origins):
+        headers = dict(headers)
         self.dead.append((int(headers["csmd-offset"]), headers["csmd-error"].decode()))
 
 

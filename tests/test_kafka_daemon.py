@@ -209,8 +209,11 @@ def test_bad_records_go_to_the_dead_letter_topic(tmp_path, kafka_bootstrap, refe
     stream = good[:500] + list(bad)[:3] + good[500:1002] + list(bad)[3:] + good[1002:]
     t.produce(t.input, stream)
     t.produce(t.input, [b"x 9 9"], headers={"big": b"h" * 150_000})  # headers too large to send back
-    d.wait_offset(len(stream) + 1)
-    dl = t.read(t.dead_letter, until=lambda m: len(m) >= len(bad) + 1)
+    odd = [("x", None), ("k", b"1"), ("k", b"2"), ("", b"")]  # kept as they came: a null value, a key twice
+    t.produce(t.input, [b"x 8 8"], headers=odd)
+    d.wait_offset(len(stream) + 2)
+    dl = t.read(t.dead_letter, until=lambda m: len(m) >= len(bad) + 2)
+    assert dl.pop().headers()[:len(odd)] == odd
     assert dict(dl.pop().headers()).get("csmd-headers-dropped") == b"1"
     assert len(dl) == len(bad)
     for m in dl:
@@ -223,7 +226,7 @@ def test_bad_records_go_to_the_dead_letter_topic(tmp_path, kafka_bootstrap, refe
     assert dict(dl[-1].headers())["csmd-truncated"] == b"300000" and 150_000 < len(dl[-1].value()) < 200_000
     assert rows_of(t.deltas()) == reference  # the good records around them, every one processed
     assert d.get("/health")["status"] == "running"
-    assert metric(d.get("/metrics"), "csmd_dead_letters_total") == len(bad) + 1
+    assert metric(d.get("/metrics"), "csmd_dead_letters_total") == len(bad) + 2
     assert d.stop() == 0
 
 

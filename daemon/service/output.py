@@ -40,15 +40,15 @@ class Output:
         self.metrics.inc("csmd_dead_letters_total")
         self.log.warning("dead letter", record=rec.source, reason=reason)
         limit = self.cfg["topics"]["max_message_bytes"]
-        headers = dict(rec.headers)
-        if sum(len(k) + len(v) for k, v in headers.items()) > limit // 2:  # they alone could not be sent
-            headers = {"csmd-headers-dropped": str(len(headers)).encode()}
-        headers.update({"csmd-error": reason.encode(), "csmd-input": rec.input.encode(),
-                        "csmd-partition": str(rec.partition).encode(), "csmd-offset": str(rec.offset).encode()})
+        headers = list(rec.headers)  # the record's own, unchanged, then ours (a consumer's dict keeps the last)
+        if sum(len(k) + len(v or b"") for k, v in headers) > limit // 2:  # they alone could not be sent
+            headers = [("csmd-headers-dropped", str(len(headers)).encode())]
+        headers += [("csmd-error", reason.encode()), ("csmd-input", rec.input.encode()),
+                    ("csmd-partition", str(rec.partition).encode()), ("csmd-offset", str(rec.offset).encode())]
         value = rec.value
-        room = limit - sum(len(k) + len(v) + 16 for k, v in headers.items()) - 256
+        room = limit - sum(len(k) + len(v or b"") + 16 for k, v in headers) - 256
         if len(value) > room:
-            headers["csmd-truncated"] = str(len(value)).encode()
+            headers.append(("csmd-truncated", str(len(value)).encode()))
             value = value[:max(room, 0)]
         if tracked:
             self.tracker.submitted(rec.origin, 0, sends=1)
