@@ -46,6 +46,10 @@ CASES = [
     (GOOD_DATA, "t 2 1\nv 0 1 1\nv 1 2 1\ne 0 1 zz\n", "query.graph:4: bad integer 'zz' for edge label"),
     (GOOD_DATA, "v 0 1\nv 1 2\ne 0 1\ne 1 1\n", "query.graph:4: query edge (1, 1) is a self-loop"),
     (GOOD_DATA, "v 0 1\nv 1 2\ne 0 1_0\n", "query.graph:3: bad integer '1_0' for vertex id"),
+    # a pair has at most one edge: which label to keep (or to ask for) would be a guess; the same label again is fine
+    ("t 2 3\nv 0 1 1\nv 1 2 1\ne 0 1 0\ne 0 1 0\ne 1 0 5\n", GOOD_QUERY,
+     "data.graph:6: edge (1, 0) again, with label 5 (line 4 gave it 0): a pair has at most one edge"),
+    (GOOD_DATA, "v 0 1\nv 1 2\ne 0 1 3\ne 0 1\n", "query.graph:4: edge (0, 1) again, with label 0 (line 3 gave it 3)"),
 ]
 
 
@@ -102,6 +106,9 @@ def test_bad_tables(tmp_path):
     assert ok.returncode == 0 and '"matches": 2' in ok.stdout  # any integer type, up to 2^63-1
     assert sorted(pa.ipc.open_file(tmp_path / "m.arrow").read_all().column("vertices").to_pylist()) == \
         [[3, 2**63 - 1], [2**63 - 1, 3]]
+
+    pq.write_table(pa.table({"src": [0, 1, 1], "dst": [1, 2, 0], "label": [4, 0, 7]}), p)
+    assert "edges.parquet:row 2: edge (1, 0) again, with label 7 (row 0 gave it 4)" in run_match(tmp_path, p, GOOD_QUERY)
 
     garbage = tmp_path / "junk.arrow"
     garbage.write_bytes(b"\x00\x01not arrow at all")

@@ -69,6 +69,22 @@ def _lines(path: Path):
         yield from enumerate(f, 1)
 
 
+def _relabelled(src, dst, els) -> tuple[int, int] | None:
+    """(an edge, a later one of the same pair with another label), as positions, or None. A pair
+    has at most one edge: which label a data graph keeps, or which a query asks for, would be
+    anyone's guess (repeats with the same label are harmless, and dropped)."""
+    lo, hi, els = np.minimum(src, dst), np.maximum(src, dst), np.asarray(els)
+    order = np.lexsort((np.arange(len(lo)), hi, lo))  # by pair, then position
+    lo, hi, el = lo[order], hi[order], els[order]
+    again = np.flatnonzero((lo[1:] == lo[:-1]) & (hi[1:] == hi[:-1]) & (el[1:] != el[:-1])) + 1
+    if not len(again):
+        return None
+    later = int(order[again].min())
+    k = int(np.flatnonzero(order == later)[0])
+    first = int(order[np.flatnonzero((lo == lo[k]) & (hi == hi[k]))[0]])
+    return first, later
+
+
 # ---- text graphs -----------------------------------------------------------------
 def _read_text_graph(path: Path, lines=None, query: bool = False) -> Graph:
     """A graph in either text format; `lines` ((number, text) pairs) replace reading `path`. A
@@ -78,6 +94,7 @@ def _read_text_graph(path: Path, lines=None, query: bool = False) -> Graph:
     src: list[int] = []
     dst: list[int] = []
     els: list[int] = []
+    edge_lines: list[int] = []
     header = None
     for lineno, line in _lines(path) if lines is None else lines:
         parts = line.split()
@@ -109,6 +126,7 @@ def _read_text_graph(path: Path, lines=None, query: bool = False) -> Graph:
             src.append(ids[u])
             dst.append(ids[v])
             els.append(_label(parts[3], path, lineno, "edge label") if len(parts) == 4 else 0)
+            edge_lines.append(lineno)
         elif tag == "t":
             if header is not None or labels or src:
                 raise InputError(path, lineno, "'t' header must be the first record")
@@ -124,6 +142,11 @@ def _read_text_graph(path: Path, lines=None, query: bool = False) -> Graph:
         if n != len(labels) or m != len(src):
             raise InputError(path, lineno, f"header says {n} vertices and {m} edges, file has {len(labels)} and {len(src)}")
     ext = np.fromiter(ids.keys(), np.int64, len(ids))
+    twice = _relabelled(np.array(src, np.int64), np.array(dst, np.int64), els)
+    if twice is not None:
+        a, b = twice
+        raise InputError(path, edge_lines[b], f"edge ({ext[src[b]]}, {ext[dst[b]]}) again, with label {els[b]} (line "
+                                              f"{edge_lines[a]} gave it {els[a]}): a pair has at most one edge")
     ext_ids = None if np.array_equal(ext, np.arange(len(ext))) else ext
     return Graph.from_edges(labels, src, dst, els, ext_ids)
 
@@ -231,6 +254,11 @@ def _read_table_graph(path: Path) -> Graph:
         internal.append(order[pos])
     if not len(ext):
         raise InputError(path, None, "no vertices")
+    twice = _relabelled(internal[0], internal[1], el)
+    if twice is not None:
+        a, b = twice
+        raise InputError(path, f"row {b}", f"edge ({scalar(src[b])!r}, {scalar(dst[b])!r}) again, with label {el[b]} "
+                                           f"(row {a} gave it {el[a]}): a pair has at most one edge")
     ext_ids = None if ext.dtype.kind in "iu" and np.array_equal(ext, np.arange(len(ext))) else ext
     return Graph.from_edges(labels, internal[0], internal[1], el, ext_ids)
 
