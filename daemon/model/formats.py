@@ -72,17 +72,19 @@ def _lines(path: Path):
 def _relabelled(src, dst, els) -> tuple[int, int] | None:
     """(an edge, a later one of the same pair with another label), as positions, or None. A pair
     has at most one edge: which label a data graph keeps, or which a query asks for, would be
-    anyone's guess (repeats with the same label are harmless, and dropped)."""
-    lo, hi, els = np.minimum(src, dst), np.maximum(src, dst), np.asarray(els)
+    anyone's guess (repeats with the same label are harmless, and dropped; so are self-loops)."""
+    lo, hi = np.minimum(src, dst), np.maximum(src, dst)
     order = np.lexsort((np.arange(len(lo)), hi, lo))  # by pair, then position
-    lo, hi, el = lo[order], hi[order], els[order]
-    again = np.flatnonzero((lo[1:] == lo[:-1]) & (hi[1:] == hi[:-1]) & (el[1:] != el[:-1])) + 1
+    el = np.where(src == dst, -1, els)[order]  # self-loops are dropped whatever their labels
+    lo, hi = lo[order], hi[order]
+    new = np.ones(len(lo), bool)
+    new[1:] = (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
+    head = np.maximum.accumulate(np.where(new, np.arange(len(lo)), 0))  # where each one's pair starts
+    again = np.flatnonzero(el != el[head])
     if not len(again):
         return None
-    later = int(order[again].min())
-    k = int(np.flatnonzero(order == later)[0])
-    first = int(order[np.flatnonzero((lo == lo[k]) & (hi == hi[k]))[0]])
-    return first, later
+    i = again[np.argmin(order[again])]
+    return int(order[head[i]]), int(order[i])
 
 
 # ---- text graphs -----------------------------------------------------------------
@@ -446,13 +448,15 @@ def parse_update(line: str, path, lineno, source: str | None = None, origin: tup
         raise InputError(path, lineno, f"wrong field count: {op!r} takes {_UPDATE_USAGE[op]}, got {nf} fields")
     if source is None:
         source, origin = f"{path}:{lineno}", (str(path), 0, lineno)
-    vertex = (lambda tok, _path, _lineno: tok) if str_ids else _vertex_id
-    u = vertex(parts[1], path, lineno)
+    def vertex(tok: str):
+        return tok if str_ids else _vertex_id(tok, path, lineno)
+
+    u = vertex(parts[1])
     if op == INSERT_VERTEX:
         return Update(op, u, -1, _label(parts[2], path, lineno, "vertex label"), source, origin)
     if op == DELETE_VERTEX:
         return Update(op, u, -1, 0, source, origin)
-    v = vertex(parts[2], path, lineno)
+    v = vertex(parts[2])
     return Update(op, u, v, _label(parts[3], path, lineno, "edge label") if nf == 3 else 0, source, origin)
 
 
