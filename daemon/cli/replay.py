@@ -29,12 +29,12 @@ def file_updates(source: FileSource, str_ids: bool = False):
             raise InputError(item.input, item.offset, str(exc)) from None
 
 
-def read_stream(path, str_ids: bool = False) -> list:
+def read_stream(path) -> list:
     """The whole stream file decoded, in memory (UpdateBlocks and Updates), for replay to time
     the pipeline alone: RapidFlow, the reference, loads its stream before its clock starts."""
     source = FileSource(path)
     try:
-        return list(file_updates(source, str_ids))
+        return list(file_updates(source))
     finally:
         source.close()
 
