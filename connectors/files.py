@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.ipc as ipc
 
+from csmd.model.arrow_writer import arrow_writer
 from csmd.model.formats import UpdateBlock
 
 from .records import Record
@@ -85,10 +85,10 @@ class FileSource:
 
 
 class FileSink:
-    """Deltas to an Arrow IPC file: each pipeline batch's deltas sorted by update (then query, match)."""
+    """Deltas to an Arrow IPC file (or stream: arrow_writer): each pipeline batch's deltas sorted by update (then query, match)."""
 
     def __init__(self, path, schema: pa.Schema):
-        self._writer = ipc.new_file(str(path), schema)
+        self._writer = arrow_writer(path, schema)
 
     def write(self, items, on_ack=None, on_send=None) -> int:
         """items: (query, record batch, origins) from DeltaEncoder.encode; acknowledged at once."""

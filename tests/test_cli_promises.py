@@ -132,3 +132,51 @@ def test_admin_list_and_a_slow_match_against_a_stub_endpoint(monkeypatch, capsys
         assert capsys.readouterr().err == ""
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("graph", "gone.graph: No such file or directory"),
+    ("queries", "bad.graph:2: "),
+])
+def test_local_files_are_checked_before_the_broker(tmp_path, setting, message):
+    """A missing initial graph or a bad query file is named as such, without waiting for a broker
+    that does not answer (that check takes 16 s and blamed Kafka)."""
+    (tmp_path / "bad.graph").write_text("t 2 1\nv 0 x 1\n")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[graph]\ninitial = "{tmp_path / "gone.graph"}"\n' if setting == "graph" else
+                   f'[queries]\npaths = ["{tmp_path / "bad.graph"}"]\n')
+    out = csmd("run", "--config", cfg, env={"CSMD_KAFKA__BOOTSTRAP": f"127.0.0.1:{free_port()}",
+                                            "CSMD_LOG__FORMAT": "json", "CSMD_ADMIN__LISTEN": ""})
+    refused(out, message)
+    assert "does not answer" not in out.stderr
+
+
+@pytest.mark.parametrize("command", ["match", "replay"])
+def test_output_to_standard_output_a_pipe_or_a_device_is_the_stream_format(tmp_path, command):
+    """--output -: the Arrow IPC stream on standard output (the table on standard error); /dev/null
+    and a FIFO cannot hold the file format's footer (it ended in a traceback): they get the stream."""
+    import os
+    import threading
+
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    extra = ["--stream", STREAM] if command == "replay" else []
+    base = [command, "--data", DATA, "--query", Q1, *extra, "--output"]
+    assert csmd(*base, tmp_path / "out.arrow").returncode == 0
+    want = ipc.open_file(tmp_path / "out.arrow").read_all()
+    assert want.num_rows > 0
+    out = subprocess.run(CSMD + [str(a) for a in base] + ["-", "--json"], capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert ipc.open_stream(pa.BufferReader(out.stdout)).read_all().equals(want)
+    assert b'"query": "Q_1"' in out.stderr
+    done = csmd(*base, "/dev/null")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = {}
+    reader = threading.Thread(target=lambda: got.update(t=ipc.open_stream(open(fifo, "rb")).read_all()))
+    reader.start()
+    assert csmd(*base, fifo).returncode == 0
+    reader.join(60)
+    assert got["t"].equals(want)

@@ -53,12 +53,21 @@ def _positive_float(text: str) -> float:
 
 def _check_output(path: Path | None) -> None:
     """Refuse an --output that cannot be written, before any work."""
-    if path is None:
+    from csmd.model.arrow_writer import STDOUT
+
+    if path is None or path == STDOUT:
         return
     if path.is_dir():
         raise InputError(path, None, "is a directory (--output names the Arrow file to write)")
     if not path.parent.is_dir():
         raise missing(path.parent)
+
+
+def _report_stream(output: Path | None):
+    """Where the table (or JSON) goes: standard error when the Arrow output takes standard output."""
+    from csmd.model.arrow_writer import STDOUT
+
+    return sys.stderr if output == STDOUT else sys.stdout
 
 
 def cmd_match(args) -> int:
@@ -73,9 +82,10 @@ def cmd_match(args) -> int:
     paths = query_files(args.query)
     queries = [(p, read_query(p)) for p in paths]  # refuse bad queries before any work
     writer = MatchFile(args.output, g.ext_ids) if args.output else None
+    out = _report_stream(args.output)
     progress = Progress(len(queries), "queries", enabled=None if len(queries) > 1 else False)
     if not args.json:
-        print(f"{'query':<32} {'matches':>20} {'complete':>9} {'seconds':>10}")
+        print(f"{'query':<32} {'matches':>20} {'complete':>9} {'seconds':>10}", file=out)
     total = 0
     try:
         for res in run_queries(g, [(p.stem, q) for p, q in queries], backend=backend, distinct=args.distinct,
@@ -83,15 +93,16 @@ def cmd_match(args) -> int:
             total += res["matches"]
             progress.step(note=res["query"])
             if args.json:
-                print(json.dumps(res), flush=True)
+                print(json.dumps(res), file=out, flush=True)
             else:
-                print(f"{res['query']:<32} {res['matches']:>20} {str(res['complete']).lower():>9} {res['seconds']:>10.4f}", flush=True)
+                print(f"{res['query']:<32} {res['matches']:>20} {str(res['complete']).lower():>9} "
+                      f"{res['seconds']:>10.4f}", file=out, flush=True)
     finally:
         progress.close()
         if writer is not None:
             writer.close()
     if not args.json and len(queries) > 1:
-        print(f"{'total':<32} {total:>20}")
+        print(f"{'total':<32} {total:>20}", file=out)
     return 0
 
 
@@ -141,15 +152,16 @@ def cmd_replay(args) -> int:
     batch_size = args.batch_size or (COUNT_ONLY_REPLAY_BATCH if args.count_only else DEFAULT_BATCH_SIZE)
     results, _ = replay(g0, args.stream, queries, batch_size=batch_size, count_only=args.count_only,
                         output=args.output, backend=args.backend)
+    out = _report_stream(args.output)
     if not args.json:
         print(f"{'query':<32} {'positive':>14} {'negative':>14} {'updates':>9} {'records':>9} {'ignored':>9} "
-              f"{'seconds':>9}")
+              f"{'seconds':>9}", file=out)
     for res in results:
         if args.json:
-            print(json.dumps(res))
+            print(json.dumps(res), file=out)
         else:
             print(f"{res['query']:<32} {res['positive']:>14} {res['negative']:>14} {res['updates']:>9} "
-                  f"{res['records']:>9} {res['ignored']:>9} {res['seconds']:>9.3f}")
+                  f"{res['records']:>9} {res['ignored']:>9} {res['seconds']:>9.3f}", file=out)
     if results and results[0]["updates"] and results[0]["ignored"] == results[0]["updates"]:
         print(f"csmd replay: warning: every update of {args.stream} was ignored (each inserts what the graph "
               f"already has, or deletes what it lacks): is it the data graph rather than an update stream?",
@@ -274,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--distinct", action="store_true", help="count each subgraph instance once (symmetry breaking)")
     m.add_argument("--limit", type=_positive_int, help="stop after N matches per query (complete: false)")
     m.add_argument("--time-limit", type=_positive_float, help="stop a query after S seconds (complete: false)")
-    m.add_argument("--output", type=Path, help="write the matches to this Arrow IPC file")
+    m.add_argument("--output", type=Path, help="write the matches to this Arrow IPC file (a pipe or device: the IPC stream format; "
+                        "'-': the stream on standard output, the table on standard error)")
     m.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
     m.set_defaults(func=cmd_match)
 
@@ -287,7 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"updates per graph-updater batch (default {DEFAULT_BATCH_SIZE}; "
                         f"{COUNT_ONLY_REPLAY_BATCH} with --count-only)")
     r.add_argument("--count-only", action="store_true", help="count deltas, do not materialize matches")
-    r.add_argument("--output", type=Path, help="write every delta to this Arrow IPC file")
+    r.add_argument("--output", type=Path, help="write every delta to this Arrow IPC file (a pipe or device: the IPC stream format; "
+                        "'-': the stream on standard output, the table on standard error)")
     r.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
     r.set_defaults(func=cmd_replay)
 

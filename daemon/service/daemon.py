@@ -45,7 +45,7 @@ from csmd.service.delivery import DeliveryTracker
 from csmd.service.logs import get_logger
 from csmd.service.metrics import Metrics
 from csmd.service.output import STOP, Output
-from csmd.service.restore import start_state
+from csmd.service.restore import read_local, start_state
 
 
 class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
@@ -114,11 +114,12 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
 
     def run(self) -> int:
         t = self.cfg["topics"]
+        local = read_local(self.cfg, self.log)  # local files first: their errors are not Kafka's
         conf = self._conf()
         if t["create"]:
             ensure_topics(conf, {t["input"]: t["partitions"], t["output"]: t["partitions"], t["control"]: 1,
                                  t["dead_letter"]: 1}, t["replication"])
-        st = start_state(self.cfg, conf, self.log)
+        st = start_state(self.cfg, conf, self.log, local)
         g0, seq0, start, specs = st.graph, st.seq, st.offsets, st.specs
         self.removed, self.control_applied = st.removed, st.control_applied
         self._str_ids = g0.str_ids

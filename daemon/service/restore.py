@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from csmd.connectors.kafka import input_positions
-from csmd.errors import CsmdError
+from csmd.errors import CsmdError, missing
 from csmd.model.formats import parse_query_text, query_files, read_graph
 from csmd.model.graph import Graph
 from csmd.service.checkpoint import read_checkpoint
@@ -37,10 +37,39 @@ class StartState:
     ends: dict[int, int] = field(default_factory=dict)  # input partition -> end offset at the start
 
 
-def start_state(cfg: dict, conf: dict, log) -> StartState:
+@dataclass
+class LocalState:
+    """What a start reads from local files, before any network: the newest checkpoint, the
+    configured queries, and the initial graph where no checkpoint replaces it."""
+
+    ckpt: object | None
+    configured: list[QuerySpec]
+    initial: Graph | None
+
+
+def read_local(cfg: dict, log) -> LocalState:
+    """The start's local files, each checked: a missing initial graph or a bad query file is
+    reported as such at once, not after the broker check (which can wait 16 s and then blame
+    Kafka)."""
+    c = cfg["checkpoint"]
+    configured = config_specs(cfg)
+    initial = cfg["graph"]["initial"]
+    if initial and not Path(initial).is_file():
+        raise missing(initial)
+    ckpt = read_checkpoint(c["dir"], log) if c["dir"] else None
+    return LocalState(ckpt, configured, initial_graph(cfg) if ckpt is None else None)
+
+
+def initial_graph(cfg: dict) -> Graph:
+    """`[graph] initial`, or an empty graph where none is set."""
+    return read_graph(cfg["graph"]["initial"]) if cfg["graph"]["initial"] else \
+        Graph.from_edges(np.zeros(0, np.int32), [], [])
+
+
+def start_state(cfg: dict, conf: dict, log, local: LocalState) -> StartState:
     t, c = cfg["topics"], cfg["checkpoint"]
     ends, committed = input_positions(conf, t["input"], cfg["kafka"]["group"])
-    ckpt = read_checkpoint(c["dir"], log) if c["dir"] else None
+    ckpt = local.ckpt
     offsets = {int(p): o for p, o in ckpt.state["offsets"].items()} if ckpt is not None else {}
     where = f"topic {t['input']!r}"
     problems = [f"{where} partition {p}: the checkpoint resumes at offset {o}, the topic ends at {ends.get(p, 0)}"
@@ -60,10 +89,9 @@ def start_state(cfg: dict, conf: dict, log) -> StartState:
             discard_checkpoints(c["dir"])
             ckpt = None
         committed = {p: o for p, o in committed.items() if p not in stale}
-    configured = config_specs(cfg)
+    configured = local.configured
     if ckpt is None:
-        g0 = read_graph(cfg["graph"]["initial"]) if cfg["graph"]["initial"] else \
-            Graph.from_edges(np.zeros(0, np.int32), [], [])
+        g0 = local.initial if local.initial is not None else initial_graph(cfg)  # a dropped checkpoint's case
         log.info("starting from the initial graph", vertices=g0.n, edges=g0.num_edges, queries=len(configured))
         return StartState(g0, 0, {}, configured, committed, ends=ends)
     state = ckpt.state
