@@ -84,11 +84,10 @@ class Model:
             self.edges.setdefault(frozenset((a, b)), lab)
         elif op == "-e":
             self.edges.pop(frozenset((int(f[0]), int(f[1]))), None)
-        elif op == "v":
+        elif op == "v":  # a vertex that exists takes the new label (a relabel)
             vid = int(f[0])
-            if vid not in self.vlabel:
-                self.vlabel[vid] = int(f[1])
-                self.next_id = max(self.next_id, vid + 3)
+            self.vlabel[vid] = int(f[1])
+            self.next_id = max(self.next_id, vid + 3)
         else:
             vid = int(f[0])
             self.vlabel.pop(vid, None)

@@ -162,3 +162,21 @@ def test_string_ids_have_no_vertex_table():
     vx = Vertices(g0)
     assert len(vx.table) == 0
     assert vx.lookup(np.array([0, 1, 2], np.int64)).tolist() == [-1, -1, -1]
+
+
+def test_a_relabel_is_its_edges_deleted_the_vertex_again_and_its_edges_inserted():
+    """`v id label` on a live vertex with another label: each step its own update of the record; the
+    same label again changes nothing (duplicate_vertex). An edge that created a vertex gave it label
+    0, and this is how it gets its real one."""
+    g0 = Graph.from_edges(np.array([0, 0, 0]), np.array([0, 0]), np.array([1, 2]), np.array([3, 4]),
+                          ext_ids=np.array([10, 11, 12]))
+    seqr = Sequencer(Vertices(g0), CpuEngine(g0))
+    batch = seqr._general([Update("v", 10, -1, 0), Update("v", 10, -1, 5), Update("e", 11, 12, 1)], [0.0] * 3)
+    assert seqr.ignored == {sequencer.DUPLICATE_VERTEX: 1}
+    # seq 0: ignored; 1, 2: the edges 10-11, 10-12 deleted; 3: 10's old vertex; 4: its new one; 5, 6: edges back
+    assert batch.edge_seq.tolist() == [1, 2, 5, 6, 7]
+    assert batch.edge_sign.tolist() == [-1, -1, 1, 1, 1]
+    assert batch.edge_label.tolist() == [3, 4, 3, 4, 1]
+    assert batch.vertex_seq.tolist() == [3, 4] and batch.vertex_id.tolist() == [0, 3]
+    assert batch.new_labels.tolist() == [5] and seqr.vertices.index[10] == 3 and seqr.next_seq == 8
+    assert [batch.record_of[s].label for s in range(1, 7)] == [5] * 6

@@ -3,8 +3,12 @@
 Every record gets the next sequence number on arrival (its timestamp T). External
 vertex ids map to dense internal ids (the vertex table); a vertex deletion expands
 into one edge deletion per live edge, each with its own sequence number, then the
-vertex's removal. Records that change nothing (inserting an edge that exists,
-deleting one that does not, adding a vertex that exists, self-loops) keep their
+vertex's removal. A vertex record naming a live vertex with another label relabels
+it: the deletion above, the vertex added again under its new label (a new internal
+id, the same external one), and its edges inserted again with their labels, each an
+update of its own: the matches holding the vertex vanish and those its new label
+makes appear, as the deltas of that record. Records that change nothing (inserting an edge that exists,
+deleting one that does not, adding a vertex that exists with the same label, self-loops) keep their
 sequence number, produce no delta and are counted in `ignored`. What the engine gets
 is an UpdateBatch of valid ops in internal ids; it applies them to its multi-version
 graph.
@@ -295,6 +299,27 @@ class Sequencer:
                 vertex_ops.append((seq, v, +1))
             return v
 
+        def numbered(rec) -> int:
+            """The next sequence number, for an update of record rec."""
+            seq = self.next_seq
+            self.next_seq += 1
+            record_of[seq] = rec
+            return seq
+
+        def drop_vertex(v: int, rec) -> list[tuple[int, int]]:
+            """Delete v's live edges, each an update with its own number (the record's own first),
+            then v itself; the (neighbour, label) of each edge deleted."""
+            live = set(int(x) for x in engine.live_neighbors(v)) if v < first_vertex else set()
+            live |= {b if a == v else a for (a, b), lab in overlay.items() if lab >= 0 and v in (a, b)}
+            live -= {b if a == v else a for (a, b), lab in overlay.items() if lab < 0 and v in (a, b)}
+            self.next_seq -= 1
+            gone = [(w, live_label(v, w)) for w in sorted(live)]
+            for w, label in gone:
+                edge(numbered(rec), v, w, -1, label)
+            vertex_ops.append((numbered(rec), v, -1))
+            vx.retire(v)
+            return gone
+
         for rec in records:
             seq = self.next_seq
             self.next_seq += 1
@@ -317,29 +342,22 @@ class Sequencer:
                 else:
                     edge(seq, a, b, -1, label)  # the stored edge's label: it is what vanishes
             elif rec.op == INSERT_VERTEX:
-                if rec.u in vx.index:
-                    self.ignored[DUPLICATE_VERTEX] += 1
-                else:
+                v = vx.index.get(rec.u)
+                if v is None:
                     vertex(rec.u, rec.label, seq)
+                elif vx.labels[v] == rec.label:
+                    self.ignored[DUPLICATE_VERTEX] += 1
+                else:  # a relabel: the vertex leaves with its edges and comes back under the new label
+                    gone = drop_vertex(v, rec)
+                    v = vertex(rec.u, rec.label, numbered(rec))
+                    for w, label in gone:
+                        edge(numbered(rec), v, w, +1, label)
             elif rec.op == DELETE_VERTEX:
                 v = vx.index.get(rec.u)
                 if v is None:
                     self.ignored[MISSING_VERTEX] += 1
-                    continue
-                live = set(int(x) for x in engine.live_neighbors(v)) if v < first_vertex else set()
-                live |= {b if a == v else a for (a, b), lab in overlay.items() if lab >= 0 and v in (a, b)}
-                live -= {b if a == v else a for (a, b), lab in overlay.items() if lab < 0 and v in (a, b)}
-                self.next_seq -= 1  # the edge deletions come first, each with its own number
-                for w in sorted(live):
-                    s = self.next_seq
-                    self.next_seq += 1
-                    record_of[s] = rec
-                    edge(s, v, w, -1, live_label(v, w))
-                seq = self.next_seq
-                self.next_seq += 1
-                record_of[seq] = rec
-                vertex_ops.append((seq, v, -1))
-                vx.retire(v)
+                else:
+                    drop_vertex(v, rec)
             else:  # parse_update only makes the four ops above
                 raise ValueError(f"unknown update op {rec.op!r}")
         e = np.array(edge_ops, np.int64).reshape(-1, 5)
