@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,9 +56,7 @@ def write_checkpoint(directory, graph: GraphState, state: dict, keep: int = 2) -
     root.mkdir(parents=True, exist_ok=True)
     seq = int(state["seq"])
     final = root / f"ckpt-{seq:015d}"
-    tmp = root / f".tmp-{seq:015d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{seq:015d}-{os.getpid()}-", dir=root))  # no other writer's
     ext = graph.ext_ids
     str_ids = bool(ext) and isinstance(ext[0], str)
     _write_table(pa.table({

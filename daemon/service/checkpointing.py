@@ -31,15 +31,27 @@ class Checkpointing:
     """The Daemon's part that writes checkpoints."""
 
     def _checkpoint_state(self, graph, offsets: dict[int, int]) -> dict:
-        return {"seq": graph.seq, "offsets": {str(p): o for p, o in offsets.items()},
-                "control_applied": self.control_applied, "removed": sorted(self.removed),
-                "queries": [dict(vars(s)) for s in self.specs.values()], "input": self.cfg["topics"]["input"],
-                "control": self.cfg["topics"]["control"],
-                "written": time.time()}
+        return {"seq": graph.seq, **self._checkpoint_content(offsets), "written": time.time()}
 
-    def _checkpointing(self) -> bool:
-        """Whether a checkpoint is on its way (one at a time: a slow disk skips intervals)."""
-        return self._writer is not None and self._writer.is_alive()
+    def _checkpoint_content(self, offsets: dict[int, int]) -> dict:
+        """What a checkpoint at these input offsets holds besides the graph, which the offsets fix:
+        equal contents are equal checkpoints."""
+        return {"offsets": {str(p): o for p, o in offsets.items()}, "control_applied": self.control_applied,
+                "removed": sorted(self.removed), "queries": [dict(vars(s)) for s in self.specs.values()],
+                "input": self.cfg["topics"]["input"], "control": self.cfg["topics"]["control"]}
+
+    def _checkpoint_due(self) -> bool:
+        """Whether to take a checkpoint now: none is on its way (a marker in the pipeline or a
+        writer at work: one at a time, so a slow disk skips intervals; two writers of one sequence
+        number would share its folder) and the last written holds something else (an idle daemon
+        rewrote an identical one every interval)."""
+        busy = self._checkpoint_marker or (self._writer is not None and self._writer.is_alive())
+        return not busy and self._checkpoint_content(self._next_offsets) != self._last_checkpoint
+
+    def _take_checkpoint(self) -> None:
+        """Send a checkpoint marker down the pipeline (the consume loop, when one is due)."""
+        self._checkpoint_marker = True
+        self._enqueue_marker(CheckpointMarker(self._next_offsets))
 
     def _write_in_background(self, marker: CheckpointMarker) -> None:
         """A checkpoint marker reached the output: write it without holding the pipeline."""
@@ -47,6 +59,7 @@ class Checkpointing:
         self._writer = threading.Thread(target=self._write_checkpoint, args=(marker.graph, state),
                                         name="csmd-checkpoint", daemon=True)
         self._writer.start()
+        self._checkpoint_marker = False  # the writer's thread says it is on its way from here
 
     def _write_checkpoint(self, graph, state: dict) -> None:
         t0 = time.monotonic()
@@ -56,6 +69,7 @@ class Checkpointing:
         except OSError as exc:  # the previous checkpoint stays; the next interval tries again
             self.log.error("checkpoint failed", dir=c["dir"], reason=exc.strerror or str(exc))
             return
+        self._last_checkpoint = {k: state[k] for k in self._checkpoint_content({})}
         self.metrics.inc("csmd_checkpoints_total")
         self.metrics.set("csmd_checkpoint_seq", state["seq"])
         self.log.info("checkpoint written", path=str(path), seq=state["seq"], seconds=round(time.monotonic() - t0, 3))

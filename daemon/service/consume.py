@@ -13,7 +13,6 @@ import time
 from confluent_kafka import KafkaException, TopicPartition
 
 from csmd.connectors.records import BadRecord, Polled, Record, RecordBlock, decode_updates, plain_runs
-from csmd.service.checkpointing import CheckpointMarker
 
 
 class ConsumeLoop:
@@ -96,8 +95,9 @@ class ConsumeLoop:
                     self._commit()
                 self._gauges()
                 next_commit = now + d["commit_interval_ms"] / 1000
-            if c["dir"] and now >= next_ckpt and not self._checkpointing():
-                self._enqueue_marker(CheckpointMarker(self._next_offsets))
+            if c["dir"] and now >= next_ckpt:
+                if self._checkpoint_due():
+                    self._take_checkpoint()
                 next_ckpt = now + c["interval_s"]
 
     def _gauges(self) -> None:

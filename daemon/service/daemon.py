@@ -67,6 +67,8 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self._inq: queue.Queue = queue.Queue()
         self._markers_in_flight = 0
         self._writer: threading.Thread | None = None  # the checkpoint being written, in the background
+        self._checkpoint_marker = False  # a checkpoint marker is in the pipeline
+        self._last_checkpoint: dict | None = None  # the newest checkpoint's content (_checkpoint_content)
         self._scheduled: list[QueryChange] = []  # replayed changes waiting for their input position
         self._waiters: dict[int, tuple[threading.Event, dict]] = {}  # admin requests waiting for `applied`
         # the last results nobody waited for yet: a request can take effect before its admin
@@ -156,6 +158,8 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self._committed = dict(st.committed)
         self._suppress = {p: o for p, o in st.committed.items() if o > start.get(p, 0)}
         self._next_offsets = {p: start.get(p, 0) for p in self.source.partitions}
+        if st.checkpoint is not None:
+            self._last_checkpoint = {k: st.checkpoint[k] for k in self._checkpoint_content({})}
         self._replay_control(start)
         if self._suppress:
             self.log.info("re-reading records whose deltas were delivered before", up_to=self._suppress)
@@ -205,7 +209,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
             self._writer.join()
         if self.fatal is None:
             self._commit_all()
-            if self.cfg["checkpoint"]["dir"]:  # the pipeline has stopped: its graph is the final one
+            if self.cfg["checkpoint"]["dir"] and self._checkpoint_due():  # the pipeline's graph is the final one
                 graph = self.pipe.graph_state()
                 self._write_checkpoint(graph, self._checkpoint_state(graph, self._next_offsets))
         self.sink.close()

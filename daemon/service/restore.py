@@ -35,6 +35,7 @@ class StartState:
     control_applied: int = -1  # the last control request the checkpoint includes
     retired: np.ndarray | None = None  # vertices of the checkpoint's graph that were deleted
     ends: dict[int, int] = field(default_factory=dict)  # input partition -> end offset at the start
+    checkpoint: dict | None = None  # the state of the checkpoint restored
 
 
 @dataclass
@@ -105,7 +106,7 @@ def start_state(cfg: dict, conf: dict, log, local: LocalState) -> StartState:
                     checkpoint=state["control"], control=t["control"])
         control_applied = -1
     return StartState(ckpt.graph, int(state["seq"]), offsets, specs, committed, set(state["removed"]),
-                      control_applied, ckpt.retired, ends)
+                      control_applied, ckpt.retired, ends, state)
 
 
 def config_specs(cfg: dict) -> list[QuerySpec]:
