@@ -256,8 +256,9 @@ class Cluster:
     `csmd` (as DaemonProcess)."""
 
     def __init__(self, tmp_path, bootstrap, queries, shards: int, overrides=None, env=None, command=CSMD,
-                 **cluster):
+                 checkpoints: bool = False, **cluster):
         self.tmp, self.t, self.queries, self.shards = tmp_path, Topics(bootstrap), queries, shards
+        self.checkpoints = checkpoints  # each member writes its own, to tmp_path/ckpt-<name>
         self.group = f"c-{uuid.uuid4().hex[:8]}"
         self.settings = {"enabled": True, "shards": shards, "group": self.group, "session_timeout_ms": 2000,
                          **cluster}
@@ -273,6 +274,7 @@ class Cluster:
             port = new_admin_port()
             cfg = self.tmp / f"{name}.toml"
             cfg.write_text(config_text(self.t, self.queries, admin_port=port,
+                                       checkpoint_dir=self.tmp / f"ckpt-{name}" if self.checkpoints else None,
                                        cluster={**self.settings, "instance": name}, **self.overrides))
             env = self.env(name) if callable(self.env) else self.env
             self.members[name] = DaemonProcess(cfg, self.tmp / f"{name}.log", port, env, self.command)

@@ -25,13 +25,13 @@ def slow_writer(monkeypatch):
     lock = threading.Lock()
     write = checkpointing.write_checkpoint
 
-    def slow(directory, graph, state, keep):
+    def slow(directory, graph, state, *rest):
         with lock:
             seen["now"] += 1
             seen["most"] = max(seen["most"], seen["now"])
         try:
             time.sleep(0.3)
-            return write(directory, graph, state, keep)
+            return write(directory, graph, state, *rest)
         finally:
             with lock:
                 seen["now"] -= 1

@@ -462,6 +462,47 @@ def test_a_stopped_instance_holds_the_window_at_its_limit_and_is_named(tmp_path,
     assert rows_of(deduped) == reference
 
 
+def test_instances_killed_before_their_first_re_match_restart_below_every_shard_and_lose_nothing(
+        tmp_path, kafka_bootstrap, reference):
+    """The whole stream is in the input before two instances start: each catches up and writes a
+    checkpoint at the topic's end before any shard's progress moves; both are killed -9 then.
+    Restarted from those checkpoints they could not re-match any shard from its progress (0):
+    each must restore what lies below every shard's progress (here: the initial graph), and the
+    totals must be exact (issue 37: 0 of 17 queries were)."""
+    from csmd.service.checkpoint import read_checkpoint
+
+    def newest_offset(folder):
+        try:
+            state = folder / (folder / "CURRENT").read_text().strip() / "state.json"
+            return json.loads(state.read_text())["offsets"]["0"]
+        except OSError:  # none yet, or replaced meanwhile
+            return None
+
+    c = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS, checkpoints=True, session_timeout_ms=6000,
+                overrides={"checkpoint": {"interval_s": 0.02}})  # one at the end before the shards move
+    lines = human_lines()
+    c.t.produce(c.t.input, lines)
+    c.start("a", "b")
+    t0 = time.monotonic()
+    while not all(newest_offset(tmp_path / f"ckpt-{n}") == len(lines) for n in "ab"):
+        assert time.monotonic() - t0 < 60, "no checkpoint at the topic's end"
+        time.sleep(0.01)
+    assert all(o < len(lines) for o in c.progress().values()), "the test needs the shards behind the checkpoints"
+    for n in "ab":
+        c.members[n].stop(signal.SIGKILL)
+    c.start("a", "b")
+    c.wait_progress(len(lines))
+    table, _by = c.deltas()
+    deduped, _dups = dedup(table)
+    assert rows_of(deduped) == reference
+    for n in "ab":
+        assert metric(c.members[n].get("/metrics"), "csmd_cluster_gaps_total") == 0
+        assert "every checkpoint is past the lowest shard progress" in (tmp_path / f"{n}.log").read_text()
+    assert c.stop("a", "b") == [0, 0]
+    for n in "ab":  # a checkpoint at or below every shard's progress is kept for the next restart
+        assert read_checkpoint(tmp_path / f"ckpt-{n}", at_most=min(c.progress().values())) is not None
+
+
 def test_bad_cluster_settings_are_clear_errors(tmp_path, kafka_bootstrap):
     with pytest.raises(CsmdError, match=r"\[cluster\] shards must be > 0"):
         load_config(env={"CSMD_CLUSTER__SHARDS": "0"})

@@ -50,8 +50,10 @@ def _write_table(table: pa.Table, path: Path) -> None:
     _fsync(path)
 
 
-def write_checkpoint(directory, graph: GraphState, state: dict, keep: int = 2) -> Path:
-    """Write the graph (a pipeline's graph_state()) with `state`; returns the checkpoint folder."""
+def write_checkpoint(directory, graph: GraphState, state: dict, keep: int = 2, floor: int | None = None) -> Path:
+    """Write the graph (a pipeline's graph_state()) with `state`; returns the checkpoint folder.
+    The newest `keep` stay, and with a `floor` (a cluster's lowest shard progress) the newest at
+    or below it too: an instance restarts from one it can re-match every shard from."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     seq = int(state["seq"])
@@ -77,9 +79,21 @@ def write_checkpoint(directory, graph: GraphState, state: dict, keep: int = 2) -
     _fsync(current)
     os.replace(current, root / "CURRENT")
     _fsync(root)
-    for old in sorted(root.glob("ckpt-*"))[:-keep]:
+    older = sorted(root.glob("ckpt-*"))[:-keep]
+    if floor is not None:
+        below = [p for p in older if _input_offset(p) is not None and _input_offset(p) <= floor]
+        older = [p for p in older if p not in below[-1:]]
+    for old in older:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _input_offset(folder: Path) -> int | None:
+    """Where a checkpoint resumes the input (its one partition's offset); None if unreadable."""
+    try:
+        return int(json.loads((folder / "state.json").read_text())["offsets"].get("0", 0))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _read_one(folder: Path) -> Checkpoint:
@@ -94,8 +108,9 @@ def _read_one(folder: Path) -> Checkpoint:
     return Checkpoint(g, ~verts.column("alive").to_numpy(zero_copy_only=False), state)
 
 
-def read_checkpoint(directory, log=None) -> Checkpoint | None:
-    """The newest readable checkpoint in `directory`, or None if it holds none.
+def read_checkpoint(directory, log=None, at_most: int | None = None) -> Checkpoint | None:
+    """The newest readable checkpoint in `directory`, or None if it holds none; with `at_most`,
+    the newest that resumes the input at or below that offset.
 
     A damaged newest checkpoint is reported and the one before it is used.
     """
@@ -107,6 +122,8 @@ def read_checkpoint(directory, log=None) -> Checkpoint | None:
     if current in names:  # the one the last finished write named comes first
         names.remove(current)
         names.insert(0, current)
+    if at_most is not None:
+        names = [n for n in names if (o := _input_offset(root / n)) is not None and o <= at_most]
     for name in names:
         try:
             return _read_one(root / name)

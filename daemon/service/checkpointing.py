@@ -65,7 +65,8 @@ class Checkpointing:
         t0 = time.monotonic()
         c = self.cfg["checkpoint"]
         try:
-            path = write_checkpoint(c["dir"], graph, state, c["keep"])
+            path = write_checkpoint(c["dir"], graph, state, c["keep"],
+                                    self.cluster.lowest() if self.cluster is not None else None)
         except OSError as exc:  # the previous checkpoint stays; the next interval tries again
             self.log.error("checkpoint failed", dir=c["dir"], reason=exc.strerror or str(exc))
             return

@@ -39,6 +39,22 @@ from csmd.pipeline.shards import ShardChange, ShardWork
 from csmd.service import deployment
 
 
+def lowest_progress(conf: dict, cfg: dict) -> int:
+    """The lowest committed progress of any shard of the deployment (0 for a shard with none): a
+    restarted instance must be able to re-match every shard from there, so it restores no
+    checkpoint above it."""
+    c = cfg["cluster"]
+    topic = f"{c['group']}.shards"
+    reader = client(Consumer, {**conf, "group.id": c["group"], "enable.auto.commit": False})
+    try:
+        tps = reader.committed([TopicPartition(topic, s) for s in range(c["shards"])], timeout=15)
+    except KafkaException as exc:
+        raise CsmdError(f"coordination topic {topic!r}: cannot read the shards' progress ({exc})") from None
+    finally:
+        reader.close()
+    return min(max(tp.offset, 0) if tp.error is None else 0 for tp in tps)
+
+
 class ClusterMember:
     """The daemon's membership: shards owned, progress committed, the kept window bounded.
 
@@ -138,6 +154,15 @@ class ClusterMember:
                                shard=slowest, progress=self.progress.get(slowest, 0),
                                retained_updates=self.work.retained, limit=self.limit)
 
+    def uncommitted(self, done: int) -> list[int]:
+        """The owned shards whose progress, as last committed or read, is below `done`."""
+        with self._lock:
+            return sorted(s for s in self.owned if self.progress.get(s, -1) < done)
+
+    def lowest(self) -> int:
+        """The lowest progress of any shard, as last read."""
+        return self.progress.get(self._slowest(), 0)
+
     def _slowest(self) -> int:
         """The shard with the lowest progress; of equals, one this instance does not match (its own
         move on as its records finish)."""
@@ -221,10 +246,14 @@ class ClusterMember:
     def changed(self, change: ShardChange) -> None:
         """A shard change passed the executor: publish the gained shards' re-match; they become
         live (committable) once the broker has all of it."""
-        for s, oldest in change.gaps.items():
-            self.d.metrics.inc("csmd_cluster_gaps_total")
-            self.d.log.error("gained shard's progress is older than anything this instance kept: records in "
-                             "between are not re-matched", shard=s, progress=change.gain[s], oldest_kept=oldest)
+        if change.gaps:  # never skipped: the shards stay uncommitted, and a restart rebuilds from below them
+            self.d.metrics.inc("csmd_cluster_gaps_total", len(change.gaps))
+            s, oldest = min(change.gaps.items())
+            self.d._fail(f"gained shard {s}'s progress {change.gain[s]} is older than anything this instance kept "
+                         f"(from {oldest}): it cannot re-match the records in between, so it stops with that "
+                         f"shard's progress uncommitted; a restart starts from a checkpoint at or below every "
+                         f"shard's progress, or from [graph] initial")
+            return
         if not change.gain:
             return
         self.d.metrics.inc("csmd_cluster_rematched_updates_total", change.rematched)

@@ -122,7 +122,10 @@ class ConsumeLoop:
         topic = self.cfg["topics"]["input"]
         offsets = {p: o for (t, p), o in self.tracker.committable().items() if t == topic}
         if self.cluster is not None:  # progress per shard instead of the input group's offsets
-            self.cluster.sync(offsets.get(0), self.source.end_offsets().get(0))
+            done = offsets.get(0)
+            if done is None and not self.tracker.pending():  # no record since the start: all below it is done
+                done = self._next_offsets.get(0)
+            self.cluster.sync(done, self.source.end_offsets().get(0))
             return
         # after a restart from an older checkpoint the done prefix starts below the group's
         # offset: committing it would make a later restart re-send what was delivered

@@ -209,6 +209,11 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
             self._writer.join()
         if self.fatal is None:
             self._commit_all()
+            behind = self.cluster.uncommitted(self._next_offsets.get(0, 0)) if self.cluster is not None else []
+            if behind:  # a clean stop leaves every owned shard's progress where its matching is
+                self._fail(f"shard progress not committed up to {self._next_offsets.get(0, 0)} for shards "
+                           f"{behind} (the broker refused or did not answer): their next owner re-matches from "
+                           f"the last committed progress")
             if self.cfg["checkpoint"]["dir"] and self._checkpoint_due():  # the pipeline's graph is the final one
                 graph = self.pipe.graph_state()
                 self._write_checkpoint(graph, self._checkpoint_state(graph, self._next_offsets))

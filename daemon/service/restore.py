@@ -21,6 +21,7 @@ from csmd.errors import CsmdError, missing
 from csmd.model.formats import parse_query_text, query_files, read_graph
 from csmd.model.graph import Graph
 from csmd.service.checkpoint import read_checkpoint
+from csmd.service.cluster import lowest_progress
 from csmd.service.control import QuerySpec
 
 
@@ -91,11 +92,14 @@ def start_state(cfg: dict, conf: dict, log, local: LocalState) -> StartState:
             ckpt = None
         committed = {p: o for p, o in committed.items() if p not in stale}
     configured = local.configured
+    if ckpt is not None and cfg["cluster"]["enabled"]:
+        ckpt = _below_every_shard(cfg, conf, ckpt, log)
     if ckpt is None:
         g0 = local.initial if local.initial is not None else initial_graph(cfg)  # a dropped checkpoint's case
         log.info("starting from the initial graph", vertices=g0.n, edges=g0.num_edges, queries=len(configured))
         return StartState(g0, 0, {}, configured, committed, ends=ends)
     state = ckpt.state
+    offsets = {int(p): o for p, o in state["offsets"].items()}  # a cluster's may be an older one's
     specs = [QuerySpec(**q) for q in state["queries"]]
     known = {s.name for s in specs} | set(state["removed"])
     specs += [s for s in configured if s.name not in known]
@@ -107,6 +111,21 @@ def start_state(cfg: dict, conf: dict, log, local: LocalState) -> StartState:
         control_applied = -1
     return StartState(ckpt.graph, int(state["seq"]), offsets, specs, committed, set(state["removed"]),
                       control_applied, ckpt.retired, ends, state)
+
+
+def _below_every_shard(cfg: dict, conf: dict, ckpt, log):
+    """A cluster instance's checkpoint: the newest at or below every shard's progress (None: none
+    is, so it rebuilds from [graph] initial). From a newer one it could not re-match a shard it
+    gains from that shard's progress: the records in between would never be matched."""
+    floor = lowest_progress(conf, cfg)
+    if int(ckpt.state["offsets"].get("0", 0)) <= floor:
+        return ckpt
+    older = read_checkpoint(cfg["checkpoint"]["dir"], log, at_most=floor)
+    log.info("the newest checkpoint is past the lowest shard progress: restoring one below it" if older else
+             "every checkpoint is past the lowest shard progress: rebuilding from the initial graph",
+             checkpoint_offset=ckpt.state["offsets"].get("0", 0), lowest_progress=floor,
+             restored_offset=older.state["offsets"].get("0", 0) if older else None)
+    return older
 
 
 def config_specs(cfg: dict) -> list[QuerySpec]:
