@@ -58,10 +58,8 @@ def write_checkpoint(directory, graph: GraphState, state: dict, keep: int = 2) -
     tmp = root / f".tmp-{seq:015d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    ext = graph.ext_ids
-    str_ids = bool(ext) and isinstance(ext[0], str)
     _write_table(pa.table({
-        "id": pa.array(ext, pa.string() if str_ids else pa.int64()),
+        "id": pa.array(graph.ext_ids, pa.string() if graph.str_ids else pa.int64()),  # an empty one keeps its kind
         "label": pa.array(graph.labels, pa.int32()),
         "alive": pa.array(graph.alive),
     }), tmp / "vertices.arrow")
