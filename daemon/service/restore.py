@@ -18,7 +18,7 @@ import numpy as np
 
 from csmd.connectors.kafka import input_positions
 from csmd.errors import CsmdError
-from csmd.model.formats import parse_query_text, query_files, read_graph
+from csmd.model.formats import id_kind_conflict, initial_graph, parse_query_text, query_files
 from csmd.model.graph import Graph
 from csmd.service.checkpoint import read_checkpoint
 from csmd.service.control import QuerySpec
@@ -61,11 +61,15 @@ def start_state(cfg: dict, conf: dict, log) -> StartState:
             ckpt = None
         committed = {p: o for p, o in committed.items() if p not in stale}
     configured = config_specs(cfg)
+    graph = cfg["graph"]
     if ckpt is None:
-        g0 = read_graph(cfg["graph"]["initial"]) if cfg["graph"]["initial"] else \
-            Graph.from_edges(np.zeros(0, np.int32), [], [])
+        g0 = initial_graph(graph["initial"], graph["ids"], graph["max_id_bytes"], "[graph] ids")
         log.info("starting from the initial graph", vertices=g0.n, edges=g0.num_edges, queries=len(configured))
         return StartState(g0, 0, {}, configured, committed, ends=ends)
+    conflict = id_kind_conflict(ckpt.graph, graph["ids"], "[graph] ids")
+    if conflict:  # every id of the setting's kind would be a dead letter from here on
+        raise CsmdError(f"checkpoint in {c['dir']}: {conflict} (remove the checkpoints to start over from "
+                        f"[graph] initial and the beginning of the topic)")
     state = ckpt.state
     specs = [QuerySpec(**q) for q in state["queries"]]
     known = {s.name for s in specs} | set(state["removed"])
