@@ -22,8 +22,8 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from csmd.errors import InputError
-from csmd.model.formats import (DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update, UpdateBlock, in_int64,
-                                parse_update, text_array)
+from csmd.model.formats import (DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, MAX_ID_BYTES, Update,
+                                UpdateBlock, arrow_integer, arrow_text, id_problem, in_int64, parse_update, text_array)
 from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, JSON, TEXT
 
 try:
@@ -168,10 +168,12 @@ def sniff(value: bytes) -> str:
     return "json" if head in (b"{", b"[") else "text"
 
 
-def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False) -> list[Update]:
+def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False,
+                   max_id_bytes: int = MAX_ID_BYTES) -> list[Update]:
     """The updates of one record, in order; BadRecord with the reason if any part is wrong.
 
-    `str_ids`: vertex ids are strings (the graph was keyed by strings), else integers.
+    `str_ids`: vertex ids are strings (the graph was keyed by strings), else integers; a string id
+    is neither empty nor longer than `max_id_bytes` in UTF-8 ([graph] max_id_bytes).
     """
     if rec.value is None or not len(rec.value):
         raise BadRecord("empty record")
@@ -188,7 +190,7 @@ def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False) -> lis
     if seen != want and not (want == "text" and seen == "json"):
         raise BadRecord(f"expected {'an' if want == 'arrow' else 'a'} {want} record, the bytes look like {seen}")
     try:
-        ups = _DECODERS[want](rec, str_ids)
+        ups = _DECODERS[want](rec, str_ids, max_id_bytes)
     except BadRecord:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the bytes make a parser raise is the record's fault, never the daemon's
@@ -200,7 +202,7 @@ def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False) -> lis
     return ups
 
 
-def _update(rec: Record, i, where: str, op, u, v, label, str_ids: bool) -> Update:
+def _update(rec: Record, i, where: str, op, u, v, label, str_ids: bool, max_id_bytes: int) -> Update:
     """Update number i (None: the record's only one) from decoded fields, checked; `where`
     names the row or element in errors."""
     if op not in _OPS:
@@ -214,6 +216,9 @@ def _update(rec: Record, i, where: str, op, u, v, label, str_ids: bool) -> Updat
             raise BadRecord(f"{where}: vertex id {x!r} is not {'a string' if str_ids else 'an integer'}")
         if not str_ids and not in_int64(x):  # JSON integers and Arrow uint64 columns have no such bound
             raise BadRecord(f"{where}: vertex id {x} out of range (int64: -2^63 .. 2^63-1)")
+        problem = str_ids and id_problem(x, max_id_bytes)
+        if problem:
+            raise BadRecord(f"{where}: {problem}")
     if op == INSERT_VERTEX and label is None:
         raise BadRecord(f"{where}: op 'v' needs a label")
     label = 0 if label is None else label
@@ -223,7 +228,7 @@ def _update(rec: Record, i, where: str, op, u, v, label, str_ids: bool) -> Updat
     return Update(op, u, v if len(ids) == 2 else -1, label, source, rec.origin)
 
 
-def _json(rec: Record, str_ids: bool) -> list[Update]:
+def _json(rec: Record, str_ids: bool, max_id_bytes: int) -> list[Update]:
     try:
         doc = json.loads(rec.value)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -242,11 +247,11 @@ def _json(rec: Record, str_ids: bool) -> list[Update]:
         if item["op"] in (INSERT_VERTEX, DELETE_VERTEX) and item.get("v") is not None:  # a mistake, not to be ignored
             raise BadRecord(f"{where}: op {item['op']!r} takes no v (got {item['v']!r})")
         out.append(_update(rec, i if isinstance(doc, list) else None, where,
-                           item["op"], item.get("u"), item.get("v"), item.get("label"), str_ids))
+                           item["op"], item.get("u"), item.get("v"), item.get("label"), str_ids, max_id_bytes))
     return out
 
 
-def _text(rec: Record, str_ids: bool) -> list[Update]:
+def _text(rec: Record, str_ids: bool, max_id_bytes: int) -> list[Update]:
     try:
         text = rec.value.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -258,7 +263,7 @@ def _text(rec: Record, str_ids: bool) -> list[Update]:
     for lineno, line in enumerate(lines, 1):
         try:
             upd = parse_update(line, rec.source, lineno, rec.source if one else f"{rec.source}#{lineno}", rec.origin,
-                               str_ids)
+                               str_ids, max_id_bytes)
         except InputError as exc:
             raise BadRecord(exc.reason if one else f"line {lineno}: {exc.reason}") from None
         if upd is not None:
@@ -266,7 +271,7 @@ def _text(rec: Record, str_ids: bool) -> list[Update]:
     return out
 
 
-def _arrow(rec: Record, str_ids: bool) -> list[Update]:
+def _arrow(rec: Record, str_ids: bool, max_id_bytes: int) -> list[Update]:
     try:
         reader = ipc.open_file(pa.BufferReader(rec.value)) if rec.value[:6] == b"ARROW1" else \
             ipc.open_stream(pa.BufferReader(rec.value))
@@ -284,18 +289,20 @@ def _arrow(rec: Record, str_ids: bool) -> list[Update]:
     unknown = set(names) - {"op", "u", "v", "label"}
     if unknown:
         raise BadRecord(f"Arrow record: unknown column(s) {', '.join(sorted(unknown))}")
-    id_ok = pa.types.is_string if str_ids else pa.types.is_integer
+    # ids and op of any string kind (large_string, string_view: Polars' default) or through a
+    # dictionary; to_pylist() reads them all as Python values
+    id_ok = arrow_text if str_ids else arrow_integer
     for name in ("u", "v"):
         if name in names and not id_ok(table.schema.field(name).type) and not pa.types.is_null(table.schema.field(name).type):
             raise BadRecord(f"Arrow record: column {name!r} is {table.schema.field(name).type}, "
                             f"expected {'string' if str_ids else 'integer'} vertex ids")
-    if not pa.types.is_string(table.schema.field("op").type):
+    if not arrow_text(table.schema.field("op").type):
         raise BadRecord(f"Arrow record: column 'op' is {table.schema.field('op').type}, expected string")
     if "label" in names and not pa.types.is_integer(table.schema.field("label").type):
         raise BadRecord(f"Arrow record: column 'label' is {table.schema.field('label').type}, expected integer")
     cols = {name: table.column(name).to_pylist() for name in names}
     none = [None] * table.num_rows
-    return [_update(rec, i, f"row {i}", op, u, v, label, str_ids)
+    return [_update(rec, i, f"row {i}", op, u, v, label, str_ids, max_id_bytes)
             for i, (op, u, v, label) in enumerate(zip(cols["op"], cols["u"], cols.get("v", none), cols.get("label", none)))]
 
 

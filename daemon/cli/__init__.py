@@ -12,6 +12,7 @@ from pathlib import Path
 
 from csmd.engines import BACKENDS, resolve_backend
 from csmd.errors import CsmdError, InputError, missing
+from csmd.model.formats import ID_KINDS, MAX_ID_BYTES
 from csmd.pipeline.stages import DEFAULT_BATCH_SIZE
 
 
@@ -72,13 +73,13 @@ def _report_stream(output: Path | None):
 
 def cmd_match(args) -> int:
     from csmd.model.arrow_writer import MatchFile
-    from csmd.model.formats import query_files, read_graph, read_query
+    from csmd.model.formats import initial_graph, query_files, read_query
     from csmd.cli.progress import Progress
     from csmd.cli.match import run_queries
 
     backend = resolve_backend(args.backend)
     _check_output(args.output)
-    g = read_graph(args.data)
+    g = initial_graph(args.data, args.ids, args.max_id_bytes)
     paths = query_files(args.query)
     queries = [(p, read_query(p)) for p in paths]  # refuse bad queries before any work
     writer = MatchFile(args.output, g.ext_ids) if args.output else None
@@ -111,7 +112,7 @@ def cmd_estimate(args) -> int:
     from csmd.cli.estimate import run_estimate, sampler_backend
 
     backend = sampler_backend(args.backend)
-    g = read_graph(args.data)
+    g = read_graph(args.data, args.max_id_bytes)
     queries = [(p.stem, read_query(p)) for p in query_files(args.query)]  # refuse bad queries before any work
     if not args.json:
         print(f"{'query':<32} {'estimate':>14} {'95% interval':>31} {'samples':>10} {'valid':>10} {'method':>6} "
@@ -138,7 +139,7 @@ def _interval_text(res: dict) -> str:
 
 
 def cmd_replay(args) -> int:
-    from csmd.model.formats import query_files, read_graph, read_query
+    from csmd.model.formats import initial_graph, query_files, read_query
     from csmd.cli.replay import replay
 
     if args.count_only and args.output:
@@ -147,11 +148,11 @@ def cmd_replay(args) -> int:
     _check_output(args.output)
     if not args.stream.exists():
         raise missing(args.stream)
-    g0 = read_graph(args.data)
+    g0 = initial_graph(args.data, args.ids, args.max_id_bytes)
     queries = [(p.stem, read_query(p)) for p in query_files(args.query)]
     batch_size = args.batch_size or (COUNT_ONLY_REPLAY_BATCH if args.count_only else DEFAULT_BATCH_SIZE)
     results, _ = replay(g0, args.stream, queries, batch_size=batch_size, count_only=args.count_only,
-                        output=args.output, backend=args.backend)
+                        output=args.output, backend=args.backend, max_id_bytes=args.max_id_bytes)
     out = _report_stream(args.output)
     if not args.json:
         print(f"{'query':<32} {'positive':>14} {'negative':>14} {'updates':>9} {'records':>9} {'ignored':>9} "
@@ -258,6 +259,16 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+def _id_options(p: argparse.ArgumentParser, kinds: bool = True) -> None:
+    """How the data graph's (and the stream's) vertex ids are read, as the daemon's [graph] ids and max_id_bytes."""
+    if kinds:
+        p.add_argument("--ids", choices=ID_KINDS, default="auto",
+                       help="vertex id kind: int or string; an error if the graph's ids are the other kind "
+                            "(default auto: the graph's)")
+    p.add_argument("--max-id-bytes", type=_batch_size, default=MAX_ID_BYTES,
+                   help=f"refuse string vertex ids longer than this many UTF-8 bytes (default {MAX_ID_BYTES})")
+
+
 def _estimate_options(p: argparse.ArgumentParser) -> None:
     """The sampling options that `csmd estimate` and `csmd admin estimate` share."""
     p.add_argument("--method", choices=("wj", "alley", "auto"), default="auto",
@@ -286,13 +297,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--distinct", action="store_true", help="count each subgraph instance once (symmetry breaking)")
     m.add_argument("--limit", type=_positive_int, help="stop after N matches per query (complete: false)")
     m.add_argument("--time-limit", type=_positive_float, help="stop a query after S seconds (complete: false)")
-    m.add_argument("--output", type=Path, help="write the matches to this Arrow IPC file (a pipe or device: the IPC stream format; "
-                        "'-': the stream on standard output, the table on standard error)")
+    m.add_argument("--output", type=Path, help="write the matches to this Arrow IPC file (a pipe or device: the "
+                   "IPC stream format; '-': the stream on standard output, the table on standard error)")
     m.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
+    _id_options(m)
     m.set_defaults(func=cmd_match)
 
     r = sub.add_parser("replay", help="stream an update file through the continuous pipeline (no Kafka)")
-    r.add_argument("--data", required=True, type=Path, help="initial graph G0")
+    r.add_argument("--data", type=Path,
+                   help="initial graph G0 (default: none, an empty graph whose ids are of the kind --ids says)")
     r.add_argument("--stream", required=True, type=Path, help="update stream: e/-e/v/-v lines")
     r.add_argument("--query", required=True, nargs="+", type=Path, help="query files or directories of them")
     r.add_argument("--backend", choices=BACKENDS, default="auto", help="engine (default auto)")
@@ -300,9 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"updates per graph-updater batch (default {DEFAULT_BATCH_SIZE}; "
                         f"{COUNT_ONLY_REPLAY_BATCH} with --count-only)")
     r.add_argument("--count-only", action="store_true", help="count deltas, do not materialize matches")
-    r.add_argument("--output", type=Path, help="write every delta to this Arrow IPC file (a pipe or device: the IPC stream format; "
-                        "'-': the stream on standard output, the table on standard error)")
+    r.add_argument("--output", type=Path, help="write every delta to this Arrow IPC file (a pipe or device: the "
+                   "IPC stream format; '-': the stream on standard output, the table on standard error)")
     r.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
+    _id_options(r)
     r.set_defaults(func=cmd_replay)
 
     e = sub.add_parser("estimate", help="approximate match counts with 95%% confidence intervals (sampling)")
@@ -311,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     _estimate_options(e)
     e.add_argument("--backend", choices=BACKENDS, default="auto", help="sampler (default auto: GPU if CuPy sees one)")
     e.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
+    _id_options(e, kinds=False)
     e.set_defaults(func=cmd_estimate)
 
     d = sub.add_parser("run", help="the daemon: Kafka in, match deltas out (stops cleanly on SIGTERM)")

@@ -22,10 +22,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from csmd.errors import InputError, missing
-from csmd.model.graph import Graph, scalar
+from csmd.model.graph import Graph, id_array, scalar
 
 MAX_QUERY_VERTICES = 32
 TABLE_SUFFIXES = (".arrow", ".ipc", ".feather", ".parquet")
+# the longest string vertex id, in UTF-8 bytes ([graph] max_id_bytes, --max-id-bytes): every match,
+# delta and checkpoint row holds its ids, and one id of 100,000 characters made 100 inserts take 46 s
+MAX_ID_BYTES = 256
+ID_KINDS = ("auto", "int", "string")  # [graph] ids, --ids: auto takes the initial graph's (int without one)
 
 
 _DECIMAL = re.compile(r"[-+]?[0-9]+")  # ASCII: Python's int() also takes 1_0 and other scripts' digits
@@ -43,6 +47,21 @@ def _int(tok: str, path, lineno, what: str) -> int:
 def in_int64(x: int) -> bool:
     """Whether an integer vertex id fits the int64 the graph, deltas and checkpoints store it as."""
     return -2**63 <= x < 2**63
+
+
+def id_problem(x: str, max_bytes: int) -> str | None:
+    """Why a string vertex id is refused (None: it is not): an empty one names nothing, and a long
+    one weighs on every match that holds it."""
+    if not x:
+        return "empty vertex id"
+    shown = f"{x[:40]!r}{'...' if len(x) > 40 else ''}"
+    try:
+        size = len(x) if x.isascii() else len(x.encode("utf-8"))  # isascii() costs nothing
+    except UnicodeEncodeError:  # a lone surrogate (JSON's "\ud800"): no Arrow output could hold it
+        return f"vertex id {shown} is not valid Unicode (a lone surrogate)"
+    if size > max_bytes:
+        return f"vertex id {shown} is {size} bytes long (UTF-8), longer than max_id_bytes ({max_bytes})"
+    return None
 
 
 def _vertex_id(tok: str, path, lineno) -> int:
@@ -184,23 +203,42 @@ def _column(table, name, path, required=True):
     return col.to_numpy(zero_copy_only=False)
 
 
-def _ids(table, name, path) -> np.ndarray:
-    """The vertex ids of column `name`: int64 from any integer column, objects from a string one.
-    Other types (floats, bools, lists, timestamps) are refused rather than read as ids, and so is
-    a uint64 beyond int64: the daemon and the outputs hold ids as int64 or strings."""
-    import pyarrow as pa
+def arrow_text(typ: pa.DataType) -> bool:
+    """Whether an Arrow column holds strings: string, large_string, string_view (what Polars writes)
+    or a dictionary of one of them."""
+    typ = typ.value_type if pa.types.is_dictionary(typ) else typ
+    return pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_string_view(typ)
 
-    typ = table.schema.field(name).type if name in table.column_names else None
-    if typ is not None and pa.types.is_dictionary(typ):
-        typ = typ.value_type
-    if typ is not None and not (pa.types.is_integer(typ) or pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-        raise InputError(path, None, f"column {name!r} is {typ}; vertex ids are integers or strings")
+
+def arrow_integer(typ: pa.DataType) -> bool:
+    """Whether an Arrow column holds integers, plain or through a dictionary."""
+    return pa.types.is_integer(typ.value_type if pa.types.is_dictionary(typ) else typ)
+
+
+def _ids(table, name, path, max_bytes: int = MAX_ID_BYTES) -> np.ndarray:
+    """The vertex ids of column `name`: int64 from any integer column, objects from a string one
+    (any of arrow_text's kinds). Other types (floats, bools, lists, timestamps) are refused rather
+    than read as ids, and so are a uint64 beyond int64 (the daemon and the outputs hold ids as int64
+    or strings), an empty string and one over max_bytes (id_problem)."""
+    if name in table.column_names:
+        typ = table.schema.field(name).type
+        if not (arrow_text(typ) or arrow_integer(typ)):
+            raise InputError(path, None, f"column {name!r} is {typ}; vertex ids are integers or strings")
+        plain = pa.string() if arrow_text(typ) else typ.value_type if pa.types.is_dictionary(typ) else typ
+        if plain != typ:
+            table = table.set_column(table.column_names.index(name), name, table.column(name).cast(plain))
     values = _column(table, name, path)
     if values.dtype == np.uint64 and len(values) and values.max() > np.iinfo(np.int64).max:
         row = int(np.flatnonzero(values > np.iinfo(np.int64).max)[0])
         raise InputError(path, f"row {row}", f"vertex id {scalar(values[row])} in {name} out of range "
                                              f"(int64: -2^63 .. 2^63-1)")
-    return values.astype(np.int64) if values.dtype.kind in "iu" else values.astype(object)
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64)
+    size = pc.binary_length(table.column(name)).to_numpy()  # UTF-8 bytes, without a Python step per id
+    bad = np.flatnonzero((size == 0) | (size > max_bytes))
+    if len(bad):
+        raise InputError(path, f"row {bad[0]}", f"column {name!r}: {id_problem(values[bad[0]], max_bytes)}")
+    return id_array(values, True)
 
 
 def _ints(values, path, name):
@@ -221,9 +259,10 @@ def vertices_path(path: Path) -> Path:
     return path.with_name(path.stem + ".vertices" + path.suffix)
 
 
-def _read_table_graph(path: Path) -> Graph:
+def _read_table_graph(path: Path, max_id_bytes: int = MAX_ID_BYTES) -> Graph:
+    """An edge table (and its vertex table); one with no rows is an empty graph of its columns' id kind."""
     edges = _read_table(path)
-    src, dst = _ids(edges, "src", path), _ids(edges, "dst", path)
+    src, dst = _ids(edges, "src", path, max_id_bytes), _ids(edges, "dst", path, max_id_bytes)
     if src.dtype != dst.dtype:
         raise InputError(path, None, f"column 'src' holds {_kind(src)} ids, 'dst' {_kind(dst)} ones: "
                                      "a graph's vertex ids are all integers or all strings")
@@ -232,7 +271,7 @@ def _read_table_graph(path: Path) -> Graph:
     vpath = vertices_path(path)
     if vpath.exists():
         verts = _read_table(vpath)
-        ext = _ids(verts, "id", vpath)
+        ext = _ids(verts, "id", vpath, max_id_bytes)
         if len(src) and ext.dtype != src.dtype:
             raise InputError(vpath, None, f"column 'id' holds {_kind(ext)} ids, the edges of {path.name} "
                                           f"{_kind(src)} ones")
@@ -254,8 +293,6 @@ def _read_table_graph(path: Path) -> Graph:
         if len(bad):
             raise InputError(path, f"row {bad[0]}", f"edge names unknown vertex {scalar(col[bad[0]])!r} in {name}")
         internal.append(order[pos])
-    if not len(ext):
-        raise InputError(path, None, "no vertices")
     twice = _relabelled(internal[0], internal[1], el)
     if twice is not None:
         a, b = twice
@@ -285,12 +322,33 @@ def write_graph_tables(graph: Graph, path) -> None:
 
 
 # ---- public entry points -------------------------------------------------------------
-def read_graph(path) -> Graph:
-    """Load a data graph from any supported format (chosen by the file suffix)."""
+def read_graph(path, max_id_bytes: int = MAX_ID_BYTES) -> Graph:
+    """Load a data graph from any supported format (chosen by the file suffix); string ids over
+    max_id_bytes (UTF-8) are refused."""
     path = Path(path)
     if path.suffix in TABLE_SUFFIXES:
-        return _read_table_graph(path)
+        return _read_table_graph(path, max_id_bytes)
     return _read_text_graph(path)
+
+
+def initial_graph(path, ids: str = "auto", max_id_bytes: int = MAX_ID_BYTES, setting: str = "--ids") -> Graph:
+    """The graph a stream starts from: the file at `path`, or with none an empty graph whose ids
+    are of the kind `ids` says (int for auto): a deployment keyed by strings can start empty. An
+    `ids` that the file's ids contradict is an error naming both (`setting` names the option)."""
+    if not path:
+        return Graph.from_edges(np.zeros(0, np.int32), [], [], ext_ids=id_array([], ids == "string"))
+    g = read_graph(path, max_id_bytes)
+    conflict = id_kind_conflict(g, ids, setting)
+    if conflict:
+        raise InputError(path, None, conflict)
+    return g
+
+
+def id_kind_conflict(g: Graph, ids: str, setting: str) -> str | None:
+    """Why `ids` (int, string or auto), as `setting` gave it, is not the kind of g's ids; None if it is."""
+    if ids in ("auto", "string" if g.str_ids else "int"):
+        return None
+    return f"{setting} is {ids!r}, but the graph's vertex ids are {'strings' if g.str_ids else 'integers'}"
 
 
 def read_query(path) -> Graph:
@@ -432,10 +490,11 @@ class UpdateBlock:
 
 
 def parse_update(line: str, path, lineno, source: str | None = None, origin: tuple | None = None,
-                 str_ids: bool = False) -> Update | None:
+                 str_ids: bool = False, max_id_bytes: int = MAX_ID_BYTES) -> Update | None:
     """Parse one stream line; None for blanks and comments. source / origin replace the
     defaults (path:lineno, (path, 0, lineno)) where the line is part of a larger record.
-    str_ids: the vertex ids are the tokens as written (a graph keyed by strings), else int64."""
+    str_ids: the vertex ids are the tokens as written (a graph keyed by strings; at most
+    max_id_bytes each), else int64."""
     parts = line.split()
     if not parts or parts[0][0] == "#":
         return None
@@ -449,7 +508,12 @@ def parse_update(line: str, path, lineno, source: str | None = None, origin: tup
     if source is None:
         source, origin = f"{path}:{lineno}", (str(path), 0, lineno)
     def vertex(tok: str):
-        return tok if str_ids else _vertex_id(tok, path, lineno)
+        if not str_ids:
+            return _vertex_id(tok, path, lineno)
+        problem = id_problem(tok, max_id_bytes)
+        if problem:
+            raise InputError(path, lineno, problem)
+        return tok
 
     u = vertex(parts[1])
     if op == INSERT_VERTEX:

@@ -16,6 +16,20 @@ def gather_ranges(start: np.ndarray, size: np.ndarray) -> np.ndarray:
     return np.repeat(start - (ends - size), size) + np.arange(int(ends[-1]) if len(ends) else 0)
 
 
+def id_array(ids, strings: bool | None = None) -> np.ndarray:
+    """External ids as an int64 array, or for string ids an object array: never numpy's
+    fixed-width unicode, which cut ids to the width of the first array's longest and padded
+    every id to the longest one. strings: the kind (None: from the array's dtype, else from
+    the first id; int64 when there is none)."""
+    if strings is None:
+        strings = ids.dtype.kind in "OUS" if isinstance(ids, np.ndarray) else len(ids) > 0 and isinstance(ids[0], str)
+    if not strings:
+        return np.asarray(ids, np.int64)
+    out = np.empty(len(ids), object)
+    out[:] = ids  # element by element: no unicode array made on the way
+    return out
+
+
 def scalar(x):
     """A numpy scalar as the plain Python value (for dict keys and messages)."""
     return x.item() if hasattr(x, "item") else x
@@ -35,7 +49,7 @@ class Graph:
         self.indices = np.ascontiguousarray(indices, dtype=np.int32)
         self.elabels = np.ascontiguousarray(elabels, dtype=np.int32)
         self.n = len(self.labels)
-        self.ext_ids = np.arange(self.n, dtype=np.int64) if ext_ids is None else np.asarray(ext_ids)
+        self.ext_ids = np.arange(self.n, dtype=np.int64) if ext_ids is None else id_array(ext_ids)
         self._index_of = None
         self._edge_keys = None
         self._grouped = None

@@ -13,9 +13,10 @@ import numpy as np
 import pyarrow as pa
 
 from csmd.pipeline.sequencer import BlockRecords
-from csmd.schemas import deltas_schema, id_type_of
+from csmd.schemas import deltas_schema
 
 from csmd.model.arrow_writer import vertex_lists
+from csmd.model.graph import id_array
 
 
 class DeltaEncoder:
@@ -23,8 +24,12 @@ class DeltaEncoder:
 
     def __init__(self, vertices):
         self.vertices = vertices  # the sequencer's vertex table
-        self._ext = np.array(vertices.ext_ids)
-        self.id_type = id_type_of(self._ext)
+        # its ids as an array to gather matches from: int64, or objects for string ids (never
+        # fixed-width unicode, which cut ids made by the stream to the initial graph's longest);
+        # grown by doubling as the stream makes vertices, the first _n of it filled
+        self._ext = id_array(vertices.ext_ids, vertices.str_ids)
+        self._n = len(self._ext)
+        self.id_type = pa.string() if vertices.str_ids else pa.int64()
         self.schema = deltas_schema(self.id_type)
         # per query: the origin of its last delta and the next index for that origin; an
         # input record's updates may span two batches, so its numbering carries over (from one
@@ -33,9 +38,15 @@ class DeltaEncoder:
         self._last: dict[str, tuple[tuple, int]] = {}
 
     def ext_ids(self) -> np.ndarray:
-        ext_ids = self.vertices.ext_ids
-        if len(ext_ids) > len(self._ext):  # vertices created by the stream
-            self._ext = np.concatenate([self._ext, np.array(ext_ids[len(self._ext):], self._ext.dtype)])
+        """Every vertex's id by internal id (and unfilled room past them: matches never name it)."""
+        ext_ids, n = self.vertices.ext_ids, self._n
+        if len(ext_ids) > n:  # vertices created by the stream
+            if len(ext_ids) > len(self._ext):
+                grown = np.empty(max(len(ext_ids), 2 * n), self._ext.dtype)
+                grown[:n] = self._ext[:n]
+                self._ext = grown
+            self._ext[n: len(ext_ids)] = ext_ids[n:]
+            self._n = len(ext_ids)
         return self._ext
 
     def _no_vertices(self, n: int) -> pa.Array:

@@ -45,6 +45,7 @@ class Vertices:
 
     def __init__(self, g: Graph, retired: np.ndarray | None = None):
         self.ext_ids: list = [scalar(x) for x in g.ext_ids]
+        self.str_ids = g.str_ids  # the kind of every id, also while there is none (an empty string-keyed graph)
         self._labels = np.array(g.labels, np.int32)
         self.n = len(self.ext_ids)
         self.index: dict = {x: i for i, x in enumerate(self.ext_ids)}

@@ -45,7 +45,7 @@ import numpy as np
 
 from csmd.engine import ContinuousEngine, QueryDeltas, UpdateBatch
 from csmd.model.formats import Update, UpdateBlock
-from csmd.model.graph import Graph
+from csmd.model.graph import Graph, id_array
 from csmd.pipeline.gc import GarbageCollector
 from csmd.pipeline.queries import canonical, continuous_query, vertex_matches
 from csmd.pipeline.sequencer import Sequencer, Vertices
@@ -131,14 +131,14 @@ class GraphState:
     dst: np.ndarray
     elabel: np.ndarray
     seq: int  # the updates before it are in
+    str_ids: bool = False  # the ids' kind, also where there is no vertex to tell
 
     def live_graph(self) -> Graph:
         """The live vertices and edges as a static Graph (renumbered)."""
         live = np.flatnonzero(self.alive)
         new_id = np.full(len(self.alive), -1, np.int64)
         new_id[live] = np.arange(len(live))
-        str_ids = any(isinstance(x, str) for x in self.ext_ids[:1])
-        ext = np.array(self.ext_ids, dtype=object if str_ids else np.int64)
+        ext = id_array(self.ext_ids, self.str_ids)
         return Graph.from_edges(self.labels[live], new_id[self.src], new_id[self.dst], self.elabel, ext[live])
 
 
@@ -236,7 +236,7 @@ class Pipeline:
         with self._updating:
             src, dst, lab = self.engine.live_edges()
             vx = self.vertices
-            return GraphState(list(vx.ext_ids), vx.labels.copy(), vx.alive(), src, dst, lab, self.next_seq)
+            return GraphState(list(vx.ext_ids), vx.labels.copy(), vx.alive(), src, dst, lab, self.next_seq, vx.str_ids)
 
     def engine_stats(self) -> dict:
         s = self.engine.stats()

@@ -59,10 +59,8 @@ def write_checkpoint(directory, graph: GraphState, state: dict, keep: int = 2, f
     seq = int(state["seq"])
     final = root / f"ckpt-{seq:015d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{seq:015d}-{os.getpid()}-", dir=root))  # no other writer's
-    ext = graph.ext_ids
-    str_ids = bool(ext) and isinstance(ext[0], str)
     _write_table(pa.table({
-        "id": pa.array(ext, pa.string() if str_ids else pa.int64()),
+        "id": pa.array(graph.ext_ids, pa.string() if graph.str_ids else pa.int64()),  # an empty one keeps its kind
         "label": pa.array(graph.labels, pa.int32()),
         "alive": pa.array(graph.alive),
     }), tmp / "vertices.arrow")

@@ -33,9 +33,12 @@ FIELDS = ("input", "output", "shards", "graph", "queries")  # what must agree; t
 def describe(cfg: dict, specs, instance: str) -> dict:
     """This instance's deployment: the queries by their parsed graph (a comment or the order of a
     query file's lines changes nothing), the initial graph by its file's bytes."""
-    initial = cfg["graph"]["initial"]
+    g = cfg["graph"]
+    initial = g["initial"]
+    # how records' ids are read: an instance that takes an id another refuses holds another graph
+    kind = "the initial graph's" if initial else "string" if g["ids"] == "string" else "int"
     return {"input": cfg["topics"]["input"], "output": cfg["topics"]["output"], "shards": cfg["cluster"]["shards"],
-            "graph": _file_digest(initial) if initial else "",
+            "graph": _file_digest(initial) if initial else "", "ids": f"{kind}, at most {g['max_id_bytes']} bytes",
             "queries": {s.name: f"{_query_digest(s.text, s.name)}{' count-only' if s.count_only else ''}"
                         for s in specs},
             "instance": instance, "host": socket.gethostname(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -66,6 +69,8 @@ def differences(ours: dict, theirs: dict) -> list[str]:
     if ours["graph"] != theirs.get("graph"):
         out.append("[graph] initial: " + ("another file's content" if ours["graph"] and theirs.get("graph") else
                                           "set here only" if ours["graph"] else "set in the deployment only"))
+    if theirs.get("ids", ours["ids"]) != ours["ids"]:  # a deployment written before ids were described has none
+        out.append(f"vertex ids: {ours['ids']} here, {theirs['ids']} in the deployment")
     q, t = ours["queries"], theirs.get("queries") or {}
     for what, names in (("queries only here", [n for n in q if n not in t]),
                         ("queries only in the deployment", [n for n in t if n not in q]),

@@ -18,7 +18,7 @@ import numpy as np
 
 from csmd.connectors.kafka import input_positions
 from csmd.errors import CsmdError, missing
-from csmd.model.formats import parse_query_text, query_files, read_graph
+from csmd.model.formats import id_kind_conflict, initial_graph, parse_query_text, query_files
 from csmd.model.graph import Graph
 from csmd.service.checkpoint import read_checkpoint
 from csmd.service.cluster import lowest_progress
@@ -59,13 +59,17 @@ def read_local(cfg: dict, log) -> LocalState:
     if initial and not Path(initial).is_file():
         raise missing(initial)
     ckpt = read_checkpoint(c["dir"], log) if c["dir"] else None
-    return LocalState(ckpt, configured, initial_graph(cfg) if ckpt is None else None)
+    conflict = id_kind_conflict(ckpt.graph, cfg["graph"]["ids"], "[graph] ids") if ckpt is not None else None
+    if conflict:  # every id of the setting's kind would be a dead letter from here on
+        raise CsmdError(f"checkpoint in {c['dir']}: {conflict} (remove the checkpoints to start over from "
+                        f"[graph] initial and the beginning of the topic)")
+    return LocalState(ckpt, configured, _initial(cfg) if ckpt is None else None)
 
 
-def initial_graph(cfg: dict) -> Graph:
-    """`[graph] initial`, or an empty graph where none is set."""
-    return read_graph(cfg["graph"]["initial"]) if cfg["graph"]["initial"] else \
-        Graph.from_edges(np.zeros(0, np.int32), [], [])
+def _initial(cfg: dict) -> Graph:
+    """`[graph] initial`, or an empty graph of the `ids` kind where none is set."""
+    graph = cfg["graph"]
+    return initial_graph(graph["initial"], graph["ids"], graph["max_id_bytes"], "[graph] ids")
 
 
 def start_state(cfg: dict, conf: dict, log, local: LocalState) -> StartState:
@@ -95,7 +99,7 @@ def start_state(cfg: dict, conf: dict, log, local: LocalState) -> StartState:
     if ckpt is not None and cfg["cluster"]["enabled"]:
         ckpt = _below_every_shard(cfg, conf, ckpt, log)
     if ckpt is None:
-        g0 = local.initial if local.initial is not None else initial_graph(cfg)  # a dropped checkpoint's case
+        g0 = local.initial if local.initial is not None else _initial(cfg)  # a dropped checkpoint's case
         log.info("starting from the initial graph", vertices=g0.n, edges=g0.num_edges, queries=len(configured))
         return StartState(g0, 0, {}, configured, committed, ends=ends)
     state = ckpt.state
