@@ -361,6 +361,9 @@ class Update:
     label: int = 0
     source: str = ""
     origin: tuple = ("", 0, 0)
+    # what its deltas carry of the input record (connectors.records.Carry.context): (key, headers,
+    # fields), None when nothing
+    context: tuple | None = None
 
 
 def text_array(x: np.ndarray) -> pa.Array:
@@ -390,6 +393,7 @@ class UpdateBlock:
     # the update's line within its record where a record holds several (0: the record's only
     # update); None: every row is its record's only update
     part: np.ndarray | None = None
+    context: dict | None = None  # lineno -> the context (Update.context) of that record, where it has one
 
     def __len__(self) -> int:
         return len(self.lineno)
@@ -408,8 +412,9 @@ class UpdateBlock:
         return pc.binary_join_element_wise(self._prefix(), text_array(self.lineno[rows]), "")
 
     def update(self, i: int) -> Update:
+        at = int(self.lineno[i])
         return Update(OPS[self.op[i]], int(self.u[i]), int(self.v[i]), int(self.label[i]), self.source(i),
-                      (self.path, self.partition, int(self.lineno[i])))
+                      (self.path, self.partition, at), self.context.get(at) if self.context else None)
 
     def updates(self) -> list[Update]:
         return [self.update(i) for i in range(len(self))]
@@ -427,7 +432,8 @@ class UpdateBlock:
             return blocks[0]
         part = None if all(b.part is None for b in blocks) else \
             np.concatenate([np.zeros(len(b), np.int64) if b.part is None else b.part for b in blocks])
-        return replace(blocks[0], cut_from=None, part=part, **{f: np.concatenate([getattr(b, f) for b in blocks])
+        context = {at: c for b in blocks if b.context for at, c in b.context.items()} or None
+        return replace(blocks[0], cut_from=None, part=part, context=context, **{f: np.concatenate([getattr(b, f) for b in blocks])
                                                                for f in ("lineno", "op", "u", "v", "label")})
 
 

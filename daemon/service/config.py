@@ -98,6 +98,13 @@ DEFAULTS: dict[str, dict] = {
         # limit the input pauses until that shard moves (its owner recovers or Kafka reassigns it)
         "max_retained_updates": 1_000_000,
     },
+    "output": {
+        # what of the input record that caused a delta its row carries besides the record's key
+        # (the delta columns headers and fields): these Kafka headers, and these fields of a
+        # JSON update (or columns of an Arrow row)
+        "carry_headers": [],
+        "carry_fields": [],
+    },
     "admin": {
         "listen": "127.0.0.1:8642",  # the admin and /metrics endpoint; empty: off
     },
@@ -244,6 +251,11 @@ def _check_together(cfg: dict, origin: dict) -> None:
     if t["max_message_bytes"] < MIN_MESSAGE_BYTES:
         raise CsmdError(f"{origin.get(('topics', 'max_message_bytes'), 'defaults')}: [topics] max_message_bytes must "
                         f"be at least {MIN_MESSAGE_BYTES}, got {t['max_message_bytes']}")
+    for key in ("carry_headers", "carry_fields"):  # each name is a key of the delta's map: once, not empty
+        names = cfg["output"][key]
+        if "" in names or len(set(names)) < len(names):
+            raise CsmdError(f"{origin.get(('output', key), 'defaults')}: [output] {key} must name each "
+                            f"{key[6:-1]} once, none empty, got {names!r}")
     p = cfg["pipeline"]
     if p["batch_size"] > p["max_batch"]:
         where = origin.get(("pipeline", "batch_size"), origin.get(("pipeline", "max_batch"), "defaults"))
