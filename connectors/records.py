@@ -2,7 +2,8 @@
 
 An input record (a Kafka message, or one line of a stream file) holds one or
 more updates as Arrow IPC (a stream or file of rows in the updates schema),
-JSON (one object or an array of objects with op, u, v, label) or text lines
+JSON (one object or an array of objects with op, u, v, label; other fields and
+columns are allowed, and carried into the deltas where Carry names them) or text lines
 in the stream format (`e u v [label]`, `-e u v`, `v id label`, `-v id`).
 The format is fixed by configuration or, with `auto`, recognised per record
 from its content-type header or its first bytes. A record is decoded whole or
@@ -25,6 +26,7 @@ import pyarrow.ipc as ipc
 from csmd.errors import InputError
 from csmd.model.formats import (DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, Update, UpdateBlock, in_int64,
                                 parse_update, text_array)
+from csmd.model.labels import MAX_LABEL, NO_NAMES, LabelNames, unknown_label
 from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, JSON, TEXT
 
 try:
@@ -35,7 +37,6 @@ except ImportError:  # no numba: every record is decoded on its own
 FORMATS = ("auto", "arrow", "json", "text")
 _CONTENT_TYPES = {ARROW_STREAM: "arrow", "application/vnd.apache.arrow.file": "arrow", JSON: "json", TEXT: "text"}
 _OPS = (INSERT_EDGE, DELETE_EDGE, INSERT_VERTEX, DELETE_VERTEX)
-_MAX_LABEL = 2**31 - 1
 
 
 @dataclass(slots=True)
@@ -223,12 +224,14 @@ def sniff(value: bytes) -> str:
     return "json" if head in (b"{", b"[") else "text"
 
 
-def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False, carry: Carry = NO_CARRY) -> list[Update]:
+def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False, carry: Carry = NO_CARRY,
+                   labels: LabelNames = NO_NAMES) -> list[Update]:
     """The updates of one record, in order; BadRecord with the reason if any part is wrong.
 
     `str_ids`: vertex ids are strings (the graph was keyed by strings), else integers.
     `carry`: what of the record its updates' deltas carry (Update.context). Fields other than
     op, u, v and label (JSON) or columns (Arrow) are allowed: carried if named there, else ignored.
+    `labels`: the names that may stand for labels (a JSON or Arrow label may be a string then).
     """
     if rec.value is None or not len(rec.value):
         raise BadRecord("empty record")
@@ -245,7 +248,7 @@ def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False, carry:
     if seen != want and not (want == "text" and seen == "json"):
         raise BadRecord(f"expected {'an' if want == 'arrow' else 'a'} {want} record, the bytes look like {seen}")
     try:
-        ups = _DECODERS[want](rec, str_ids, carry)
+        ups = _DECODERS[want](rec, str_ids, carry, labels)
     except BadRecord:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the bytes make a parser raise is the record's fault, never the daemon's
@@ -257,7 +260,8 @@ def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False, carry:
     return ups
 
 
-def _update(rec: Record, i, where: str, op, u, v, label, str_ids: bool, context: tuple | None) -> Update:
+def _update(rec: Record, i, where: str, op, u, v, label, str_ids: bool, context: tuple | None,
+            labels: LabelNames) -> Update:
     """Update number i (None: the record's only one) from decoded fields, checked; `where`
     names the row or element in errors."""
     if op not in _OPS:
@@ -273,14 +277,19 @@ def _update(rec: Record, i, where: str, op, u, v, label, str_ids: bool, context:
             raise BadRecord(f"{where}: vertex id {x} out of range (int64: -2^63 .. 2^63-1)")
     if op == INSERT_VERTEX and label is None:
         raise BadRecord(f"{where}: op 'v' needs a label")
+    if type(label) is str:
+        names, what = (labels.vertex, "vertex label") if op == INSERT_VERTEX else (labels.edge, "edge label")
+        if label not in names:
+            raise BadRecord(f"{where}: {unknown_label(label, names, what)}")
+        label = names[label]
     label = 0 if label is None else label
-    if type(label) is not int or not 0 <= label <= _MAX_LABEL:
+    if type(label) is not int or not 0 <= label <= MAX_LABEL:
         raise BadRecord(f"{where}: label {label!r} is not an integer in 0 .. 2^31-1")
     source = rec.source if i is None else f"{rec.source}#{i}"
     return Update(op, u, v if len(ids) == 2 else -1, label, source, rec.origin, context)
 
 
-def _json(rec: Record, str_ids: bool, carry: Carry) -> list[Update]:
+def _json(rec: Record, str_ids: bool, carry: Carry, labels: LabelNames) -> list[Update]:
     try:
         doc = json.loads(rec.value)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -298,11 +307,11 @@ def _json(rec: Record, str_ids: bool, carry: Carry) -> list[Update]:
             raise BadRecord(f"{where}: op {item['op']!r} takes no v (got {item['v']!r})")
         out.append(_update(rec, i if isinstance(doc, list) else None, where,
                            item["op"], item.get("u"), item.get("v"), item.get("label"), str_ids,
-                           carry.update(base, item)))
+                           carry.update(base, item), labels))
     return out
 
 
-def _text(rec: Record, str_ids: bool, carry: Carry) -> list[Update]:
+def _text(rec: Record, str_ids: bool, carry: Carry, labels: LabelNames) -> list[Update]:
     try:
         text = rec.value.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -314,7 +323,7 @@ def _text(rec: Record, str_ids: bool, carry: Carry) -> list[Update]:
     for lineno, line in enumerate(lines, 1):
         try:
             upd = parse_update(line, rec.source, lineno, rec.source if one else f"{rec.source}#{lineno}", rec.origin,
-                               str_ids)
+                               str_ids, labels)
         except InputError as exc:
             raise BadRecord(exc.reason if one else f"line {lineno}: {exc.reason}") from None
         if upd is not None:
@@ -323,7 +332,7 @@ def _text(rec: Record, str_ids: bool, carry: Carry) -> list[Update]:
     return out if context is None else [replace(u, context=context) for u in out]
 
 
-def _arrow(rec: Record, str_ids: bool, carry: Carry) -> list[Update]:
+def _arrow(rec: Record, str_ids: bool, carry: Carry, labels: LabelNames) -> list[Update]:
     try:
         reader = ipc.open_file(pa.BufferReader(rec.value)) if rec.value[:6] == b"ARROW1" else \
             ipc.open_stream(pa.BufferReader(rec.value))
@@ -345,15 +354,17 @@ def _arrow(rec: Record, str_ids: bool, carry: Carry) -> list[Update]:
                             f"expected {'string' if str_ids else 'integer'} vertex ids")
     if not pa.types.is_string(table.schema.field("op").type):
         raise BadRecord(f"Arrow record: column 'op' is {table.schema.field('op').type}, expected string")
-    if "label" in names and not pa.types.is_integer(table.schema.field("label").type):
-        raise BadRecord(f"Arrow record: column 'label' is {table.schema.field('label').type}, expected integer")
+    if "label" in names and not (pa.types.is_integer(table.schema.field("label").type) or
+                                 pa.types.is_string(table.schema.field("label").type)):
+        raise BadRecord(f"Arrow record: column 'label' is {table.schema.field('label').type}, expected integer "
+                        f"(or string: label names)")
     cols = {name: table.column(name).to_pylist() for name in ("op", "u", "v", "label") if name in names}
     none = [None] * table.num_rows
     base = carry.record(rec.key, rec.headers)
     carried = [f for f in carry.fields if f in names]
     values = [dict(zip(carried, row)) for row in zip(*(table.column(f).to_pylist() for f in carried))] \
         if carried else repeat({}, table.num_rows)
-    return [_update(rec, i, f"row {i}", op, u, v, label, str_ids, carry.update(base, fields))
+    return [_update(rec, i, f"row {i}", op, u, v, label, str_ids, carry.update(base, fields), labels)
             for i, (op, u, v, label, fields) in enumerate(zip(cols["op"], cols["u"], cols.get("v", none),
                                                               cols.get("label", none), values))]
 

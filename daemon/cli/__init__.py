@@ -61,6 +61,18 @@ def _check_output(path: Path | None) -> None:
         raise missing(path.parent)
 
 
+def _labels(args):
+    """The label names of --labels (none without it)."""
+    from csmd.model.labels import NO_NAMES, LabelNames
+
+    return LabelNames.load(args.labels) if args.labels else NO_NAMES
+
+
+def _labels_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--labels", type=Path, help="TOML file of label names (tables labels and edge_labels, as in "
+                                               "[graph]): graph, query and stream files may use them for labels")
+
+
 def cmd_match(args) -> int:
     from csmd.model.arrow_writer import MatchFile
     from csmd.model.formats import query_files, read_graph, read_query
@@ -69,9 +81,10 @@ def cmd_match(args) -> int:
 
     backend = resolve_backend(args.backend)
     _check_output(args.output)
-    g = read_graph(args.data)
+    labels = _labels(args)
+    g = read_graph(args.data, labels)
     paths = query_files(args.query)
-    queries = [(p, read_query(p)) for p in paths]  # refuse bad queries before any work
+    queries = [(p, read_query(p, labels)) for p in paths]  # refuse bad queries before any work
     writer = MatchFile(args.output, g.ext_ids) if args.output else None
     progress = Progress(len(queries), "queries", enabled=None if len(queries) > 1 else False)
     if not args.json:
@@ -100,8 +113,9 @@ def cmd_estimate(args) -> int:
     from csmd.cli.estimate import run_estimate, sampler_backend
 
     backend = sampler_backend(args.backend)
-    g = read_graph(args.data)
-    queries = [(p.stem, read_query(p)) for p in query_files(args.query)]  # refuse bad queries before any work
+    labels = _labels(args)
+    g = read_graph(args.data, labels)
+    queries = [(p.stem, read_query(p, labels)) for p in query_files(args.query)]  # refuse bad queries before any work
     if not args.json:
         print(f"{'query':<32} {'estimate':>14} {'95% interval':>31} {'samples':>10} {'valid':>10} {'method':>6} "
               f"{'seconds':>8}")
@@ -136,11 +150,12 @@ def cmd_replay(args) -> int:
     _check_output(args.output)
     if not args.stream.exists():
         raise missing(args.stream)
-    g0 = read_graph(args.data)
-    queries = [(p.stem, read_query(p)) for p in query_files(args.query)]
+    labels = _labels(args)
+    g0 = read_graph(args.data, labels)
+    queries = [(p.stem, read_query(p, labels)) for p in query_files(args.query)]
     batch_size = args.batch_size or (COUNT_ONLY_REPLAY_BATCH if args.count_only else DEFAULT_BATCH_SIZE)
     results, _ = replay(g0, args.stream, queries, batch_size=batch_size, count_only=args.count_only,
-                        output=args.output, backend=args.backend)
+                        output=args.output, backend=args.backend, labels=labels)
     if not args.json:
         print(f"{'query':<32} {'positive':>14} {'negative':>14} {'updates':>9} {'records':>9} {'ignored':>9} "
               f"{'seconds':>9}")
@@ -276,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--time-limit", type=_positive_float, help="stop a query after S seconds (complete: false)")
     m.add_argument("--output", type=Path, help="write the matches to this Arrow IPC file")
     m.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
+    _labels_option(m)
     m.set_defaults(func=cmd_match)
 
     r = sub.add_parser("replay", help="stream an update file through the continuous pipeline (no Kafka)")
@@ -289,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--count-only", action="store_true", help="count deltas, do not materialize matches")
     r.add_argument("--output", type=Path, help="write every delta to this Arrow IPC file")
     r.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
+    _labels_option(r)
     r.set_defaults(func=cmd_replay)
 
     e = sub.add_parser("estimate", help="approximate match counts with 95%% confidence intervals (sampling)")
@@ -297,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     _estimate_options(e)
     e.add_argument("--backend", choices=BACKENDS, default="auto", help="sampler (default auto: GPU if CuPy sees one)")
     e.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
+    _labels_option(e)
     e.set_defaults(func=cmd_estimate)
 
     d = sub.add_parser("run", help="the daemon: Kafka in, match deltas out (stops cleanly on SIGTERM)")

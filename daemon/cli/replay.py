@@ -11,20 +11,21 @@ from csmd.engines import continuous_engine
 from csmd.errors import InputError
 from csmd.model.formats import UpdateBlock
 from csmd.model.graph import Graph
+from csmd.model.labels import NO_NAMES, LabelNames
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.stages import Pipeline
 
 
-def file_updates(source: FileSource, str_ids: bool = False):
+def file_updates(source: FileSource, str_ids: bool = False, labels: LabelNames = NO_NAMES):
     """The updates of a stream file in order, runs of plain lines as UpdateBlocks (of integer
-    ids: with str_ids, a graph keyed by strings, every line is decoded alone); a bad line stops
-    the replay with file:line: reason."""
+    ids: with str_ids, a graph keyed by strings, every line is decoded alone; a line that names
+    a label is decoded alone, by `labels`); a bad line stops the replay with file:line: reason."""
     for item in source.read(blocks=not str_ids):
         if isinstance(item, UpdateBlock):
             yield item
             continue
         try:
-            yield from decode_updates(item, "text", str_ids)
+            yield from decode_updates(item, "text", str_ids, labels=labels)
         except BadRecord as exc:
             raise InputError(item.input, item.offset, str(exc)) from None
 
@@ -48,12 +49,14 @@ def decoded_updates(path):
 
 def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: int, count_only: bool,
            output=None, threaded: bool | None = None, show_progress: bool | None = None, backend: str = "cpu",
-           executor_lag: int = 0, max_batch: int | None = None) -> tuple[list[dict], "Pipeline"]:
+           executor_lag: int = 0, max_batch: int | None = None,
+           labels: LabelNames = NO_NAMES) -> tuple[list[dict], "Pipeline"]:
     """Run the stream through the pipeline on `backend`; returns one result dict per query and the pipeline.
     stream: a stream file's path (read as the pipeline goes: `seconds` includes reading it), or
     what read_stream made of one (`seconds`: the pipeline alone). threaded: the pipeline's
     stages in threads (None: as the engine prefers, staged_threads). `seconds` never includes
-    loading g0 into the engine or planning the queries."""
+    loading g0 into the engine or planning the queries. labels: the names a stream file's lines
+    may give labels by."""
     engine = continuous_engine(backend, g0)
     pipe = Pipeline(g0, engine=engine, batch_size=batch_size,
                     threaded=engine.staged_threads if threaded is None else threaded, executor_lag=executor_lag,
@@ -83,7 +86,7 @@ def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: i
 
     t0 = time.monotonic()
     try:
-        stats = pipe.run(iter(stream) if in_memory else file_updates(source, g0.str_ids), on_result)
+        stats = pipe.run(iter(stream) if in_memory else file_updates(source, g0.str_ids, labels), on_result)
     finally:
         progress.close()
         if source is not None:

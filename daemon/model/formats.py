@@ -8,6 +8,8 @@ Tables: Arrow IPC (file or stream) or Parquet edge tables with columns
 `src`, `dst` and optional `label`; vertex labels come from a sibling table
 `<stem>.vertices<suffix>` with columns `id`, `label` (all 0 when it is absent).
 
+Where a label is read in text, a name stands for it (labels.py: `labels`).
+
 Every malformed input raises InputError(file, line, reason).
 """
 
@@ -23,6 +25,7 @@ import pyarrow.compute as pc
 
 from csmd.errors import InputError, missing
 from csmd.model.graph import Graph, scalar
+from csmd.model.labels import NO_NAMES, LabelNames, unknown_label
 
 MAX_QUERY_VERTICES = 32
 TABLE_SUFFIXES = (".arrow", ".ipc", ".feather", ".parquet")
@@ -52,7 +55,12 @@ def _vertex_id(tok: str, path, lineno) -> int:
     return val
 
 
-def _label(tok: str, path, lineno, what: str) -> int:
+def _label(tok: str, path, lineno, what: str, names: dict) -> int:
+    """A label: a number, or one of `names` (LabelNames.vertex or .edge)."""
+    if tok in names:
+        return names[tok]
+    if names and not _DECIMAL.fullmatch(tok):
+        raise InputError(path, lineno, unknown_label(tok, names, what))
     val = _int(tok, path, lineno, what)
     if val < 0 or val >= 2**31:
         raise InputError(path, lineno, f"{what} {val} out of range (0 .. 2^31-1)")
@@ -88,9 +96,10 @@ def _relabelled(src, dst, els) -> tuple[int, int] | None:
 
 
 # ---- text graphs -----------------------------------------------------------------
-def _read_text_graph(path: Path, lines=None, query: bool = False) -> Graph:
+def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNames = NO_NAMES) -> Graph:
     """A graph in either text format; `lines` ((number, text) pairs) replace reading `path`. A
-    query's self-loop is refused: a data graph has none, and dropping it would match more."""
+    query's self-loop is refused: a data graph has none, and dropping it would match more.
+    `names`: the names that may stand for labels."""
     ids: dict[int, int] = {}
     labels: list[int] = []
     src: list[int] = []
@@ -112,7 +121,7 @@ def _read_text_graph(path: Path, lines=None, query: bool = False) -> Graph:
             if vid in ids:
                 raise InputError(path, lineno, f"duplicate vertex id {vid}")
             ids[vid] = len(labels)
-            labels.append(_label(parts[2], path, lineno, "vertex label"))
+            labels.append(_label(parts[2], path, lineno, "vertex label", names.vertex))
             if len(parts) == 4:
                 _int(parts[3], path, lineno, "degree")
         elif tag == "e":
@@ -127,7 +136,7 @@ def _read_text_graph(path: Path, lines=None, query: bool = False) -> Graph:
                 raise InputError(path, lineno, f"query edge ({u}, {v}) is a self-loop: no data edge matches it")
             src.append(ids[u])
             dst.append(ids[v])
-            els.append(_label(parts[3], path, lineno, "edge label") if len(parts) == 4 else 0)
+            els.append(_label(parts[3], path, lineno, "edge label", names.edge) if len(parts) == 4 else 0)
             edge_lines.append(lineno)
         elif tag == "t":
             if header is not None or labels or src:
@@ -285,24 +294,25 @@ def write_graph_tables(graph: Graph, path) -> None:
 
 
 # ---- public entry points -------------------------------------------------------------
-def read_graph(path) -> Graph:
-    """Load a data graph from any supported format (chosen by the file suffix)."""
+def read_graph(path, labels: LabelNames = NO_NAMES) -> Graph:
+    """Load a data graph from any supported format (chosen by the file suffix); in text, `labels`'
+    names may stand for labels (tables hold numbers)."""
     path = Path(path)
     if path.suffix in TABLE_SUFFIXES:
         return _read_table_graph(path)
-    return _read_text_graph(path)
+    return _read_text_graph(path, names=labels)
 
 
-def read_query(path) -> Graph:
+def read_query(path, labels: LabelNames = NO_NAMES) -> Graph:
     """Load a query graph and refuse what no engine accepts (too large, disconnected, self-loops)."""
     path = Path(path)
-    return _checked_query(read_graph(path) if path.suffix in TABLE_SUFFIXES else _read_text_graph(path, query=True),
-                          path)
+    return _checked_query(read_graph(path) if path.suffix in TABLE_SUFFIXES else
+                          _read_text_graph(path, query=True, names=labels), path)
 
 
-def parse_query_text(text: str, name: str) -> Graph:
+def parse_query_text(text: str, name: str, labels: LabelNames = NO_NAMES) -> Graph:
     """A query graph sent as text (control messages, `csmd admin`); errors name `name` and the line."""
-    return _checked_query(_read_text_graph(name, enumerate(text.splitlines(), 1), query=True), name)
+    return _checked_query(_read_text_graph(name, enumerate(text.splitlines(), 1), query=True, names=labels), name)
 
 
 def _checked_query(q: Graph, path) -> Graph:
@@ -438,10 +448,11 @@ class UpdateBlock:
 
 
 def parse_update(line: str, path, lineno, source: str | None = None, origin: tuple | None = None,
-                 str_ids: bool = False) -> Update | None:
+                 str_ids: bool = False, labels: LabelNames = NO_NAMES) -> Update | None:
     """Parse one stream line; None for blanks and comments. source / origin replace the
     defaults (path:lineno, (path, 0, lineno)) where the line is part of a larger record.
-    str_ids: the vertex ids are the tokens as written (a graph keyed by strings), else int64."""
+    str_ids: the vertex ids are the tokens as written (a graph keyed by strings), else int64.
+    labels: the names that may stand for labels."""
     parts = line.split()
     if not parts or parts[0][0] == "#":
         return None
@@ -459,11 +470,12 @@ def parse_update(line: str, path, lineno, source: str | None = None, origin: tup
 
     u = vertex(parts[1])
     if op == INSERT_VERTEX:
-        return Update(op, u, -1, _label(parts[2], path, lineno, "vertex label"), source, origin)
+        return Update(op, u, -1, _label(parts[2], path, lineno, "vertex label", labels.vertex), source, origin)
     if op == DELETE_VERTEX:
         return Update(op, u, -1, 0, source, origin)
     v = vertex(parts[2])
-    return Update(op, u, v, _label(parts[3], path, lineno, "edge label") if nf == 3 else 0, source, origin)
+    return Update(op, u, v, _label(parts[3], path, lineno, "edge label", labels.edge) if nf == 3 else 0, source,
+                  origin)
 
 
 def read_updates(path):

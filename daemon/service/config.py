@@ -20,6 +20,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from csmd.errors import CsmdError
+from csmd.model.labels import LabelNames
 
 DEFAULTS: dict[str, dict] = {
     "kafka": {
@@ -53,6 +54,10 @@ DEFAULTS: dict[str, dict] = {
     },
     "graph": {
         "initial": "",  # initial data graph (any csmd format); empty: start from an empty graph
+        # names that stand for labels in graph, query and update text and in JSON/Arrow records:
+        # { account = 0, device = 1 } (model/labels.py)
+        "labels": {},
+        "edge_labels": {},
     },
     "queries": {
         "paths": [],  # query files or folders registered at every start
@@ -215,12 +220,19 @@ def load_config(path=None, env=None) -> dict[str, dict]:
                                    DEFAULTS[section][key])
         origin[section, key] = var
     _check_listen(cfg["admin"]["listen"], origin.get(("admin", "listen"), "defaults"))
+    LabelNames.from_tables(cfg["graph"]["labels"], cfg["graph"]["edge_labels"],
+                           origin.get(("graph", "labels"), origin.get(("graph", "edge_labels"), "defaults")), "[graph] ")
     _check_together(cfg, origin)
     if cfg["cluster"]["enabled"] and cfg["kafka"]["transactions"]:
         raise CsmdError(f"{origin.get(('cluster', 'enabled'), 'defaults')}: [cluster] enabled does not work with "
                         f"[kafka] transactions (each shard commits its own progress, outside any transaction)")
     _check_librdkafka(cfg["kafka"], origin)
     return cfg
+
+
+def label_names(cfg: dict) -> LabelNames:
+    """[graph] labels and edge_labels (checked when the config loaded)."""
+    return LabelNames(cfg["graph"]["labels"], cfg["graph"]["edge_labels"])
 
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")

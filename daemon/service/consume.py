@@ -42,7 +42,7 @@ class ConsumeLoop:
         self._release_scheduled(rec)
         self.metrics.inc("csmd_records_total")
         try:
-            updates = decode_updates(rec, self.cfg["input"]["format"], self._str_ids, self.carry)
+            updates = decode_updates(rec, self.cfg["input"]["format"], self._str_ids, self.carry, self.labels)
         except BadRecord as exc:
             self._dead_letter(rec, str(exc))
         else:

@@ -39,6 +39,7 @@ from csmd.pipeline.sequencer import IGNORED_REASONS
 from csmd.pipeline.stages import BatchResult, Pipeline
 from csmd.service.checkpointing import Checkpointing
 from csmd.service.cluster import ClusterMember
+from csmd.service.config import label_names
 from csmd.service.consume import ConsumeLoop
 from csmd.service.control import ControlPlane, QueryChange, QuerySpec
 from csmd.service.delivery import DeliveryTracker
@@ -60,6 +61,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self.status = "starting"
         self.fatal: str | None = None
         self.paused = False  # backpressure: the consumer takes no records
+        self.labels = label_names(cfg)
         self.carry = Carry(tuple(cfg["output"]["carry_headers"]), tuple(cfg["output"]["carry_fields"]),
                            cfg["topics"]["max_message_bytes"] // 2)
         self.specs: dict[str, QuerySpec] = {}  # registered now, as the output thread has seen
@@ -133,7 +135,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
                              queue_depth=bs["queue_depth"], max_batch=bs["max_batch"], first_seq=seq0,
                              retired=st.retired)  # deleted vertices keep their ids
         for s in specs:
-            s.register(self.pipe)
+            s.register(self.pipe, self.labels)
         self.specs = {s.name: s for s in specs}
         for s in specs:
             self.metrics.query(s.name)

@@ -25,6 +25,7 @@ from confluent_kafka import KafkaException, Producer
 from csmd.connectors.kafka import KafkaSource, client
 from csmd.errors import CsmdError
 from csmd.model.formats import parse_query_text
+from csmd.service.config import label_names
 
 KEY = b"csmd-deployment"
 FIELDS = ("input", "output", "shards", "graph", "queries")  # what must agree; the rest says who wrote it
@@ -36,7 +37,7 @@ def describe(cfg: dict, specs, instance: str) -> dict:
     initial = cfg["graph"]["initial"]
     return {"input": cfg["topics"]["input"], "output": cfg["topics"]["output"], "shards": cfg["cluster"]["shards"],
             "graph": _file_digest(initial) if initial else "",
-            "queries": {s.name: f"{_query_digest(s.text, s.name)}{' count-only' if s.count_only else ''}"
+            "queries": {s.name: f"{_query_digest(s.text, s.name, label_names(cfg))}{' count-only' if s.count_only else ''}"
                         for s in specs},
             "instance": instance, "host": socket.gethostname(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
@@ -49,8 +50,8 @@ def _file_digest(path) -> str:
     return h.hexdigest()[:16]
 
 
-def _query_digest(text: str, name: str) -> str:
-    q = parse_query_text(text, name)
+def _query_digest(text: str, name: str, labels) -> str:
+    q = parse_query_text(text, name, labels)
     h = hashlib.sha256()
     for a in (q.labels, q.indptr, q.indices, q.elabels):
         h.update(np.ascontiguousarray(a).tobytes())

@@ -21,6 +21,7 @@ from csmd.errors import CsmdError
 from csmd.model.formats import parse_query_text, query_files, read_graph
 from csmd.model.graph import Graph
 from csmd.service.checkpoint import read_checkpoint
+from csmd.service.config import label_names
 from csmd.service.control import QuerySpec
 
 
@@ -62,7 +63,7 @@ def start_state(cfg: dict, conf: dict, log) -> StartState:
         committed = {p: o for p, o in committed.items() if p not in stale}
     configured = config_specs(cfg)
     if ckpt is None:
-        g0 = read_graph(cfg["graph"]["initial"]) if cfg["graph"]["initial"] else \
+        g0 = read_graph(cfg["graph"]["initial"], label_names(cfg)) if cfg["graph"]["initial"] else \
             Graph.from_edges(np.zeros(0, np.int32), [], [])
         log.info("starting from the initial graph", vertices=g0.n, edges=g0.num_edges, queries=len(configured))
         return StartState(g0, 0, {}, configured, committed, ends=ends)
@@ -86,7 +87,7 @@ def config_specs(cfg: dict) -> list[QuerySpec]:
     specs = []
     for p in query_files(paths) if paths else []:
         text = Path(p).read_text(encoding="utf-8", errors="replace")
-        parse_query_text(text, str(p))
+        parse_query_text(text, str(p), label_names(cfg))
         specs.append(QuerySpec(p.stem, text, cfg["queries"]["count_only"]))
     return specs
 
