@@ -279,7 +279,7 @@ class KafkaSink:
         if self.transactional:
             self.producer.init_transactions(30)
 
-    def produce(self, topic: str, value: bytes, key: str | None, headers: dict | list, on_ack, origins) -> None:
+    def produce(self, topic: str, value: bytes, key: str | bytes | None, headers: dict | list, on_ack, origins) -> None:
         if self.transactional and not self._in_txn:
             self.producer.begin_transaction()
             self._in_txn = True

@@ -201,5 +201,8 @@ def test_daemon_deltas_carry_each_records_key_headers_and_fields(tmp_path, kafka
     assert {r["offset"] for r in rows} == {0, 2, 3, 5, 6}
     for r in rows:
         assert (r["key"], r["headers"], r["fields"]) == want[r["source"]], r
-    assert [dict(m.headers())["csmd-offset"] for m in t.read(t.dead_letter)] == [b"7", b"8"]
+    dead = t.read(t.dead_letter)
+    assert [dict(m.headers())["csmd-offset"] for m in dead] == [b"7", b"8"]
+    assert dead[0].key() == b"k7" and dead[1].key() is None  # the record's key, unless it alone is too large
+    assert dict(dead[1].headers())["csmd-key-dropped"] == b"10001"
     assert d.stop() == 0
