@@ -94,8 +94,8 @@ class Carry:
         if not self.fields or values is None:
             context = None if base is None else base + (None,)
         else:
-            context = (base or (None, None)) + (tuple(None if (x := values.get(f)) is None else json.dumps(x, default=str)
-                                                      for f in self.fields),)
+            fields = tuple(None if (x := values.get(f)) is None else json.dumps(x, default=str) for f in self.fields)
+            context = (base or (None, None)) + (fields,)
         if context is not None:
             key, headers, fields = context
             size = len(key or b"") + sum(len(x) for x in (*(headers or ()), *(fields or ())) if x is not None)

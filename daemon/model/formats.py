@@ -443,8 +443,9 @@ class UpdateBlock:
         part = None if all(b.part is None for b in blocks) else \
             np.concatenate([np.zeros(len(b), np.int64) if b.part is None else b.part for b in blocks])
         context = {at: c for b in blocks if b.context for at, c in b.context.items()} or None
-        return replace(blocks[0], cut_from=None, part=part, context=context, **{f: np.concatenate([getattr(b, f) for b in blocks])
-                                                               for f in ("lineno", "op", "u", "v", "label")})
+        return replace(blocks[0], cut_from=None, part=part, context=context,
+                       **{f: np.concatenate([getattr(b, f) for b in blocks])
+                          for f in ("lineno", "op", "u", "v", "label")})
 
 
 def parse_update(line: str, path, lineno, source: str | None = None, origin: tuple | None = None,

@@ -2,8 +2,8 @@
 
 A delta's id is (input, partition, offset, query, index): the input record that
 caused it and its number among that record's deltas for the query. Its key,
-headers and fields are what that record's context carries (Update.context). Deltas leave
-the executor in a fixed order (by update, then by match), so the same delta gets
+headers and fields are what that record's context carries (Update.context).
+Deltas leave the executor in a fixed order (by update, then by match), so the same delta gets
 the same id in every run, whatever the batching, and a consumer can drop the
 duplicates that a restart after a crash re-sends.
 """
@@ -97,7 +97,6 @@ class DeltaEncoder:
         ], schema=self.schema)
         return [(d.name, batch.slice(bounds[i], bounds[i + 1] - bounds[i]),
                  [origins[c] for c in code[starts[runs[i]: runs[i + 1]]].tolist()]) for i, d in enumerate(parts)]
-
 
     def _context(self, contexts: list | None, inv: np.ndarray) -> list[pa.Array]:
         """The key, headers and fields columns of the rows, from the contexts of the distinct

@@ -220,8 +220,9 @@ def load_config(path=None, env=None) -> dict[str, dict]:
                                    DEFAULTS[section][key])
         origin[section, key] = var
     _check_listen(cfg["admin"]["listen"], origin.get(("admin", "listen"), "defaults"))
-    LabelNames.from_tables(cfg["graph"]["labels"], cfg["graph"]["edge_labels"],
-                           origin.get(("graph", "labels"), origin.get(("graph", "edge_labels"), "defaults")), "[graph] ")
+    g = cfg["graph"]  # each table checked alone, so that an error names where that one was set
+    LabelNames.from_tables(g["labels"], {}, origin.get(("graph", "labels"), "defaults"), "[graph] ")
+    LabelNames.from_tables({}, g["edge_labels"], origin.get(("graph", "edge_labels"), "defaults"), "[graph] ")
     _check_together(cfg, origin)
     if cfg["cluster"]["enabled"] and cfg["kafka"]["transactions"]:
         raise CsmdError(f"{origin.get(('cluster', 'enabled'), 'defaults')}: [cluster] enabled does not work with "
