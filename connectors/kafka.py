@@ -17,7 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from csmd.errors import CsmdError
-from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, DELTAS_V1, SCHEMA_HEADER
+from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, DELTAS_V2, SCHEMA_HEADER
 
 from .records import Polled, Record
 
@@ -169,7 +169,7 @@ class KafkaSource:
         if any(m.error() is not None for m in msgs):
             msgs = [m for m in msgs if not self._failed(m.error())]
         return Polled(self.topic, [m.partition() for m in msgs], [m.offset() for m in msgs],
-                      [m.value() or b"" for m in msgs], [m.headers() for m in msgs])
+                      [m.value() or b"" for m in msgs], [m.headers() for m in msgs], [m.key() for m in msgs])
 
     def _failed(self, err) -> bool:
         """Whether a message is an error (reported, or raised when fatal) rather than a record."""
@@ -279,7 +279,7 @@ class KafkaSink:
         if self.transactional:
             self.producer.init_transactions(30)
 
-    def produce(self, topic: str, value: bytes, key: str | None, headers: dict | list, on_ack, origins) -> None:
+    def produce(self, topic: str, value: bytes, key: str | bytes | None, headers: dict | list, on_ack, origins) -> None:
         if self.transactional and not self._in_txn:
             self.producer.begin_transaction()
             self._in_txn = True
@@ -304,7 +304,7 @@ class KafkaSink:
         """Deltas to the output topic: one Arrow IPC record per query and batch (split to fit),
         keyed by query; on_send(origins) runs before each record is produced. Returns the count."""
         n = 0
-        headers = {CONTENT_TYPE: ARROW_STREAM, SCHEMA_HEADER: DELTAS_V1, **self.extra_headers}
+        headers = {CONTENT_TYPE: ARROW_STREAM, SCHEMA_HEADER: DELTAS_V2, **self.extra_headers}
         for query, batch, origins in items:
             for data in arrow_messages(batch, self.max_message_bytes):
                 if on_send is not None:

@@ -2,7 +2,8 @@
 
 An input record (a Kafka message, or one line of a stream file) holds one or
 more updates as Arrow IPC (a stream or file of rows in the updates schema),
-JSON (one object or an array of objects with op, u, v, label) or text lines
+JSON (one object or an array of objects with op, u, v, label; other fields and
+columns are allowed, and carried into the deltas where Carry names them) or text lines
 in the stream format (`e u v [label]`, `-e u v`, `v id label`, `-v id`).
 The format is fixed by configuration or, with `auto`, recognised per record
 from its content-type header or its first bytes. A record is decoded whole or
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +26,7 @@ import pyarrow.ipc as ipc
 from csmd.errors import InputError
 from csmd.model.formats import (DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, MAX_ID_BYTES, Update,
                                 UpdateBlock, arrow_integer, arrow_text, id_problem, in_int64, parse_update, text_array)
+from csmd.model.labels import MAX_LABEL, NO_NAMES, LabelNames, unknown_label
 from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, JSON, TEXT
 
 try:
@@ -34,7 +37,6 @@ except ImportError:  # no numba: every record is decoded on its own
 FORMATS = ("auto", "arrow", "json", "text")
 _CONTENT_TYPES = {ARROW_STREAM: "arrow", "application/vnd.apache.arrow.file": "arrow", JSON: "json", TEXT: "text"}
 _OPS = (INSERT_EDGE, DELETE_EDGE, INSERT_VERTEX, DELETE_VERTEX)
-_MAX_LABEL = 2**31 - 1
 
 
 @dataclass(slots=True)
@@ -51,6 +53,7 @@ class Record:
     # carries them unchanged
     headers: list[tuple[str, bytes | None]] = field(default_factory=list)
     where: str = ""  # for people, when not topic/partition/offset (a file's name:line)
+    key: bytes | None = None  # the Kafka message key (every delta of the record carries it)
 
     def header(self, key: str) -> bytes | None:
         """The value of the last header named `key` (None if there is none, or it has no value)."""
@@ -63,6 +66,46 @@ class Record:
     @property
     def origin(self) -> tuple[str, int, int]:
         return (self.input, self.partition, self.offset)
+
+
+@dataclass(frozen=True)
+class Carry:
+    """What of an input record the deltas it causes carry besides its key ([output] carry_headers,
+    carry_fields): the values of these headers, and per update those of these fields of its JSON
+    object or columns of its Arrow row. An update's context (Update.context) is (key, the headers'
+    values, the fields' values as JSON text), or None when it has nothing to carry: then it costs
+    nothing per update. A record whose context takes more than max_bytes is refused: a delta row
+    that cannot be published would stop the daemon, at every restart again."""
+
+    headers: tuple[str, ...] = ()
+    fields: tuple[str, ...] = ()
+    max_bytes: int = 1 << 62
+
+    def record(self, key: bytes | None, headers) -> tuple | None:
+        """(key, the carried headers' values) of a record, None when it has neither to carry."""
+        if not self.headers:
+            return None if key is None else (key, None)
+        last = dict(headers or ())  # a header given twice: its last value, as Record.header reads it
+        return (key, tuple(last.get(h) for h in self.headers))
+
+    def update(self, base: tuple | None, values=None) -> tuple | None:
+        """The context of an update of a record whose record() is `base`; `values` (JSON and Arrow
+        updates) maps field names to its values, null or absent ones being null."""
+        if not self.fields or values is None:
+            context = None if base is None else base + (None,)
+        else:
+            fields = tuple(None if (x := values.get(f)) is None else json.dumps(x, default=str) for f in self.fields)
+            context = (base or (None, None)) + (fields,)
+        if context is not None:
+            key, headers, fields = context
+            size = len(key or b"") + sum(len(x) for x in (*(headers or ()), *(fields or ())) if x is not None)
+            if size > self.max_bytes:
+                raise BadRecord(f"its key, carried headers and fields take {size} bytes, more than the "
+                                f"{self.max_bytes} a delta can carry (half of [topics] max_message_bytes)")
+        return context
+
+
+NO_CARRY = Carry()
 
 
 class BadRecord(Exception):
@@ -108,13 +151,15 @@ class Polled:
     offset: list[int]
     value: list[bytes]
     headers: list  # per record: its headers as (key, value) pairs, or None
+    key: list | None = None  # per record: its Kafka key or None (None: no record has one)
 
     def __len__(self) -> int:
         return len(self.offset)
 
     def record(self, i: int) -> Record:
         h = self.headers[i]
-        return Record(self.input, self.partition[i], self.offset[i], self.value[i], list(h) if h else [])
+        return Record(self.input, self.partition[i], self.offset[i], self.value[i], list(h) if h else [],
+                      key=None if self.key is None else self.key[i])
 
     def records(self, lo: int = 0, hi: int | None = None) -> list[Record]:
         return [self.record(i) for i in range(lo, len(self) if hi is None else hi)]
@@ -123,12 +168,12 @@ class Polled:
         return iter(self.records())
 
 
-def plain_runs(polled: Polled, fmt: str = "auto", str_ids: bool = False):
+def plain_runs(polled: Polled, fmt: str = "auto", str_ids: bool = False, carry: Carry = NO_CARRY):
     """A poll's records of one input partition, in order: runs of records of plain update lines
     (connectors/textscan.py) as RecordBlocks, decoded in one compiled pass, and every other
     record as a Record, for decode_updates. A block's rows are the updates that decode_updates
-    would make of its records; with a declared content type, another input format, string ids
-    or without numba, every record is left to decode_updates."""
+    would make of its records, with their records' context (`carry`); with a declared content
+    type, another input format, string ids or without numba, every record is left to decode_updates."""
     if scan_records is None or fmt not in ("auto", "text") or str_ids or not len(polled):
         yield from polled
         return
@@ -140,14 +185,25 @@ def plain_runs(polled: Polled, fmt: str = "auto", str_ids: bool = False):
     for i, h in enumerate(polled.headers):
         if h and any(k == CONTENT_TYPE for k, _v in h):
             taken[i] = False
+    keyed = polled.key is not None and polled.key.count(None) < len(polled.key)
+    contexts = None
+    if keyed or carry.headers:  # else no record has a context: no step per record
+        contexts = [None] * len(polled)
+        for i, (k, h) in enumerate(zip(polled.key if keyed else repeat(None), polled.headers)):
+            try:
+                contexts[i] = carry.update(carry.record(k, h))
+            except BadRecord:  # decode_updates refuses it, with the reason
+                taken[i] = False
     offsets = np.asarray(polled.offset, np.int64)
     cuts = np.flatnonzero(np.diff(taken, prepend=False, append=False)).tolist()  # where runs start and end
     done = 0
     for lo, hi in zip(cuts[::2], cuts[1::2]):
         yield from polled.records(done, lo)
         rows, n = slice(int(first_row[lo]), int(first_row[hi])), count[lo:hi]
+        context = None if contexts is None else \
+            ({o: c for o, c in zip(polled.offset[lo:hi], contexts[lo:hi]) if c is not None} or None)
         yield RecordBlock(polled.input, np.repeat(offsets[lo:hi], n), op[rows], u[rows], v[rows], label[rows],
-                          partition=polled.partition[lo], part=part[rows] if (n > 1).any() else None)
+                          partition=polled.partition[lo], part=part[rows] if (n > 1).any() else None, context=context)
         done = hi
     yield from polled.records(done)
 
@@ -168,12 +224,15 @@ def sniff(value: bytes) -> str:
     return "json" if head in (b"{", b"[") else "text"
 
 
-def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False,
-                   max_id_bytes: int = MAX_ID_BYTES) -> list[Update]:
+def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False, max_id_bytes: int = MAX_ID_BYTES,
+                   carry: Carry = NO_CARRY, labels: LabelNames = NO_NAMES) -> list[Update]:
     """The updates of one record, in order; BadRecord with the reason if any part is wrong.
 
     `str_ids`: vertex ids are strings (the graph was keyed by strings), else integers; a string id
     is neither empty nor longer than `max_id_bytes` in UTF-8 ([graph] max_id_bytes).
+    `carry`: what of the record its updates' deltas carry (Update.context). Fields other than
+    op, u, v and label (JSON) or columns (Arrow) are allowed: carried if named there, else ignored.
+    `labels`: the names that may stand for labels (a JSON or Arrow label may be a string then).
     """
     if rec.value is None or not len(rec.value):
         raise BadRecord("empty record")
@@ -190,7 +249,7 @@ def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False,
     if seen != want and not (want == "text" and seen == "json"):
         raise BadRecord(f"expected {'an' if want == 'arrow' else 'a'} {want} record, the bytes look like {seen}")
     try:
-        ups = _DECODERS[want](rec, str_ids, max_id_bytes)
+        ups = _DECODERS[want](rec, str_ids, max_id_bytes, carry, labels)
     except BadRecord:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the bytes make a parser raise is the record's fault, never the daemon's
@@ -202,7 +261,8 @@ def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False,
     return ups
 
 
-def _update(rec: Record, i, where: str, op, u, v, label, str_ids: bool, max_id_bytes: int) -> Update:
+def _update(rec: Record, i, where: str, op, u, v, label, str_ids: bool, max_id_bytes: int, context: tuple | None,
+            labels: LabelNames) -> Update:
     """Update number i (None: the record's only one) from decoded fields, checked; `where`
     names the row or element in errors."""
     if op not in _OPS:
@@ -221,37 +281,41 @@ def _update(rec: Record, i, where: str, op, u, v, label, str_ids: bool, max_id_b
             raise BadRecord(f"{where}: {problem}")
     if op == INSERT_VERTEX and label is None:
         raise BadRecord(f"{where}: op 'v' needs a label")
+    if type(label) is str:
+        names, what = (labels.vertex, "vertex label") if op == INSERT_VERTEX else (labels.edge, "edge label")
+        if label not in names:
+            raise BadRecord(f"{where}: {unknown_label(label, names, what)}")
+        label = names[label]
     label = 0 if label is None else label
-    if type(label) is not int or not 0 <= label <= _MAX_LABEL:
+    if type(label) is not int or not 0 <= label <= MAX_LABEL:
         raise BadRecord(f"{where}: label {label!r} is not an integer in 0 .. 2^31-1")
     source = rec.source if i is None else f"{rec.source}#{i}"
-    return Update(op, u, v if len(ids) == 2 else -1, label, source, rec.origin)
+    return Update(op, u, v if len(ids) == 2 else -1, label, source, rec.origin, context)
 
 
-def _json(rec: Record, str_ids: bool, max_id_bytes: int) -> list[Update]:
+def _json(rec: Record, str_ids: bool, max_id_bytes: int, carry: Carry, labels: LabelNames) -> list[Update]:
     try:
         doc = json.loads(rec.value)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRecord(f"not valid JSON: {exc}") from None
     items = doc if isinstance(doc, list) else [doc]
+    base = carry.record(rec.key, rec.headers)
     out = []
     for i, item in enumerate(items):
         where = f"element {i}" if isinstance(doc, list) else "record"
         if not isinstance(item, dict):
             raise BadRecord(f"{where}: expected a JSON object, got {type(item).__name__}")
-        unknown = set(item) - {"op", "u", "v", "label"}
-        if unknown:
-            raise BadRecord(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
         if "op" not in item:
             raise BadRecord(f"{where}: field 'op' missing")
         if item["op"] in (INSERT_VERTEX, DELETE_VERTEX) and item.get("v") is not None:  # a mistake, not to be ignored
             raise BadRecord(f"{where}: op {item['op']!r} takes no v (got {item['v']!r})")
         out.append(_update(rec, i if isinstance(doc, list) else None, where,
-                           item["op"], item.get("u"), item.get("v"), item.get("label"), str_ids, max_id_bytes))
+                           item["op"], item.get("u"), item.get("v"), item.get("label"), str_ids, max_id_bytes,
+                           carry.update(base, item), labels))
     return out
 
 
-def _text(rec: Record, str_ids: bool, max_id_bytes: int) -> list[Update]:
+def _text(rec: Record, str_ids: bool, max_id_bytes: int, carry: Carry, labels: LabelNames) -> list[Update]:
     try:
         text = rec.value.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -263,15 +327,16 @@ def _text(rec: Record, str_ids: bool, max_id_bytes: int) -> list[Update]:
     for lineno, line in enumerate(lines, 1):
         try:
             upd = parse_update(line, rec.source, lineno, rec.source if one else f"{rec.source}#{lineno}", rec.origin,
-                               str_ids, max_id_bytes)
+                               str_ids, max_id_bytes, labels)
         except InputError as exc:
             raise BadRecord(exc.reason if one else f"line {lineno}: {exc.reason}") from None
         if upd is not None:
             out.append(upd)
-    return out
+    context = carry.update(carry.record(rec.key, rec.headers))  # a text update has no fields
+    return out if context is None else [replace(u, context=context) for u in out]
 
 
-def _arrow(rec: Record, str_ids: bool, max_id_bytes: int) -> list[Update]:
+def _arrow(rec: Record, str_ids: bool, max_id_bytes: int, carry: Carry, labels: LabelNames) -> list[Update]:
     try:
         reader = ipc.open_file(pa.BufferReader(rec.value)) if rec.value[:6] == b"ARROW1" else \
             ipc.open_stream(pa.BufferReader(rec.value))
@@ -286,11 +351,8 @@ def _arrow(rec: Record, str_ids: bool, max_id_bytes: int) -> list[Update]:
     for need in ("op", "u"):
         if need not in names:
             raise BadRecord(f"Arrow record: missing column {need!r} (has {', '.join(names)})")
-    unknown = set(names) - {"op", "u", "v", "label"}
-    if unknown:
-        raise BadRecord(f"Arrow record: unknown column(s) {', '.join(sorted(unknown))}")
-    # ids and op of any string kind (large_string, string_view: Polars' default) or through a
-    # dictionary; to_pylist() reads them all as Python values
+    # ids, op and label names of any string kind (large_string, string_view: Polars' default) or
+    # through a dictionary; to_pylist() reads them all as Python values
     id_ok = arrow_text if str_ids else arrow_integer
     for name in ("u", "v"):
         if name in names and not id_ok(table.schema.field(name).type) and not pa.types.is_null(table.schema.field(name).type):
@@ -298,12 +360,19 @@ def _arrow(rec: Record, str_ids: bool, max_id_bytes: int) -> list[Update]:
                             f"expected {'string' if str_ids else 'integer'} vertex ids")
     if not arrow_text(table.schema.field("op").type):
         raise BadRecord(f"Arrow record: column 'op' is {table.schema.field('op').type}, expected string")
-    if "label" in names and not pa.types.is_integer(table.schema.field("label").type):
-        raise BadRecord(f"Arrow record: column 'label' is {table.schema.field('label').type}, expected integer")
-    cols = {name: table.column(name).to_pylist() for name in names}
+    if "label" in names and not (arrow_integer(table.schema.field("label").type) or
+                                 arrow_text(table.schema.field("label").type)):
+        raise BadRecord(f"Arrow record: column 'label' is {table.schema.field('label').type}, expected integer "
+                        f"(or string: label names)")
+    cols = {name: table.column(name).to_pylist() for name in ("op", "u", "v", "label") if name in names}
     none = [None] * table.num_rows
-    return [_update(rec, i, f"row {i}", op, u, v, label, str_ids, max_id_bytes)
-            for i, (op, u, v, label) in enumerate(zip(cols["op"], cols["u"], cols.get("v", none), cols.get("label", none)))]
+    base = carry.record(rec.key, rec.headers)
+    carried = [f for f in carry.fields if f in names]
+    values = [dict(zip(carried, row)) for row in zip(*(table.column(f).to_pylist() for f in carried))] \
+        if carried else repeat({}, table.num_rows)
+    return [_update(rec, i, f"row {i}", op, u, v, label, str_ids, max_id_bytes, carry.update(base, fields), labels)
+            for i, (op, u, v, label, fields) in enumerate(zip(cols["op"], cols["u"], cols.get("v", none),
+                                                              cols.get("label", none), values))]
 
 
 _DECODERS = {"arrow": _arrow, "json": _json, "text": _text}

@@ -12,7 +12,8 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
 TEXT = "text/plain"
 SCHEMA_HEADER = "csmd-schema"
-DELTAS_V1 = "csmd.deltas/1"
+# the deltas' layout (csmd-schema header); /2 added key, headers and fields
+DELTAS_V2 = "csmd.deltas/2"
 
 
 def matches_schema(id_type: pa.DataType = pa.int64()) -> pa.Schema:
@@ -29,7 +30,9 @@ def deltas_schema(id_type: pa.DataType = pa.int64()) -> pa.Schema:
 
     (input, partition, offset, query, index) is the delta's id: the same delta gets
     the same id in every run, so a consumer drops the duplicates that at-least-once
-    delivery may bring after a crash.
+    delivery may bring after a crash. key, headers and fields are the context of the
+    input record that caused it (connectors.records.Carry): every row of one record's
+    updates has its key and headers, each update its own fields.
     """
     return pa.schema([
         pa.field("query", pa.string(), nullable=False),
@@ -42,6 +45,12 @@ def deltas_schema(id_type: pa.DataType = pa.int64()) -> pa.Schema:
         pa.field("partition", pa.int32(), nullable=False),
         pa.field("offset", pa.int64(), nullable=False),  # Kafka offset (or line number) of the update record
         pa.field("index", pa.int64(), nullable=False),  # delta number within (input record, query)
+        pa.field("key", pa.binary()),  # the input record's Kafka key; null: none (or a stream file)
+        # every name of [output] carry_headers, with the record's (last) value of that header or null
+        pa.field("headers", pa.map_(pa.string(), pa.binary()), nullable=False),
+        # every name of [output] carry_fields, with the update's value (JSON object field or Arrow
+        # column) as JSON text, or null where it has none (and for text updates)
+        pa.field("fields", pa.map_(pa.string(), pa.string()), nullable=False),
     ])
 
 

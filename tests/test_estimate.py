@@ -23,6 +23,7 @@ from csmd.engines import gpu_unavailable_reason
 from csmd.cli.estimate import make_sampler, run_estimate
 from csmd.model.formats import read_graph, read_query
 from csmd.model.graph import Graph
+from csmd.model.labels import NO_NAMES
 from csmd.model.plan import plan_query
 from csmd.service.admin import _estimate
 
@@ -255,10 +256,11 @@ def test_cli_bad_options_exit_2(tmp_path, args):
 
 # ---- the admin endpoint --------------------------------------------------------------------------------
 class LiveGraph:
-    """What the admin endpoint reads of a daemon: the live graph, its timestamp and the engine's name."""
+    """What the admin endpoint reads of a daemon: the live graph, its timestamp, the engine's name and
+    the label names."""
 
     def __init__(self, g: Graph, seq: int, engine: str = "cpu"):
-        self.g, self.seq = g, seq
+        self.g, self.seq, self.labels = g, seq, NO_NAMES
         self.pipe = SimpleNamespace(engine=SimpleNamespace(name=engine))
 
     def live_graph(self):

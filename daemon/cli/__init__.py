@@ -71,6 +71,18 @@ def _report_stream(output: Path | None):
     return sys.stderr if output == STDOUT else sys.stdout
 
 
+def _labels(args):
+    """The label names of --labels (none without it)."""
+    from csmd.model.labels import NO_NAMES, LabelNames
+
+    return LabelNames.load(args.labels) if args.labels else NO_NAMES
+
+
+def _labels_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--labels", type=Path, help="TOML file of label names (tables labels and edge_labels, as in "
+                                               "[graph]): graph, query and stream files may use them for labels")
+
+
 def cmd_match(args) -> int:
     from csmd.model.arrow_writer import MatchFile
     from csmd.model.formats import initial_graph, query_files, read_query
@@ -79,9 +91,10 @@ def cmd_match(args) -> int:
 
     backend = resolve_backend(args.backend)
     _check_output(args.output)
-    g = initial_graph(args.data, args.ids, args.max_id_bytes)
+    labels = _labels(args)
+    g = initial_graph(args.data, args.ids, args.max_id_bytes, labels=labels)
     paths = query_files(args.query)
-    queries = [(p, read_query(p)) for p in paths]  # refuse bad queries before any work
+    queries = [(p, read_query(p, labels)) for p in paths]  # refuse bad queries before any work
     writer = MatchFile(args.output, g.ext_ids) if args.output else None
     out = _report_stream(args.output)
     progress = Progress(len(queries), "queries", enabled=None if len(queries) > 1 else False)
@@ -112,8 +125,9 @@ def cmd_estimate(args) -> int:
     from csmd.cli.estimate import run_estimate, sampler_backend
 
     backend = sampler_backend(args.backend)
-    g = read_graph(args.data, args.max_id_bytes)
-    queries = [(p.stem, read_query(p)) for p in query_files(args.query)]  # refuse bad queries before any work
+    labels = _labels(args)
+    g = read_graph(args.data, args.max_id_bytes, labels)
+    queries = [(p.stem, read_query(p, labels)) for p in query_files(args.query)]  # refuse bad queries before any work
     if not args.json:
         print(f"{'query':<32} {'estimate':>14} {'95% interval':>31} {'samples':>10} {'valid':>10} {'method':>6} "
               f"{'seconds':>8}")
@@ -148,11 +162,12 @@ def cmd_replay(args) -> int:
     _check_output(args.output)
     if not args.stream.exists():
         raise missing(args.stream)
-    g0 = initial_graph(args.data, args.ids, args.max_id_bytes)
-    queries = [(p.stem, read_query(p)) for p in query_files(args.query)]
+    labels = _labels(args)
+    g0 = initial_graph(args.data, args.ids, args.max_id_bytes, labels=labels)
+    queries = [(p.stem, read_query(p, labels)) for p in query_files(args.query)]
     batch_size = args.batch_size or (COUNT_ONLY_REPLAY_BATCH if args.count_only else DEFAULT_BATCH_SIZE)
     results, _ = replay(g0, args.stream, queries, batch_size=batch_size, count_only=args.count_only,
-                        output=args.output, backend=args.backend, max_id_bytes=args.max_id_bytes)
+                        output=args.output, backend=args.backend, max_id_bytes=args.max_id_bytes, labels=labels)
     out = _report_stream(args.output)
     if not args.json:
         print(f"{'query':<32} {'positive':>14} {'negative':>14} {'updates':>9} {'records':>9} {'ignored':>9} "
@@ -301,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "IPC stream format; '-': the stream on standard output, the table on standard error)")
     m.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
     _id_options(m)
+    _labels_option(m)
     m.set_defaults(func=cmd_match)
 
     r = sub.add_parser("replay", help="stream an update file through the continuous pipeline (no Kafka)")
@@ -317,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "IPC stream format; '-': the stream on standard output, the table on standard error)")
     r.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
     _id_options(r)
+    _labels_option(r)
     r.set_defaults(func=cmd_replay)
 
     e = sub.add_parser("estimate", help="approximate match counts with 95%% confidence intervals (sampling)")
@@ -326,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--backend", choices=BACKENDS, default="auto", help="sampler (default auto: GPU if CuPy sees one)")
     e.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
     _id_options(e, kinds=False)
+    _labels_option(e)
     e.set_defaults(func=cmd_estimate)
 
     d = sub.add_parser("run", help="the daemon: Kafka in, match deltas out (stops cleanly on SIGTERM)")

@@ -11,20 +11,23 @@ from csmd.engines import continuous_engine
 from csmd.errors import InputError
 from csmd.model.formats import MAX_ID_BYTES, UpdateBlock
 from csmd.model.graph import Graph
+from csmd.model.labels import NO_NAMES, LabelNames
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.stages import Pipeline
 
 
-def file_updates(source: FileSource, str_ids: bool = False, max_id_bytes: int = MAX_ID_BYTES):
+def file_updates(source: FileSource, str_ids: bool = False, max_id_bytes: int = MAX_ID_BYTES,
+                 labels: LabelNames = NO_NAMES):
     """The updates of a stream file in order, runs of plain lines as UpdateBlocks (of integer
     ids: with str_ids, a graph keyed by strings, every line is decoded alone, its ids at most
-    max_id_bytes long); a bad line stops the replay with file:line: reason."""
+    max_id_bytes long; a line that names a label is decoded alone, by `labels`); a bad line
+    stops the replay with file:line: reason."""
     for item in source.read(blocks=not str_ids):
         if isinstance(item, UpdateBlock):
             yield item
             continue
         try:
-            yield from decode_updates(item, "text", str_ids, max_id_bytes)
+            yield from decode_updates(item, "text", str_ids, max_id_bytes, labels=labels)
         except BadRecord as exc:
             raise InputError(item.input, item.offset, str(exc)) from None
 
@@ -49,13 +52,14 @@ def decoded_updates(path):
 def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: int, count_only: bool,
            output=None, threaded: bool | None = None, show_progress: bool | None = None, backend: str = "cpu",
            executor_lag: int = 0, max_batch: int | None = None,
-           max_id_bytes: int = MAX_ID_BYTES) -> tuple[list[dict], "Pipeline"]:
+           max_id_bytes: int = MAX_ID_BYTES, labels: LabelNames = NO_NAMES) -> tuple[list[dict], "Pipeline"]:
     """Run the stream through the pipeline on `backend`; returns one result dict per query and the pipeline.
     stream: a stream file's path (read as the pipeline goes: `seconds` includes reading it), or
     what read_stream made of one (`seconds`: the pipeline alone). threaded: the pipeline's
     stages in threads (None: as the engine prefers, staged_threads). `seconds` never includes
     loading g0 into the engine or planning the queries. A string id of the stream longer than
-    max_id_bytes (UTF-8), or empty, stops it with file:line: reason."""
+    max_id_bytes (UTF-8), or empty, stops it with file:line: reason. labels: the names a stream
+    file's lines may give labels by."""
     engine = continuous_engine(backend, g0)
     pipe = Pipeline(g0, engine=engine, batch_size=batch_size,
                     threaded=engine.staged_threads if threaded is None else threaded, executor_lag=executor_lag,
@@ -85,7 +89,8 @@ def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: i
 
     t0 = time.monotonic()
     try:
-        stats = pipe.run(iter(stream) if in_memory else file_updates(source, g0.str_ids, max_id_bytes), on_result)
+        stats = pipe.run(iter(stream) if in_memory else file_updates(source, g0.str_ids, max_id_bytes, labels),
+                         on_result)
     finally:
         progress.close()
         if source is not None:

@@ -8,6 +8,8 @@ Tables: Arrow IPC (file or stream) or Parquet edge tables with columns
 `src`, `dst` and optional `label`; vertex labels come from a sibling table
 `<stem>.vertices<suffix>` with columns `id`, `label` (all 0 when it is absent).
 
+Where a label is read in text, a name stands for it (labels.py: `labels`).
+
 Every malformed input raises InputError(file, line, reason).
 """
 
@@ -23,6 +25,7 @@ import pyarrow.compute as pc
 
 from csmd.errors import InputError, missing
 from csmd.model.graph import Graph, id_array, scalar
+from csmd.model.labels import NO_NAMES, LabelNames, unknown_label
 
 MAX_QUERY_VERTICES = 32
 TABLE_SUFFIXES = (".arrow", ".ipc", ".feather", ".parquet")
@@ -71,7 +74,12 @@ def _vertex_id(tok: str, path, lineno) -> int:
     return val
 
 
-def _label(tok: str, path, lineno, what: str) -> int:
+def _label(tok: str, path, lineno, what: str, names: dict) -> int:
+    """A label: a number, or one of `names` (LabelNames.vertex or .edge)."""
+    if tok in names:
+        return names[tok]
+    if names and not _DECIMAL.fullmatch(tok):
+        raise InputError(path, lineno, unknown_label(tok, names, what))
     val = _int(tok, path, lineno, what)
     if val < 0 or val >= 2**31:
         raise InputError(path, lineno, f"{what} {val} out of range (0 .. 2^31-1)")
@@ -107,9 +115,10 @@ def _relabelled(src, dst, els) -> tuple[int, int] | None:
 
 
 # ---- text graphs -----------------------------------------------------------------
-def _read_text_graph(path: Path, lines=None, query: bool = False) -> Graph:
+def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNames = NO_NAMES) -> Graph:
     """A graph in either text format; `lines` ((number, text) pairs) replace reading `path`. A
-    query's self-loop is refused: a data graph has none, and dropping it would match more."""
+    query's self-loop is refused: a data graph has none, and dropping it would match more.
+    `names`: the names that may stand for labels."""
     ids: dict[int, int] = {}
     labels: list[int] = []
     src: list[int] = []
@@ -131,7 +140,7 @@ def _read_text_graph(path: Path, lines=None, query: bool = False) -> Graph:
             if vid in ids:
                 raise InputError(path, lineno, f"duplicate vertex id {vid}")
             ids[vid] = len(labels)
-            labels.append(_label(parts[2], path, lineno, "vertex label"))
+            labels.append(_label(parts[2], path, lineno, "vertex label", names.vertex))
             if len(parts) == 4:
                 _int(parts[3], path, lineno, "degree")
         elif tag == "e":
@@ -146,7 +155,7 @@ def _read_text_graph(path: Path, lines=None, query: bool = False) -> Graph:
                 raise InputError(path, lineno, f"query edge ({u}, {v}) is a self-loop: no data edge matches it")
             src.append(ids[u])
             dst.append(ids[v])
-            els.append(_label(parts[3], path, lineno, "edge label") if len(parts) == 4 else 0)
+            els.append(_label(parts[3], path, lineno, "edge label", names.edge) if len(parts) == 4 else 0)
             edge_lines.append(lineno)
         elif tag == "t":
             if header is not None or labels or src:
@@ -322,22 +331,24 @@ def write_graph_tables(graph: Graph, path) -> None:
 
 
 # ---- public entry points -------------------------------------------------------------
-def read_graph(path, max_id_bytes: int = MAX_ID_BYTES) -> Graph:
+def read_graph(path, max_id_bytes: int = MAX_ID_BYTES, labels: LabelNames = NO_NAMES) -> Graph:
     """Load a data graph from any supported format (chosen by the file suffix); string ids over
-    max_id_bytes (UTF-8) are refused."""
+    max_id_bytes (UTF-8) are refused; in text, `labels`' names may stand for labels (tables hold
+    numbers)."""
     path = Path(path)
     if path.suffix in TABLE_SUFFIXES:
         return _read_table_graph(path, max_id_bytes)
-    return _read_text_graph(path)
+    return _read_text_graph(path, names=labels)
 
 
-def initial_graph(path, ids: str = "auto", max_id_bytes: int = MAX_ID_BYTES, setting: str = "--ids") -> Graph:
+def initial_graph(path, ids: str = "auto", max_id_bytes: int = MAX_ID_BYTES, setting: str = "--ids",
+                  labels: LabelNames = NO_NAMES) -> Graph:
     """The graph a stream starts from: the file at `path`, or with none an empty graph whose ids
     are of the kind `ids` says (int for auto): a deployment keyed by strings can start empty. An
     `ids` that the file's ids contradict is an error naming both (`setting` names the option)."""
     if not path:
         return Graph.from_edges(np.zeros(0, np.int32), [], [], ext_ids=id_array([], ids == "string"))
-    g = read_graph(path, max_id_bytes)
+    g = read_graph(path, max_id_bytes, labels)
     conflict = id_kind_conflict(g, ids, setting)
     if conflict:
         raise InputError(path, None, conflict)
@@ -351,16 +362,16 @@ def id_kind_conflict(g: Graph, ids: str, setting: str) -> str | None:
     return f"{setting} is {ids!r}, but the graph's vertex ids are {'strings' if g.str_ids else 'integers'}"
 
 
-def read_query(path) -> Graph:
+def read_query(path, labels: LabelNames = NO_NAMES) -> Graph:
     """Load a query graph and refuse what no engine accepts (too large, disconnected, self-loops)."""
     path = Path(path)
-    return _checked_query(read_graph(path) if path.suffix in TABLE_SUFFIXES else _read_text_graph(path, query=True),
-                          path)
+    return _checked_query(read_graph(path) if path.suffix in TABLE_SUFFIXES else
+                          _read_text_graph(path, query=True, names=labels), path)
 
 
-def parse_query_text(text: str, name: str) -> Graph:
+def parse_query_text(text: str, name: str, labels: LabelNames = NO_NAMES) -> Graph:
     """A query graph sent as text (control messages, `csmd admin`); errors name `name` and the line."""
-    return _checked_query(_read_text_graph(name, enumerate(text.splitlines(), 1), query=True), name)
+    return _checked_query(_read_text_graph(name, enumerate(text.splitlines(), 1), query=True, names=labels), name)
 
 
 def _checked_query(q: Graph, path) -> Graph:
@@ -419,6 +430,9 @@ class Update:
     label: int = 0
     source: str = ""
     origin: tuple = ("", 0, 0)
+    # what its deltas carry of the input record (connectors.records.Carry.context): (key, headers,
+    # fields), None when nothing
+    context: tuple | None = None
 
 
 def text_array(x: np.ndarray) -> pa.Array:
@@ -448,6 +462,7 @@ class UpdateBlock:
     # the update's line within its record where a record holds several (0: the record's only
     # update); None: every row is its record's only update
     part: np.ndarray | None = None
+    context: dict | None = None  # lineno -> the context (Update.context) of that record, where it has one
 
     def __len__(self) -> int:
         return len(self.lineno)
@@ -466,8 +481,9 @@ class UpdateBlock:
         return pc.binary_join_element_wise(self._prefix(), text_array(self.lineno[rows]), "")
 
     def update(self, i: int) -> Update:
+        at = int(self.lineno[i])
         return Update(OPS[self.op[i]], int(self.u[i]), int(self.v[i]), int(self.label[i]), self.source(i),
-                      (self.path, self.partition, int(self.lineno[i])))
+                      (self.path, self.partition, at), self.context.get(at) if self.context else None)
 
     def updates(self) -> list[Update]:
         return [self.update(i) for i in range(len(self))]
@@ -485,16 +501,19 @@ class UpdateBlock:
             return blocks[0]
         part = None if all(b.part is None for b in blocks) else \
             np.concatenate([np.zeros(len(b), np.int64) if b.part is None else b.part for b in blocks])
-        return replace(blocks[0], cut_from=None, part=part, **{f: np.concatenate([getattr(b, f) for b in blocks])
-                                                               for f in ("lineno", "op", "u", "v", "label")})
+        context = {at: c for b in blocks if b.context for at, c in b.context.items()} or None
+        return replace(blocks[0], cut_from=None, part=part, context=context,
+                       **{f: np.concatenate([getattr(b, f) for b in blocks])
+                          for f in ("lineno", "op", "u", "v", "label")})
 
 
 def parse_update(line: str, path, lineno, source: str | None = None, origin: tuple | None = None,
-                 str_ids: bool = False, max_id_bytes: int = MAX_ID_BYTES) -> Update | None:
+                 str_ids: bool = False, max_id_bytes: int = MAX_ID_BYTES,
+                 labels: LabelNames = NO_NAMES) -> Update | None:
     """Parse one stream line; None for blanks and comments. source / origin replace the
     defaults (path:lineno, (path, 0, lineno)) where the line is part of a larger record.
     str_ids: the vertex ids are the tokens as written (a graph keyed by strings; at most
-    max_id_bytes each), else int64."""
+    max_id_bytes each), else int64. labels: the names that may stand for labels."""
     parts = line.split()
     if not parts or parts[0][0] == "#":
         return None
@@ -507,6 +526,7 @@ def parse_update(line: str, path, lineno, source: str | None = None, origin: tup
         raise InputError(path, lineno, f"wrong field count: {op!r} takes {_UPDATE_USAGE[op]}, got {nf} fields")
     if source is None:
         source, origin = f"{path}:{lineno}", (str(path), 0, lineno)
+
     def vertex(tok: str):
         if not str_ids:
             return _vertex_id(tok, path, lineno)
@@ -517,11 +537,12 @@ def parse_update(line: str, path, lineno, source: str | None = None, origin: tup
 
     u = vertex(parts[1])
     if op == INSERT_VERTEX:
-        return Update(op, u, -1, _label(parts[2], path, lineno, "vertex label"), source, origin)
+        return Update(op, u, -1, _label(parts[2], path, lineno, "vertex label", labels.vertex), source, origin)
     if op == DELETE_VERTEX:
         return Update(op, u, -1, 0, source, origin)
     v = vertex(parts[2])
-    return Update(op, u, v, _label(parts[3], path, lineno, "edge label") if nf == 3 else 0, source, origin)
+    return Update(op, u, v, _label(parts[3], path, lineno, "edge label", labels.edge) if nf == 3 else 0, source,
+                  origin)
 
 
 def read_updates(path):

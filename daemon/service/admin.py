@@ -145,21 +145,21 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": f"no such endpoint {self.path}"})
 
 
-def _query(body: dict):
-    """The request's (name, query graph); a bad query is a 400 naming its line."""
+def _query(body: dict, labels):
+    """The request's (name, query graph), label names read by `labels`; a bad query is a 400 naming its line."""
     from csmd.model.formats import parse_query_text
 
     text = body.get("query")
     if not isinstance(text, str):
         raise CsmdError("\"query\" must be the query graph as text")
     name = body.get("name") or "query"
-    return name, parse_query_text(text, name)
+    return name, parse_query_text(text, name, labels)
 
 
 def _match(daemon, body: dict) -> dict:
     from csmd.cli.match import run_query
 
-    name, q = _query(body)
+    name, q = _query(body, daemon.labels)
     g, seq = daemon.live_graph()
     res = run_query(g, q, name, backend=daemon.pipe.engine.name, distinct=bool(body.get("distinct", False)),
                     limit=_number(body, "limit", int), time_limit=_number(body, "time_limit", float))
@@ -171,7 +171,7 @@ def _estimate(daemon, body: dict) -> dict:
     (on the GPU engine, its candidate graph built on the device or uploaded, whichever is faster)."""
     from csmd.cli.estimate import run_estimate, sampler_backend
 
-    name, q = _query(body)
+    name, q = _query(body, daemon.labels)
     if body.get("samples") is not None and body.get("rel_error") is not None:
         raise CsmdError("give \"samples\" or \"rel_error\", not both")
     trawl = _number(body, "trawl", int, zero_ok=True) or 0

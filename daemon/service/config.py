@@ -20,6 +20,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from csmd.errors import CsmdError
+from csmd.model.labels import LabelNames
 
 DEFAULTS: dict[str, dict] = {
     "kafka": {
@@ -59,6 +60,10 @@ DEFAULTS: dict[str, dict] = {
         # the longest string vertex id in UTF-8 bytes (longer ones and empty ones are dead letters): every
         # match, delta and checkpoint holds its ids (one of 100,000 characters made 100 inserts take 46 s)
         "max_id_bytes": 256,
+        # names that stand for labels in graph, query and update text and in JSON/Arrow records:
+        # { account = 0, device = 1 } (model/labels.py)
+        "labels": {},
+        "edge_labels": {},
     },
     "queries": {
         "paths": [],  # query files or folders registered at every start
@@ -103,6 +108,13 @@ DEFAULTS: dict[str, dict] = {
         # the kept batches (and the versions they read) since the slowest shard's progress; at the
         # limit the input pauses until that shard moves (its owner recovers or Kafka reassigns it)
         "max_retained_updates": 1_000_000,
+    },
+    "output": {
+        # what of the input record that caused a delta its row carries besides the record's key
+        # (the delta columns headers and fields): these Kafka headers, and these fields of a
+        # JSON update (or columns of an Arrow row)
+        "carry_headers": [],
+        "carry_fields": [],
     },
     "admin": {
         "listen": "127.0.0.1:8642",  # the admin and /metrics endpoint; empty: off
@@ -214,12 +226,20 @@ def load_config(path=None, env=None) -> dict[str, dict]:
                                    DEFAULTS[section][key])
         origin[section, key] = var
     _check_listen(cfg["admin"]["listen"], origin.get(("admin", "listen"), "defaults"))
+    g = cfg["graph"]  # each table checked alone, so that an error names where that one was set
+    LabelNames.from_tables(g["labels"], {}, origin.get(("graph", "labels"), "defaults"), "[graph] ")
+    LabelNames.from_tables({}, g["edge_labels"], origin.get(("graph", "edge_labels"), "defaults"), "[graph] ")
     _check_together(cfg, origin)
     if cfg["cluster"]["enabled"] and cfg["kafka"]["transactions"]:
         raise CsmdError(f"{origin.get(('cluster', 'enabled'), 'defaults')}: [cluster] enabled does not work with "
                         f"[kafka] transactions (each shard commits its own progress, outside any transaction)")
     _check_librdkafka(cfg["kafka"], origin)
     return cfg
+
+
+def label_names(cfg: dict) -> LabelNames:
+    """[graph] labels and edge_labels (checked when the config loaded)."""
+    return LabelNames(cfg["graph"]["labels"], cfg["graph"]["edge_labels"])
 
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -250,6 +270,11 @@ def _check_together(cfg: dict, origin: dict) -> None:
     if t["max_message_bytes"] < MIN_MESSAGE_BYTES:
         raise CsmdError(f"{origin.get(('topics', 'max_message_bytes'), 'defaults')}: [topics] max_message_bytes must "
                         f"be at least {MIN_MESSAGE_BYTES}, got {t['max_message_bytes']}")
+    for key in ("carry_headers", "carry_fields"):  # each name is a key of the delta's map: once, not empty
+        names = cfg["output"][key]
+        if "" in names or len(set(names)) < len(names):
+            raise CsmdError(f"{origin.get(('output', key), 'defaults')}: [output] {key} must name each "
+                            f"{key[6:-1]} once, none empty, got {names!r}")
     p = cfg["pipeline"]
     if p["batch_size"] > p["max_batch"]:
         where = origin.get(("pipeline", "batch_size"), origin.get(("pipeline", "max_batch"), "defaults"))

@@ -26,7 +26,7 @@ class ConsumeLoop:
         if self._scheduled or len(self.source.partitions) > 1:  # a block is of one partition
             items = records
         else:
-            items = plain_runs(records, self.cfg["input"]["format"], self._str_ids)
+            items = plain_runs(records, self.cfg["input"]["format"], self._str_ids, self.carry)
         for item in items:
             if isinstance(item, RecordBlock):
                 offsets, updates = item.records()
@@ -41,7 +41,8 @@ class ConsumeLoop:
         self._release_scheduled(rec)
         self.metrics.inc("csmd_records_total")
         try:
-            updates = decode_updates(rec, self.cfg["input"]["format"], self._str_ids, self.cfg["graph"]["max_id_bytes"])
+            updates = decode_updates(rec, self.cfg["input"]["format"], self._str_ids, self.cfg["graph"]["max_id_bytes"],
+                                     self.carry, self.labels)
         except BadRecord as exc:
             self._dead_letter(rec, str(exc))
         else:

@@ -16,6 +16,7 @@ from csmd.connectors.kafka import client, producer_config
 from csmd.connectors.records import Record
 from csmd.errors import CsmdError, InputError, NotYetApplied
 from csmd.model.formats import parse_query_text
+from csmd.model.labels import NO_NAMES, LabelNames
 from csmd.pipeline.stages import Marker, Pipeline
 from csmd.schemas import CONTENT_TYPE, JSON
 from csmd.service.delivery import unwatched
@@ -32,8 +33,8 @@ class QuerySpec:
     text: str
     count_only: bool = False
 
-    def register(self, pipe: Pipeline) -> None:
-        pipe.add_query(self.name, parse_query_text(self.text, self.name), self.count_only)
+    def register(self, pipe: Pipeline, labels: LabelNames = NO_NAMES) -> None:
+        pipe.add_query(self.name, parse_query_text(self.text, self.name, labels), self.count_only)
 
 
 class QueryChange(Marker):
@@ -44,10 +45,11 @@ class QueryChange(Marker):
     write the `applied` record (not when replaying one that was written before).
     """
 
-    def __init__(self, action: str, spec: QuerySpec, request: int, at: dict[int, int], announce: bool):
+    def __init__(self, action: str, spec: QuerySpec, request: int, at: dict[int, int], announce: bool,
+                 labels: LabelNames = NO_NAMES):
         self.action, self.spec, self.request, self.at, self.announce = action, spec, request, at, announce
         self.error: str | None = None
-        self._query = parse_query_text(spec.text, spec.name) if action == "add" else None
+        self._query = parse_query_text(spec.text, spec.name, labels) if action == "add" else None
 
     def at_executor(self, pipe: Pipeline) -> None:
         if self.action == "add":
@@ -59,8 +61,9 @@ class QueryChange(Marker):
             self.error = f"no query named {self.spec.name!r}"
 
 
-def control_request(body: bytes, source: str) -> dict:
-    """A control message, checked; InputError(source, None, reason) when it is malformed."""
+def control_request(body: bytes, source: str, labels: LabelNames = NO_NAMES) -> dict:
+    """A control message, checked (a query's label names against `labels`); InputError(source,
+    None, reason) when it is malformed."""
     try:
         msg = json.loads(body)
     except json.JSONDecodeError as exc:
@@ -81,7 +84,7 @@ def control_request(body: bytes, source: str) -> dict:
             raise InputError(source, None, "\"add\" needs \"query\": the query graph as text")
         if not isinstance(msg.get("count_only", False), bool):
             raise InputError(source, None, "\"count_only\" must be true or false")
-        parse_query_text(msg["query"], f"{source} query {msg['name']}")  # refuses bad graphs with their line
+        parse_query_text(msg["query"], f"{source} query {msg['name']}", labels)  # refuses bad graphs with their line
     if msg["op"] == "applied":  # read back at every start: a bad one must be refused here, not fail there
         at = msg.get("at")
         if not (_position(msg.get("request")) and isinstance(at, dict)
@@ -118,7 +121,7 @@ class ControlPlane:
         requests, applied = {}, {}
         for rec in self.control.read_to_end():
             try:
-                msg = control_request(rec.value, rec.source)
+                msg = control_request(rec.value, rec.source, self.labels)
             except InputError as exc:
                 self.log.warning("malformed control record skipped", record=rec.source, reason=exc.reason)
                 continue
@@ -131,9 +134,9 @@ class ControlPlane:
             done = applied.get(offset)
             if done is not None:
                 at = {int(p): o for p, o in done["at"].items()}
-                self._scheduled.append(QueryChange(msg["op"], spec, offset, at, announce=False))
+                self._scheduled.append(QueryChange(msg["op"], spec, offset, at, False, self.labels))
             elif not self._refused_in_cluster(rec, msg):
-                self._enqueue_marker(QueryChange(msg["op"], spec, offset, dict(self._next_offsets), announce=True))
+                self._enqueue_marker(QueryChange(msg["op"], spec, offset, dict(self._next_offsets), True, self.labels))
         self._release_scheduled(None)
 
     def _release_scheduled(self, rec: Record | None) -> None:
@@ -154,14 +157,14 @@ class ControlPlane:
     def _poll_control(self) -> None:
         for rec in self.control.poll(100, 0):
             try:
-                msg = control_request(rec.value, rec.source)
+                msg = control_request(rec.value, rec.source, self.labels)
             except InputError as exc:
                 self._dead_letter(rec, exc.reason)
                 continue
             if msg["op"] == "applied" or rec.offset <= self.control_applied or self._refused_in_cluster(rec, msg):
                 continue  # our own announcements, or requests replayed at start
             spec = QuerySpec(msg["name"], msg.get("query", ""), msg.get("count_only", False))
-            self._enqueue_marker(QueryChange(msg["op"], spec, rec.offset, dict(self._next_offsets), announce=True))
+            self._enqueue_marker(QueryChange(msg["op"], spec, rec.offset, dict(self._next_offsets), True, self.labels))
 
     def _changed(self, ch: QueryChange) -> None:
         """A query change passed the output stage: record it, announce it, wake an admin waiting for it."""
@@ -193,7 +196,7 @@ class ControlPlane:
 
     def request_change(self, msg: dict, timeout: float = 30.0) -> dict:
         """Write a control request (from the admin endpoint) and wait until it takes effect."""
-        control_request(json.dumps(msg).encode(), "request")  # refuse bad requests before logging them
+        control_request(json.dumps(msg).encode(), "request", self.labels)  # refuse bad requests before logging them
         if self.cluster is not None:
             raise CsmdError(NOT_IN_CLUSTER)
         done = threading.Event()

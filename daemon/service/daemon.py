@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from csmd.connectors.kafka import KafkaSink, KafkaSource, arrow_messages, client_config, ensure_topics
-from csmd.connectors.records import load_scanner
+from csmd.connectors.records import Carry, load_scanner
 from csmd.engine import QueryDeltas, UpdateBatch
 from csmd.engines import continuous_engine, warm_up
 from csmd.model.formats import Update
@@ -39,6 +39,7 @@ from csmd.pipeline.sequencer import IGNORED_REASONS
 from csmd.pipeline.stages import BatchResult, Pipeline
 from csmd.service.checkpointing import Checkpointing
 from csmd.service.cluster import ClusterMember
+from csmd.service.config import label_names
 from csmd.service.consume import ConsumeLoop
 from csmd.service.control import ControlPlane, QueryChange, QuerySpec
 from csmd.service.delivery import DeliveryTracker
@@ -60,6 +61,9 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self.status = "starting"
         self.fatal: str | None = None
         self.paused = False  # backpressure: the consumer takes no records
+        self.labels = label_names(cfg)
+        self.carry = Carry(tuple(cfg["output"]["carry_headers"]), tuple(cfg["output"]["carry_fields"]),
+                           cfg["topics"]["max_message_bytes"] // 2)
         self.specs: dict[str, QuerySpec] = {}  # registered now, as the output thread has seen
         self.removed: set[str] = set()  # removed through the control topic (a restart must not re-add them)
         self.totals: dict[str, list[int]] = {}
@@ -134,7 +138,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
                              queue_depth=bs["queue_depth"], max_batch=bs["max_batch"], first_seq=seq0,
                              retired=st.retired)  # deleted vertices keep their ids
         for s in specs:
-            s.register(self.pipe)
+            s.register(self.pipe, self.labels)
         self.specs = {s.name: s for s in specs}
         for s in specs:
             self.metrics.query(s.name)
@@ -142,7 +146,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
                           lambda: {(r,): self.pipe.ignored.get(r, 0) for r in IGNORED_REASONS})
         self.metrics.bind("csmd_gc_released_total", lambda: {(): self.pipe.gc.released})
         self.totals = {s.name: [0, 0] for s in specs}
-        self.encoder = DeltaEncoder(self.pipe.vertices)
+        self.encoder = DeltaEncoder(self.pipe.vertices, self.carry)
         warm += warm_output(self.pipe.vertices, t["max_message_bytes"])
         self.tracker = DeliveryTracker(on_done=lambda t0: self.metrics.latency.observe(time.monotonic() - np.asarray(t0)))
         k = self.cfg["kafka"]

@@ -25,6 +25,7 @@ from confluent_kafka import KafkaException, Producer
 from csmd.connectors.kafka import KafkaSource, client
 from csmd.errors import CsmdError
 from csmd.model.formats import parse_query_text
+from csmd.service.config import label_names
 
 KEY = b"csmd-deployment"
 FIELDS = ("input", "output", "shards", "graph", "queries")  # what must agree; the rest says who wrote it
@@ -39,7 +40,7 @@ def describe(cfg: dict, specs, instance: str) -> dict:
     kind = "the initial graph's" if initial else "string" if g["ids"] == "string" else "int"
     return {"input": cfg["topics"]["input"], "output": cfg["topics"]["output"], "shards": cfg["cluster"]["shards"],
             "graph": _file_digest(initial) if initial else "", "ids": f"{kind}, at most {g['max_id_bytes']} bytes",
-            "queries": {s.name: f"{_query_digest(s.text, s.name)}{' count-only' if s.count_only else ''}"
+            "queries": {s.name: _query_digest(s.text, s.name, label_names(cfg)) + (" count-only" if s.count_only else "")
                         for s in specs},
             "instance": instance, "host": socket.gethostname(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
@@ -52,8 +53,8 @@ def _file_digest(path) -> str:
     return h.hexdigest()[:16]
 
 
-def _query_digest(text: str, name: str) -> str:
-    q = parse_query_text(text, name)
+def _query_digest(text: str, name: str, labels) -> str:
+    q = parse_query_text(text, name, labels)
     h = hashlib.sha256()
     for a in (q.labels, q.indptr, q.indices, q.elabels):
         h.update(np.ascontiguousarray(a).tobytes())

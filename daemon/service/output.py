@@ -43,16 +43,22 @@ class Output:
         headers = list(rec.headers)  # the record's own, unchanged, then ours (a consumer's dict keeps the last)
         if sum(len(k) + len(v or b"") for k, v in headers) > limit // 2:  # they alone could not be sent
             headers = [("csmd-headers-dropped", str(len(headers)).encode())]
+        # the record's key, as its deltas would have carried it; dropped above a quarter of the limit,
+        # so that it, headers up to half and some of the value fit
+        key = rec.key
+        if key is not None and len(key) > limit // 4:
+            headers.append(("csmd-key-dropped", str(len(key)).encode()))
+            key = None
         headers += [("csmd-error", reason.encode()), ("csmd-input", rec.input.encode()),
                     ("csmd-partition", str(rec.partition).encode()), ("csmd-offset", str(rec.offset).encode())]
         value = rec.value
-        room = limit - sum(len(k) + len(v or b"") + 16 for k, v in headers) - 256
+        room = limit - len(key or b"") - sum(len(k) + len(v or b"") + 16 for k, v in headers) - 256
         if len(value) > room:
             headers.append(("csmd-truncated", str(len(value)).encode()))
             value = value[:max(room, 0)]
         if tracked:
             self.tracker.submitted(rec.origin, 0, sends=1)
-        self.sink.produce(self.cfg["topics"]["dead_letter"], value, None, headers,
+        self.sink.produce(self.cfg["topics"]["dead_letter"], value, key, headers,
                           self.tracker.acked if tracked else unwatched, [rec.origin] if tracked else ())
 
     def _items(self):

@@ -22,6 +22,7 @@ from csmd.model.formats import id_kind_conflict, initial_graph, parse_query_text
 from csmd.model.graph import Graph
 from csmd.service.checkpoint import read_checkpoint
 from csmd.service.cluster import lowest_progress
+from csmd.service.config import label_names
 from csmd.service.control import QuerySpec
 
 
@@ -69,7 +70,7 @@ def read_local(cfg: dict, log) -> LocalState:
 def _initial(cfg: dict) -> Graph:
     """`[graph] initial`, or an empty graph of the `ids` kind where none is set."""
     graph = cfg["graph"]
-    return initial_graph(graph["initial"], graph["ids"], graph["max_id_bytes"], "[graph] ids")
+    return initial_graph(graph["initial"], graph["ids"], graph["max_id_bytes"], "[graph] ids", label_names(cfg))
 
 
 def start_state(cfg: dict, conf: dict, log, local: LocalState) -> StartState:
@@ -138,7 +139,7 @@ def config_specs(cfg: dict) -> list[QuerySpec]:
     specs = []
     for p in query_files(paths) if paths else []:
         text = Path(p).read_text(encoding="utf-8", errors="replace")
-        parse_query_text(text, str(p))
+        parse_query_text(text, str(p), label_names(cfg))
         specs.append(QuerySpec(p.stem, text, cfg["queries"]["count_only"]))
     return specs
 
