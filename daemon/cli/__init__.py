@@ -140,7 +140,7 @@ def cmd_replay(args) -> int:
     queries = [(p.stem, read_query(p)) for p in query_files(args.query)]
     batch_size = args.batch_size or (COUNT_ONLY_REPLAY_BATCH if args.count_only else DEFAULT_BATCH_SIZE)
     results, _ = replay(g0, args.stream, queries, batch_size=batch_size, count_only=args.count_only,
-                        output=args.output, backend=args.backend)
+                        distinct=args.distinct, output=args.output, backend=args.backend)
     if not args.json:
         print(f"{'query':<32} {'positive':>14} {'negative':>14} {'updates':>9} {'records':>9} {'ignored':>9} "
               f"{'seconds':>9}")
@@ -287,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"updates per graph-updater batch (default {DEFAULT_BATCH_SIZE}; "
                         f"{COUNT_ONLY_REPLAY_BATCH} with --count-only)")
     r.add_argument("--count-only", action="store_true", help="count deltas, do not materialize matches")
+    r.add_argument("--distinct", action="store_true",
+                   help="one delta per subgraph instance, not one per automorphism (symmetry breaking)")
     r.add_argument("--output", type=Path, help="write every delta to this Arrow IPC file")
     r.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
     r.set_defaults(func=cmd_replay)

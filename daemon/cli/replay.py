@@ -47,19 +47,20 @@ def decoded_updates(path):
 
 
 def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: int, count_only: bool,
-           output=None, threaded: bool | None = None, show_progress: bool | None = None, backend: str = "cpu",
-           executor_lag: int = 0, max_batch: int | None = None) -> tuple[list[dict], "Pipeline"]:
+           distinct: bool = False, output=None, threaded: bool | None = None, show_progress: bool | None = None,
+           backend: str = "cpu", executor_lag: int = 0, max_batch: int | None = None) -> tuple[list[dict], "Pipeline"]:
     """Run the stream through the pipeline on `backend`; returns one result dict per query and the pipeline.
     stream: a stream file's path (read as the pipeline goes: `seconds` includes reading it), or
     what read_stream made of one (`seconds`: the pipeline alone). threaded: the pipeline's
     stages in threads (None: as the engine prefers, staged_threads). `seconds` never includes
-    loading g0 into the engine or planning the queries."""
+    loading g0 into the engine or planning the queries. distinct: every query gives one delta per
+    subgraph instance (pipeline/queries.py continuous_query)."""
     engine = continuous_engine(backend, g0)
     pipe = Pipeline(g0, engine=engine, batch_size=batch_size,
                     threaded=engine.staged_threads if threaded is None else threaded, executor_lag=executor_lag,
                     max_batch=max_batch)
     for name, q in queries:
-        pipe.add_query(name, q, count_only)
+        pipe.add_query(name, q, count_only, distinct)
     totals = {name: [0, 0] for name, _ in queries}
     progress = Progress(0, "updates", enabled=show_progress)
     in_memory = isinstance(stream, list)
