@@ -174,7 +174,8 @@ def cmd_admin(args) -> int:
 
     url = args.url
     if args.action == "add":
-        body = {"name": args.name or args.query.stem, "query": _read_text(args.query), "count_only": args.count_only}
+        body = {"name": args.name or args.query.stem, "query": _read_text(args.query), "count_only": args.count_only,
+                "distinct": args.distinct}
         res = call(url, "POST", "/queries", body)
         if args.estimate:
             # after the change took effect, so the estimate is of the graph the query starts from
@@ -182,6 +183,13 @@ def cmd_admin(args) -> int:
                                                   "time_limit": ADD_ESTIMATE_SECONDS},
                        timeout=ADD_ESTIMATE_SECONDS + 30)
             res["estimate"] = {k: est[k] for k in ("estimate", "ci_low", "ci_high", "confidence", "seq")}
+            if args.distinct:  # the sampler estimates embeddings; an instance is |Aut(q)| of them
+                from csmd.model.formats import parse_query_text
+                from csmd.model.plan import symmetry_constraints
+
+                aut = symmetry_constraints(parse_query_text(body["query"], str(args.query)))[1]
+                res["estimate"].update({k: est[k] / aut for k in ("estimate", "ci_low", "ci_high")
+                                        if est[k] is not None})
     elif args.action == "remove":
         res = call(url, "DELETE", "/queries/" + quote(args.name, safe=""))
     elif args.action == "list":
@@ -207,8 +215,12 @@ def cmd_admin(args) -> int:
     if args.json:
         print(json.dumps(res))
     elif args.action == "list":
-        for q in res["queries"]:  # the name last: a wide (CJK) or long name cannot misalign the column
-            print(f"{'count-only' if q['count_only'] else 'matches':<10}  {q['name']}")
+        # a daemon before distinct queries does not say "distinct"
+        kinds = [("count-only" if q["count_only"] else "matches") + (" distinct" if q.get("distinct") else "")
+                 for q in res["queries"]]
+        width = max([10, *map(len, kinds)])
+        for kind, q in zip(kinds, res["queries"]):  # the name last: a wide (CJK) or long name cannot misalign it
+            print(f"{kind:<{width}}  {q['name']}")
     else:
         for key, value in res.items():
             print(f"{key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
@@ -313,6 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--query", required=True, type=Path, help="query graph file")
     add.add_argument("--name", help="query name (default: the file's stem)")
     add.add_argument("--count-only", action="store_true", help="publish counts per update, not matches")
+    add.add_argument("--distinct", action="store_true",
+                     help="one delta per subgraph instance, not one per automorphism (symmetry breaking)")
     add.add_argument("--estimate", action="store_true",
                      help=f"also estimate the query's matches in the live graph (at most {ADD_ESTIMATE_SECONDS:g} s "
                           "of sampling)")
