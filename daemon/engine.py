@@ -101,12 +101,16 @@ class Anchor:
 
 @dataclass
 class ContinuousQuery:
-    """A registered query, engine-neutral: one anchor per query edge."""
+    """A registered query, engine-neutral: one anchor per query edge. A distinct query has its
+    symmetry-breaking constraints in sym, (x, y) meaning f(x) < f(y) in internal ids, checked at
+    every anchor (the seed's two vertices included): of the embeddings of one subgraph instance
+    that contain an update's edge, the one that satisfies them is its delta."""
 
     name: str
     q: Graph
     count_only: bool
     anchors: list[Anchor]
+    sym: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass

@@ -59,7 +59,7 @@ class PreparedQuery:
         orders = np.full((na, MAXQ), -1, np.int64)
         for i, a in enumerate(query.anchors):
             orders[i, : self.n] = a.order
-        self.tables, el = query_tables(QueryBatch.pack([query.q] * na), orders)
+        self.tables, el = query_tables(QueryBatch.pack([query.q] * na), orders, [query.sym] * na)
         self.el = np.zeros((na, MAXQ * MAXQ), np.int32) if el is None else el.astype(np.int32)
         labels = np.asarray(query.q.labels, np.int64)
         self.x = np.array([a.x for a in query.anchors], np.int64)
@@ -78,10 +78,12 @@ class _Anchors:
     """One group's anchors of one kind (searched, or two-vertex: their seed is their match),
     sorted by key: the anchors of key k are order[first[k]:first[k + 1]]."""
 
-    def __init__(self, key: np.ndarray, tables: np.ndarray, n_keys: int, tab_query: np.ndarray):
+    def __init__(self, key: np.ndarray, tables: np.ndarray, n_keys: int, tab_query: np.ndarray,
+                 tab_order: np.ndarray | None):
         by_key = np.argsort(key, kind="stable")
         self.order = tables[by_key]
         self.tab_query = tab_query  # the query of every table
+        self.tab_order = tab_order  # of every table: +1 its seeds need a < b, -1 a > b, 0 either (None: all 0)
         self.first = np.searchsorted(key[by_key], np.arange(n_keys + 2))  # the key of a misfit (n_keys) has none
 
     def seeds(self, key, src, dst, seq, op, select):
@@ -94,6 +96,9 @@ class _Anchors:
         tab = self.order[at]
         if select is not None:
             keep = select[self.tab_query[tab], op[u]]
+            u, tab = u[keep], tab[keep]
+        if self.tab_order is not None:
+            keep = self.tab_order[tab] * (dst[u] - src[u]) >= 0  # a != b: no self-loops
             u, tab = u[keep], tab[keep]
         return src[u], dst[u], seq[u], tab
 
@@ -120,8 +125,9 @@ class _Group:
         n_keys = len(self.labels) ** 2 * len(self.elabels)
         key = self._key(_index(self.labels, lx), _index(self.labels, ly), _index(self.elabels, ael))
         pair = self.size == 2
-        self.searched = _Anchors(key[~pair], np.flatnonzero(~pair), n_keys, self.tab_query)
-        self.pairs = _Anchors(key[pair], np.flatnonzero(pair), n_keys, self.tab_query)
+        order = _seed_order(tables)
+        self.searched = _Anchors(key[~pair], np.flatnonzero(~pair), n_keys, self.tab_query, order)
+        self.pairs = _Anchors(key[pair], np.flatnonzero(pair), n_keys, self.tab_query, order)
         self.key_of = dict(zip(zip(lx.tolist(), ly.tolist(), ael.tolist()), key.tolist()))
         self.misfit = n_keys  # the key of a side no anchor fits
 
@@ -289,6 +295,17 @@ class Executor:
                 seeds[4 * S + CTL_IDLE: 4 * S + CTL_OUTN + 1] = 0
                 seeds[4 * S + CTL_STARTED] = 0
                 resume = True
+
+
+def _seed_order(tables: np.ndarray) -> np.ndarray | None:
+    """Per table, the symmetry constraint of depth 1 on depth 0 (distinct queries): +1 when the
+    seed needs a < b, -1 when a > b, 0 none; None when no table has one. match_at checks the
+    constraints of depths 2 on (check_path); the seed's two vertices are placed as they are, and
+    a two-vertex anchor's seed is its match, so the seeds are chosen here."""
+    s = structs()
+    less, greater = ((tables[:, off // 4 + 1] & 1).astype(np.int64) for off in (s.qt_less, s.qt_greater))
+    order = less - greater
+    return order if order.any() else None
 
 
 def _fast(tables: np.ndarray, size: np.ndarray) -> np.ndarray:

@@ -68,7 +68,10 @@ def updates_schema() -> pa.Schema:
 
 
 # Control messages (JSON objects on the control topic):
-#   {"op": "add", "name": N, "query": "<query graph text>", "count_only": false}
+#   {"op": "add", "name": N, "query": "<query graph text>", "count_only": false, "distinct": false}
+#     distinct: one delta per subgraph instance (the embedding that keeps `csmd match --distinct`'s
+#     symmetry-breaking constraints over internal vertex ids) instead of one per automorphism;
+#     absent means false. Like count_only it is part of the query's spec, kept in checkpoints.
 #   {"op": "remove", "name": N}
 #   {"op": "applied", "request": OFFSET, "name": N, "action": "add"|"remove",
 #    "at": {"PARTITION": OFFSET, ...}, "seq": S, "error": null | reason}

@@ -167,7 +167,8 @@ def cmd_replay(args) -> int:
     queries = [(p.stem, read_query(p, labels)) for p in query_files(args.query)]
     batch_size = args.batch_size or (COUNT_ONLY_REPLAY_BATCH if args.count_only else DEFAULT_BATCH_SIZE)
     results, _ = replay(g0, args.stream, queries, batch_size=batch_size, count_only=args.count_only,
-                        output=args.output, backend=args.backend, max_id_bytes=args.max_id_bytes, labels=labels)
+                        distinct=args.distinct, output=args.output, backend=args.backend,
+                        max_id_bytes=args.max_id_bytes, labels=labels)
     out = _report_stream(args.output)
     if not args.json:
         print(f"{'query':<32} {'positive':>14} {'negative':>14} {'updates':>9} {'records':>9} {'ignored':>9} "
@@ -202,7 +203,8 @@ def cmd_admin(args) -> int:
 
     url = args.url
     if args.action == "add":
-        body = {"name": args.name or args.query.stem, "query": _read_text(args.query), "count_only": args.count_only}
+        body = {"name": args.name or args.query.stem, "query": _read_text(args.query), "count_only": args.count_only,
+                "distinct": args.distinct}
         res = call(url, "POST", "/queries", body)
         if args.estimate:
             # after the change took effect, so the estimate is of the graph the query starts from
@@ -210,6 +212,13 @@ def cmd_admin(args) -> int:
                                                   "time_limit": ADD_ESTIMATE_SECONDS},
                        timeout=ADD_ESTIMATE_SECONDS + 30)
             res["estimate"] = {k: est[k] for k in ("estimate", "ci_low", "ci_high", "confidence", "seq")}
+            if args.distinct:  # the sampler estimates embeddings; an instance is |Aut(q)| of them
+                from csmd.model.formats import parse_query_text
+                from csmd.model.plan import symmetry_constraints
+
+                aut = symmetry_constraints(parse_query_text(body["query"], str(args.query)))[1]
+                res["estimate"].update({k: est[k] / aut for k in ("estimate", "ci_low", "ci_high")
+                                        if est[k] is not None})
     elif args.action == "remove":
         res = call(url, "DELETE", "/queries/" + quote(args.name, safe=""))
     elif args.action == "list":
@@ -235,8 +244,12 @@ def cmd_admin(args) -> int:
     if args.json:
         print(json.dumps(res))
     elif args.action == "list":
-        for q in res["queries"]:  # the name last: a wide (CJK) or long name cannot misalign the column
-            print(f"{'count-only' if q['count_only'] else 'matches':<10}  {q['name']}")
+        # a daemon before distinct queries does not say "distinct"
+        kinds = [("count-only" if q["count_only"] else "matches") + (" distinct" if q.get("distinct") else "")
+                 for q in res["queries"]]
+        width = max([10, *map(len, kinds)])
+        for kind, q in zip(kinds, res["queries"]):  # the name last: a wide (CJK) or long name cannot misalign it
+            print(f"{kind:<{width}}  {q['name']}")
     else:
         for key, value in res.items():
             print(f"{key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
@@ -329,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"updates per graph-updater batch (default {DEFAULT_BATCH_SIZE}; "
                         f"{COUNT_ONLY_REPLAY_BATCH} with --count-only)")
     r.add_argument("--count-only", action="store_true", help="count deltas, do not materialize matches")
+    r.add_argument("--distinct", action="store_true",
+                   help="one delta per subgraph instance, not one per automorphism (symmetry breaking)")
     r.add_argument("--output", type=Path, help="write every delta to this Arrow IPC file (a pipe or device: the "
                    "IPC stream format; '-': the stream on standard output, the table on standard error)")
     r.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
@@ -358,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--query", required=True, type=Path, help="query graph file")
     add.add_argument("--name", help="query name (default: the file's stem)")
     add.add_argument("--count-only", action="store_true", help="publish counts per update, not matches")
+    add.add_argument("--distinct", action="store_true",
+                     help="one delta per subgraph instance, not one per automorphism (symmetry breaking)")
     add.add_argument("--estimate", action="store_true",
                      help=f"also estimate the query's matches in the live graph (at most {ADD_ESTIMATE_SECONDS:g} s "
                           "of sampling)")

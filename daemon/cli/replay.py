@@ -50,14 +50,15 @@ def decoded_updates(path):
 
 
 def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: int, count_only: bool,
-           output=None, threaded: bool | None = None, show_progress: bool | None = None, backend: str = "cpu",
-           executor_lag: int = 0, max_batch: int | None = None,
+           distinct: bool = False, output=None, threaded: bool | None = None, show_progress: bool | None = None,
+           backend: str = "cpu", executor_lag: int = 0, max_batch: int | None = None,
            max_id_bytes: int = MAX_ID_BYTES, labels: LabelNames = NO_NAMES) -> tuple[list[dict], "Pipeline"]:
     """Run the stream through the pipeline on `backend`; returns one result dict per query and the pipeline.
     stream: a stream file's path (read as the pipeline goes: `seconds` includes reading it), or
     what read_stream made of one (`seconds`: the pipeline alone). threaded: the pipeline's
     stages in threads (None: as the engine prefers, staged_threads). `seconds` never includes
-    loading g0 into the engine or planning the queries. A string id of the stream longer than
+    loading g0 into the engine or planning the queries. distinct: every query gives one delta per
+    subgraph instance (pipeline/queries.py continuous_query). A string id of the stream longer than
     max_id_bytes (UTF-8), or empty, stops it with file:line: reason. labels: the names a stream
     file's lines may give labels by."""
     engine = continuous_engine(backend, g0)
@@ -65,7 +66,7 @@ def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: i
                     threaded=engine.staged_threads if threaded is None else threaded, executor_lag=executor_lag,
                     max_batch=max_batch)
     for name, q in queries:
-        pipe.add_query(name, q, count_only)
+        pipe.add_query(name, q, count_only, distinct)
     totals = {name: [0, 0] for name, _ in queries}
     progress = Progress(0, "updates", enabled=show_progress)
     in_memory = isinstance(stream, list)

@@ -109,8 +109,8 @@ class CompiledQuery:
 
     def __init__(self, query: ContinuousQuery):
         self.name, self.q, self.count_only = query.name, query.q, query.count_only
-        self.plans = [make_plan(query.q, None, branch_order(query.q, a.order, 2) if query.count_only else a.order)
-                      for a in query.anchors]
+        self.plans = [make_plan(query.q, None, branch_order(query.q, a.order, 2) if query.count_only else a.order,
+                                query.sym) for a in query.anchors]
         self.ps = plan_set(self.plans, [0] * len(self.plans))  # flattened at registration, not in a batch
 
 

@@ -50,6 +50,18 @@ def _open(gv, ps, r, d, t, st):
     st.end[d] = st.rs[d, best] + size
 
 
+@inline
+def _ordered(chk, chk_j, m, r, c):
+    """Does image c at plan row r keep the row's symmetry constraints with the earlier images m?"""
+    for x in range(chk[r, LESS], chk[r, LESS + 1]):
+        if not m[chk_j[x]] < c:
+            return False
+    for x in range(chk[r, GREATER], chk[r, GREATER + 1]):
+        if not m[chk_j[x]] > c:
+            return False
+    return True
+
+
 @hot
 def _accept(e_nbr, e_el, e_ct, e_dt, chk, chk_j, chk_el, cand, m, rs, re, piv, r, d, t, i):
     """Is entry i of depth d's candidate range (plan row r, walked from backward range piv) an
@@ -65,12 +77,8 @@ def _accept(e_nbr, e_el, e_ct, e_dt, chk, chk_j, chk_el, cand, m, rs, re, piv, r
     for x in range(chk[r, SAME_LABEL], chk[r, SAME_LABEL + 1]):
         if m[chk_j[x]] == c:
             return False
-    for x in range(chk[r, LESS], chk[r, LESS + 1]):
-        if not m[chk_j[x]] < c:
-            return False
-    for x in range(chk[r, GREATER], chk[r, GREATER + 1]):
-        if not m[chk_j[x]] > c:
-            return False
+    if not _ordered(chk, chk_j, m, r, c):
+        return False
     for k in range(chk[r, BACKWARD + 1] - lo):
         if k != piv:
             j = find_entry(e_nbr, e_ct, e_dt, rs[d, k], re[d, k], c, t)
@@ -428,6 +436,8 @@ def match_units(gv, ps, unit_e, unit_p, e_seq, e_a, e_b, counts, taken, grain, m
                 if gv.labels[u0] != lx or gv.labels[u1] != ly:
                     continue
                 st.m[0], st.m[1] = u0, u1
+                if not _ordered(ps.chk, ps.chk_j, st.m, off + 1, u1):  # the seed's own constraint (distinct)
+                    continue
                 first = n_out
                 if k == 2:
                     if mat:

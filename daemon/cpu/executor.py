@@ -22,8 +22,8 @@ class PreparedQuery:
 
     def __init__(self, query: ContinuousQuery):
         self.name, self.q, self.count_only = query.name, query.q, query.count_only
-        self.anchors: list[tuple[int, int, int, Plan]] = [(a.x, a.y, a.el, make_plan(query.q, None, a.order))
-                                                          for a in query.anchors]
+        self.anchors: list[tuple[int, int, int, Plan]] = [
+            (a.x, a.y, a.el, make_plan(query.q, None, a.order, query.sym)) for a in query.anchors]
 
 
 def match_batch(mvg: MultiVersionGraph, batch: UpdateBatch, pq: PreparedQuery) -> Matches | None:
@@ -42,9 +42,17 @@ def match_batch(mvg: MultiVersionGraph, batch: UpdateBatch, pq: PreparedQuery) -
         rev = (lb == lx) & (la == ly) & (batch.edge_label == el)
         seeds = np.concatenate([np.stack([batch.edge_a[fwd], batch.edge_b[fwd]], 1),
                                 np.stack([batch.edge_b[rev], batch.edge_a[rev]], 1)]).astype(np.int32)
+        ts = np.concatenate([batch.edge_seq[fwd], batch.edge_seq[rev]])
+        # the search checks depths from 2 on: a symmetry constraint between the anchor's two
+        # vertices (depth 1's, distinct queries) is the seed's
+        keep = np.ones(len(seeds), bool)
+        for j in plan.less[1]:
+            keep &= seeds[:, j] < seeds[:, 1]
+        for j in plan.greater[1]:
+            keep &= seeds[:, j] > seeds[:, 1]
+        seeds, ts = seeds[keep], ts[keep]
         if not len(seeds):
             continue
-        ts = np.concatenate([batch.edge_seq[fwd], batch.edge_seq[rev]])
         if pq.count_only:
             res = search(mvg, plan, seeds, ts)
             for i in np.flatnonzero(res.per_ts):

@@ -14,16 +14,21 @@ import numpy as np
 
 from csmd.engine import Anchor, ContinuousQuery, Matches, QueryDeltas, UpdateBatch
 from csmd.model.graph import Graph
-from csmd.model.plan import anchor_order
+from csmd.model.plan import anchor_order, symmetry_constraints
 
 
-def continuous_query(name: str, q: Graph, labels: np.ndarray, count_only: bool = False) -> ContinuousQuery:
-    """One anchor per query edge, ordered by the data graph's label frequencies now."""
+def continuous_query(name: str, q: Graph, labels: np.ndarray, count_only: bool = False,
+                     distinct: bool = False) -> ContinuousQuery:
+    """One anchor per query edge, ordered by the data graph's label frequencies now; distinct:
+    with the symmetry constraints of `csmd match --distinct`. Every embedding that contains an
+    update's edge is found once, from the anchor its edge maps to, and the embeddings of one
+    instance all contain it: the constraints keep one per instance, whichever anchor finds it."""
     label_sizes = np.bincount(labels) if len(labels) else np.zeros(1, np.int64)
     sizes = np.array([label_sizes[l] if l < len(label_sizes) else 0 for l in q.labels])
     qs, qd, qe = q.edge_list()
     return ContinuousQuery(name, q, count_only, [Anchor(x, y, el, anchor_order(q, sizes, x, y))
-                                                 for x, y, el in zip(qs.tolist(), qd.tolist(), qe.tolist())])
+                                                 for x, y, el in zip(qs.tolist(), qd.tolist(), qe.tolist())],
+                           symmetry_constraints(q)[0] if distinct else [])
 
 
 def vertex_matches(cq: ContinuousQuery, batch: UpdateBatch, labels: np.ndarray,

@@ -220,9 +220,10 @@ class Pipeline:
     def ignored(self):
         return self.sequencer.ignored
 
-    def add_query(self, name: str, q: Graph, count_only: bool = False) -> None:
-        """Register (or replace) a query: before run, or from a marker's at_executor."""
-        cq = continuous_query(name, q, self.vertices.labels, count_only)
+    def add_query(self, name: str, q: Graph, count_only: bool = False, distinct: bool = False) -> None:
+        """Register (or replace) a query: before run, or from a marker's at_executor. distinct: one
+        delta per subgraph instance (continuous_query)."""
+        cq = continuous_query(name, q, self.vertices.labels, count_only, distinct)
         self.queries[name] = (cq, self.engine.prepare(cq) if q.n > 1 else None)
 
     def remove_query(self, name: str) -> bool:

@@ -4,7 +4,8 @@
   GET    /metrics           Prometheus text format
   GET    /stats             counters, rates, latency, per-query totals
   GET    /queries           the registered queries
-  POST   /queries           {"name", "query": text, "count_only"}: register (through the control topic)
+  POST   /queries           {"name", "query": text, "count_only", "distinct"}: register (through the control
+                            topic); distinct: one delta per subgraph instance
   DELETE /queries/NAME      remove (through the control topic)
   POST   /match             {"query": text, "distinct", "limit", "time_limit"}: one-shot static
                             query against the live graph at a consistent timestamp
@@ -112,7 +113,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/stats":
             self._guard(lambda: self._send(200, d.stats()))
         elif self.path == "/queries":
-            self._send(200, {"queries": [{"name": s.name, "count_only": s.count_only, "query": s.text}
+            self._send(200, {"queries": [{"name": s.name, "count_only": s.count_only, "distinct": s.distinct,
+                                          "query": s.text}
                                          for s in list(d.specs.values())]})
         else:
             self._send(404, {"error": f"no such endpoint {self.path}"})
@@ -121,9 +123,9 @@ class _Handler(BaseHTTPRequestHandler):
         d = self.daemon
         if self.path == "/queries":
             def add():
-                body = self._body(("name", "query", "count_only"))
+                body = self._body(("name", "query", "count_only", "distinct"))
                 msg = {"op": "add", "name": body.get("name"), "query": body.get("query"),
-                       "count_only": body.get("count_only", False)}
+                       "count_only": body.get("count_only", False), "distinct": body.get("distinct", False)}
                 self._changed(d.request_change(msg))
             self._guard(add)
         elif self.path == "/match":

@@ -68,6 +68,7 @@ DEFAULTS: dict[str, dict] = {
     "queries": {
         "paths": [],  # query files or folders registered at every start
         "count_only": False,  # publish one count per update instead of every match
+        "distinct": False,  # one delta per subgraph instance, not one per automorphism
     },
     "pipeline": {
         "backend": "auto",

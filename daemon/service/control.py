@@ -32,9 +32,17 @@ class QuerySpec:
     name: str
     text: str
     count_only: bool = False
+    distinct: bool = False  # one delta per subgraph instance (symmetry breaking)
 
-    def register(self, pipe: Pipeline, labels: LabelNames = NO_NAMES) -> None:
-        pipe.add_query(self.name, parse_query_text(self.text, self.name, labels), self.count_only)
+    @classmethod
+    def from_message(cls, msg: dict) -> "QuerySpec":
+        """The spec of a checked control message (control_request); a remove has no query."""
+        return cls(msg["name"], msg.get("query", ""), msg.get("count_only", False), msg.get("distinct", False))
+
+    def register(self, pipe: Pipeline, labels: LabelNames = NO_NAMES, q=None) -> None:
+        """Add the query to the pipeline (q: its text parsed already)."""
+        q = parse_query_text(self.text, self.name, labels) if q is None else q
+        pipe.add_query(self.name, q, self.count_only, self.distinct)
 
 
 class QueryChange(Marker):
@@ -56,7 +64,7 @@ class QueryChange(Marker):
             if self.spec.name in pipe.queries:  # replacing it would change what its deltas mean mid-stream
                 self.error = f"a query named {self.spec.name!r} is registered already (remove it first)"
                 return
-            pipe.add_query(self.spec.name, self._query, self.spec.count_only)
+            self.spec.register(pipe, q=self._query)
         elif not pipe.remove_query(self.spec.name):
             self.error = f"no query named {self.spec.name!r}"
 
@@ -82,8 +90,9 @@ def control_request(body: bytes, source: str, labels: LabelNames = NO_NAMES) -> 
     if msg["op"] == "add":
         if not isinstance(msg.get("query"), str):
             raise InputError(source, None, "\"add\" needs \"query\": the query graph as text")
-        if not isinstance(msg.get("count_only", False), bool):
-            raise InputError(source, None, "\"count_only\" must be true or false")
+        for flag in ("count_only", "distinct"):
+            if not isinstance(msg.get(flag, False), bool):
+                raise InputError(source, None, f"\"{flag}\" must be true or false")
         parse_query_text(msg["query"], f"{source} query {msg['name']}", labels)  # refuses bad graphs with their line
     if msg["op"] == "applied":  # read back at every start: a bad one must be refused here, not fail there
         at = msg.get("at")
@@ -130,7 +139,7 @@ class ControlPlane:
             else:
                 requests[rec.offset] = (rec, msg)
         for offset, (rec, msg) in sorted(requests.items()):
-            spec = QuerySpec(msg["name"], msg.get("query", ""), msg.get("count_only", False))
+            spec = QuerySpec.from_message(msg)
             done = applied.get(offset)
             if done is not None:
                 at = {int(p): o for p, o in done["at"].items()}
@@ -163,7 +172,7 @@ class ControlPlane:
                 continue
             if msg["op"] == "applied" or rec.offset <= self.control_applied or self._refused_in_cluster(rec, msg):
                 continue  # our own announcements, or requests replayed at start
-            spec = QuerySpec(msg["name"], msg.get("query", ""), msg.get("count_only", False))
+            spec = QuerySpec.from_message(msg)
             self._enqueue_marker(QueryChange(msg["op"], spec, rec.offset, dict(self._next_offsets), True, self.labels))
 
     def _changed(self, ch: QueryChange) -> None:

@@ -41,7 +41,7 @@ def describe(cfg: dict, specs, instance: str) -> dict:
     return {"input": cfg["topics"]["input"], "output": cfg["topics"]["output"], "shards": cfg["cluster"]["shards"],
             "graph": _file_digest(initial) if initial else "", "ids": f"{kind}, at most {g['max_id_bytes']} bytes",
             "queries": {s.name: _query_digest(s.text, s.name, label_names(cfg)) + (" count-only" if s.count_only else "")
-                        for s in specs},
+                        + (" distinct" if s.distinct else "") for s in specs},
             "instance": instance, "host": socket.gethostname(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 

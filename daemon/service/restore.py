@@ -140,7 +140,7 @@ def config_specs(cfg: dict) -> list[QuerySpec]:
     for p in query_files(paths) if paths else []:
         text = Path(p).read_text(encoding="utf-8", errors="replace")
         parse_query_text(text, str(p), label_names(cfg))
-        specs.append(QuerySpec(p.stem, text, cfg["queries"]["count_only"]))
+        specs.append(QuerySpec(p.stem, text, cfg["queries"]["count_only"], cfg["queries"]["distinct"]))
     return specs
 
 
