@@ -1,12 +1,18 @@
-"""End-to-end through Kafka (embedded broker, CPU engine) against `csmd replay` on the same stream.
+"""Through Kafka (the embedded broker): where a record's round trip goes, and the daemon's share of it.
 
-Throughput: the whole human insertion stream is produced at once; updates/s from
-the first record produced until every record is done (its deltas acknowledged
-by the broker). Latency: the stream is produced at a steady rate below capacity;
-per update with deltas, from its produce time (the record's CreateTime) to the
-moment a consumer of the output topic holds its first delta. Replay: the same
-stream, queries and batch size through `csmd replay` in-process (no Kafka).
-Median of --runs runs. Prints a table.
+Paced (--rate updates/s, one update a record, the human insertion stream, Q_1..Q_N count-only),
+per input record in one run:
+  (a) end to end: from handing the record to the producer to a consumer of the output topic
+      holding its first delta (records with deltas);
+  (b) the broker's own hop: the same records produced at the same rate to a topic and consumed
+      back with the consumer settings the daemon uses, no daemon between;
+  (c) the daemon's own time: from a record's arrival at its consumer to its deltas acknowledged
+      by the broker (its latency histogram, every record; `csmd admin stats`).
+(a) holds two hops of (b) and (c): a daemon that adds nothing of its own has a <= c + 2b.
+
+Burst: --rounds rounds of the human stream (each undoing the last, bench/cluster.py in_rounds),
+--per-record updates a record, produced at once; updates/s from the first record produced to
+every record done (its deltas acknowledged). Median of --runs runs. Prints a table.
 """
 
 from __future__ import annotations
@@ -23,120 +29,158 @@ import numpy as np
 import pyarrow.ipc as ipc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
-from kafka_harness import HUMAN, DaemonProcess, Topics, config_text, human_lines, kill_leftovers, new_admin_port  # noqa: E402
+from cluster import in_rounds  # noqa: E402
+from kafka_harness import DaemonProcess, Topics, config_text, human_lines, kill_leftovers, new_admin_port  # noqa: E402
 
 from csmd.connectors.broker import EmbeddedBroker  # noqa: E402
-from csmd.model.formats import read_graph, read_query  # noqa: E402
-from csmd.cli.replay import replay  # noqa: E402
 
-SETS = {
-    "4 queries, every match": (["Q_1", "Q_2", "Q_5", "Q_8"], False),
-    "40 queries, count-only": ([f"Q_{i}" for i in range(1, 41)], True),
-}
+QUIET = {"log_level": 0}
+CONSUMER = {"fetch.wait.max.ms": 5, **QUIET}  # what the daemon's input consumer uses (connectors/kafka.py)
 
 
-def run_kafka(bootstrap: str, queries, count_only: bool, rate: float | None, workdir: Path):
-    """(seconds to drain the stream, latencies of updates with deltas or None, the daemon's own p50/p99)."""
-    t = Topics(bootstrap)
-    port = new_admin_port()
-    cfg = workdir / f"{t.input}.toml"
-    cfg.write_text(config_text(t, queries, admin_port=port, queries={"count_only": count_only},
-                               log={"level": "warning"}))
-    d = DaemonProcess(cfg, workdir / f"{t.input}.log", port)
-    lines = human_lines()
-    first_delta: dict[int, float] = {}
-    produced: dict[int, float] = {}
-    stop = threading.Event()
+def produce(bootstrap: str, topic: str, values: list[bytes], rate: float | None) -> dict[int, float]:
+    """Each record's offset -> when it was handed to the producer (paced at `rate`, or all at once)."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0 if rate else 5, **QUIET})
+    handed: dict[int, float] = {}
 
-    def consume():
-        c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-" + t.input, "fetch.wait.max.ms": 5,
-                      "log_level": 0})
-        c.assign([TopicPartition(t.output, 0, 0)])
-        while not stop.is_set():
-            for m in c.consume(1000, 0.05):
-                if m.error() is None:
-                    now = time.time()
-                    offs = ipc.open_stream(m.value()).read_all().column("offset").to_numpy()
-                    for o in np.unique(offs).tolist():
-                        first_delta.setdefault(o, now)
-        c.close()
-
-    reader = threading.Thread(target=consume, daemon=True)
-    reader.start()
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0 if rate else 5, "log_level": 0})
-
-    def delivered(err, msg):
+    def delivered(err, msg, t):
         if err is None:
-            produced[msg.offset()] = msg.timestamp()[1] / 1000
+            handed[msg.offset()] = t
 
     t0 = time.monotonic()
-    for i, line in enumerate(lines):
+    for i, v in enumerate(values):
         if rate:
             delay = t0 + i / rate - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-        p.produce(t.input, line.encode(), on_delivery=delivered)
+        now = time.time()
+        p.produce(topic, v, on_delivery=lambda err, msg, t=now: delivered(err, msg, t))
         p.poll(0)
     p.flush(60)
+    return handed
+
+
+class FirstSeen:
+    """A consumer thread: when each input offset was first seen on `topic` (the offsets of its
+    delta rows for the output topic, the record's own offset for a plain topic)."""
+
+    def __init__(self, bootstrap: str, topic: str, deltas: bool):
+        self.seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(bootstrap, topic, deltas), daemon=True)
+        self._thread.start()
+
+    def _run(self, bootstrap, topic, deltas):
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-" + topic, **CONSUMER})
+        c.assign([TopicPartition(topic, 0, 0)])
+        while not self._stop.is_set():
+            for m in c.consume(1000, 0.05):
+                if m.error() is None:
+                    now = time.time()
+                    offs = np.unique(ipc.open_stream(m.value()).read_all().column("offset").to_numpy()).tolist() \
+                        if deltas else [m.offset()]
+                    for o in offs:
+                        self.seen.setdefault(o, now)
+        c.close()
+
+    def close(self) -> dict[int, float]:
+        time.sleep(1.0)
+        self._stop.set()
+        self._thread.join()
+        return self.seen
+
+
+def daemon(bootstrap: str, queries: list[Path], backend: str, workdir: Path) -> tuple[Topics, DaemonProcess]:
+    t = Topics(bootstrap)
+    port = new_admin_port()
+    cfg = workdir / f"{t.input}.toml"
+    cfg.write_text(config_text(t, [], admin_port=port, queries={"paths": [str(q) for q in queries], "count_only": True},
+                               pipeline={"backend": backend}, log={"level": "warning"}))
+    return t, DaemonProcess(cfg, workdir / f"{t.input}.log", port)
+
+
+def wait_done(d: DaemonProcess, records: int) -> dict:
     while True:
         s = d.get("/stats")
-        if s["offsets"].get("0", 0) >= len(lines) and s["pending_records"] == 0:
-            break
+        if s["offsets"].get("0", 0) >= records and s["pending_records"] == 0:
+            return s
         time.sleep(0.01)
-    seconds = time.monotonic() - t0
-    own = (s["latency_p50_s"], s["latency_p99_s"])  # every record: arrival to deltas acknowledged
-    time.sleep(1.0)
-    stop.set()
-    reader.join()
+
+
+def paced(bootstrap: str, queries, backend: str, rate: float, workdir: Path) -> dict:
+    """(a), (b) and (c) of one run, in seconds: each as (p50, p99)."""
+    values = [line.encode() for line in human_lines()]
+    t, d = daemon(bootstrap, queries, backend, workdir)
+    out = FirstSeen(bootstrap, t.output, deltas=True)
+    handed = produce(bootstrap, t.input, values, rate)
+    own = wait_done(d, len(values))
+    seen = out.close()
     d.stop()
-    lat = [first_delta[o] - produced[o] for o in first_delta if o in produced] if rate else None
-    return seconds, lat, own
+    a = [seen[o] - handed[o] for o in seen if o in handed]
+    hop_topic = Topics(bootstrap).input  # a fresh topic: the same records, no daemon between
+    back = FirstSeen(bootstrap, hop_topic, deltas=False)
+    hop_handed = produce(bootstrap, hop_topic, values, rate)
+    hop_seen = back.close()
+    b = [hop_seen[o] - hop_handed[o] for o in hop_seen if o in hop_handed]
+    q = lambda x: (float(np.percentile(x, 50)), float(np.percentile(x, 99)))  # noqa: E731
+    return {"a": q(a), "b": q(b), "c": (own["latency_p50_s"], own["latency_p99_s"]), "with_deltas": len(a)}
 
 
-def run_replay(queries, count_only: bool, workdir: Path) -> float:
-    g0 = read_graph(HUMAN / "data.graph")
-    qs = [(q, read_query(HUMAN / "queries" / f"{q}.graph")) for q in queries]
-    out = None if count_only else workdir / "replay.arrow"
+def burst(bootstrap: str, queries, backend: str, rounds: int, per_record: int, workdir: Path) -> tuple[float, int]:
+    """(updates/s end to end, updates) of one run."""
+    lines = in_rounds(human_lines(), rounds)
+    values = ["\n".join(lines[i:i + per_record]).encode() for i in range(0, len(lines), per_record)]
+    t, d = daemon(bootstrap, queries, backend, workdir)
     t0 = time.monotonic()
-    replay(g0, HUMAN / "insertion.graph", qs, batch_size=64, count_only=count_only, output=out, show_progress=False)
-    return time.monotonic() - t0
+    produce(bootstrap, t.input, values, None)
+    wait_done(d, len(values))
+    seconds = time.monotonic() - t0
+    d.stop()
+    return len(lines) / seconds, len(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", nargs="+", default=["cpu"], help="engines to measure (cpu, gpu)")
+    ap.add_argument("--datasets", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "datasets")
+    ap.add_argument("--queries", type=int, default=100, help="Q_1..Q_N of the human dataset, count-only")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--rate", type=float, default=200.0, help="updates/s for the latency runs (below capacity)")
+    ap.add_argument("--rate", type=float, default=1000.0, help="updates/s of the paced runs")
+    ap.add_argument("--rounds", type=int, default=128, help="rounds of the human stream in the burst")
+    ap.add_argument("--per-record", type=int, default=64, help="updates a record in the burst")
     args = ap.parse_args()
-    n = len(human_lines())
+    queries = [args.datasets / "human" / "queries" / f"Q_{i}.graph" for i in range(1, args.queries + 1)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(log_path=Path(tmp) / "broker.log") as broker:
         work = Path(tmp)
         try:
-            for label, (queries, count_only) in SETS.items():
-                kafka_s = statistics.median(run_kafka(broker.bootstrap, queries, count_only, None, work)[0]
-                                            for _ in range(args.runs))
-                replay_s = statistics.median(run_replay(queries, count_only, work) for _ in range(args.runs))
-                runs = [run_kafka(broker.bootstrap, queries, count_only, args.rate, work) for _ in range(args.runs)]
-                p50 = statistics.median(float(np.percentile(r[1], 50)) for r in runs)
-                p99 = statistics.median(float(np.percentile(r[1], 99)) for r in runs)
-                own50 = statistics.median(r[2][0] for r in runs)
-                own99 = statistics.median(r[2][1] for r in runs)
-                rows.append((label, n / kafka_s, n / replay_s, kafka_s / replay_s, p50, p99, len(runs[0][1]),
-                             own50, own99))
-                print(f"done: {label}", file=sys.stderr)
+            for backend in args.backend:
+                runs = [paced(broker.bootstrap, queries, backend, args.rate, work) for _ in range(args.runs)]
+                med = {k: tuple(statistics.median(r[k][i] for r in runs) for i in (0, 1)) for k in "abc"}
+                rates = [burst(broker.bootstrap, queries, backend, args.rounds, args.per_record, work)
+                         for _ in range(args.runs)]
+                rows.append((backend, med, runs[0]["with_deltas"], statistics.median(r[0] for r in rates),
+                             rates[0][1]))
+                print(f"done: {backend}", file=sys.stderr)
         finally:
             kill_leftovers()
-    print(f"\nhuman insertion stream: {n} edge insertions; embedded Tansu broker; CPU engine; batch size 64; "
-          f"median of {args.runs} runs; latency at {args.rate:.0f} updates/s offered\n")
-    print("p50/p99: produced to first delta consumed, over the updates that have deltas;")
-    print("all p50/p99: the daemon's own histogram, every record from arrival to its deltas acknowledged\n")
-    print(f"{'queries':<26} {'kafka upd/s':>12} {'replay upd/s':>13} {'kafka/replay time':>18} "
-          f"{'p50 ms':>8} {'p99 ms':>8} {'updates w/ deltas':>18} {'all p50 ms':>11} {'all p99 ms':>11}")
-    for label, k, r, ratio, p50, p99, m, o50, o99 in rows:
-        print(f"{label:<26} {k:>12.0f} {r:>13.0f} {ratio:>18.2f} {p50 * 1000:>8.1f} {p99 * 1000:>8.1f} {m:>18} "
-              f"{o50 * 1000:>11.1f} {o99 * 1000:>11.1f}")
+    n = len(human_lines())
+    print(f"\nhuman stream, Q_1..Q_{args.queries} count-only; embedded Tansu broker; median of {args.runs} runs")
+    print(f"paced: {n} records of one update at {args.rate:.0f}/s; (a) handed to the producer -> first delta "
+          f"consumed, (b) the same records through one topic, no daemon, (c) the daemon's own: arrival -> "
+          f"deltas acknowledged")
+    print(f"burst: {args.rounds} rounds, {args.per_record} updates a record, produced at once\n")
+    print(f"{'engine':<7} {'(a) p50':>8} {'(a) p99':>8} {'(b) p50':>8} {'(b) p99':>8} {'(c) p50':>8} {'(c) p99':>8} "
+          f"{'c+2b p50':>9} {'records w/ deltas':>18} {'burst upd/s':>12} {'updates':>10}")
+    for backend, med, with_deltas, rate, updates in rows:
+        ms = {k: (v[0] * 1000, v[1] * 1000) for k, v in med.items()}
+        print(f"{backend:<7} {ms['a'][0]:>8.1f} {ms['a'][1]:>8.1f} {ms['b'][0]:>8.1f} {ms['b'][1]:>8.1f} "
+              f"{ms['c'][0]:>8.2f} {ms['c'][1]:>8.2f} {ms['c'][0] + 2 * ms['b'][0]:>9.1f} {with_deltas:>18} "
+              f"{rate:>12.0f} {updates:>10}")
+    print("\nms; (a) and (b) per record, (c) from the daemon's histogram (bucketed)")
 
 
 if __name__ == "__main__":
