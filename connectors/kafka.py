@@ -10,6 +10,7 @@ go through it, so delivery is handled in one place.
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pyarrow as pa
@@ -256,8 +257,8 @@ def arrow_messages(batch: pa.RecordBatch, max_bytes: int) -> list[bytes]:
 class KafkaSink:
     """The producer: idempotent, optionally transactional; every delivery ends in a defined state.
 
-    on_ack(origins) runs for every produced record once the broker has it (from
-    `poll`). librdkafka retries a retriable error with backoff for up to
+    on_ack(origins) runs for every produced record once the broker has it (on the
+    sink's delivery thread, or in `poll` / `flush`). librdkafka retries a retriable error with backoff for up to
     `timeout_s`; a record still undelivered then, or refused for good (too large,
     not authorized), calls on_failed(reason) instead, once per record: the caller
     stops, and never commits past it, so a restart sends it again.
@@ -278,6 +279,16 @@ class KafkaSink:
         self._in_txn = False
         if self.transactional:
             self.producer.init_transactions(30)
+        # delivery reports served as they come, on a thread of their own, not when the consume loop
+        # next polls: it waits up to its poll timeout for input, and a record counts as done (its
+        # latency, its offset committable) only once its report is served
+        self._closing = threading.Event()
+        self._reports = threading.Thread(target=self._serve_reports, name="csmd-delivery", daemon=True)
+        self._reports.start()
+
+    def _serve_reports(self) -> None:
+        while not self._closing.is_set():
+            self.producer.poll(0.05)
 
     def produce(self, topic: str, value: bytes, key: str | bytes | None, headers: dict | list, on_ack, origins) -> None:
         if self.transactional and not self._in_txn:
@@ -330,4 +341,6 @@ class KafkaSink:
         self._in_txn = False
 
     def close(self) -> None:
+        self._closing.set()
+        self._reports.join()
         self.producer.flush(30)
