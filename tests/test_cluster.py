@@ -12,7 +12,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -33,9 +32,10 @@ from csmd.pipeline.stages import Pipeline
 from csmd.service.config import load_config
 
 from conftest import ENGINES
-from kafka_harness import REPO, Cluster, Topics, config_text, human_lines, kill_leftovers, metric, new_admin_port
+from kafka_harness import (REPO, Cluster, ProgressWatch, Topics, Trickle, config_text, dedup, human_lines,
+                           kill_leftovers, metric, new_admin_port, rows_of)
 from test_continuous import make_case, run_replay
-from test_kafka_daemon import QUERIES, dedup, reference, rows_of  # noqa: F401 (reference is a fixture)
+from test_kafka_daemon import QUERIES, reference  # noqa: F401 (reference is a fixture)
 
 ID = ("query", "seq", "sign", "vertices", "input", "partition", "offset", "index", "count")
 
@@ -275,31 +275,6 @@ def _no_leftover_daemons():
     kill_leftovers()
 
 
-class ProgressWatch:
-    """Reads every shard's progress all along (a thread): it must never go back."""
-
-    def __init__(self, cluster: Cluster):
-        self.cluster, self.stop, self.backwards = cluster, threading.Event(), []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        last: dict[int, int] = {}
-        while not self.stop.is_set():
-            for s, o in self.cluster.progress().items():
-                if o < 0:  # none committed yet
-                    continue
-                if o < last.get(s, -1):
-                    self.backwards.append((s, last[s], o))
-                last[s] = max(last.get(s, -1), o)
-            time.sleep(0.05)
-
-    def close(self) -> list:
-        self.stop.set()
-        self.thread.join()
-        return self.backwards
-
-
 def shards_of(table: pa.Table) -> list[int]:
     """The (record, query) shard of each delta."""
     return [int(shard_of(p, o, SHARDS, q)[0]) for q, p, o in zip(*(table.column(c).to_pylist()
@@ -334,31 +309,6 @@ def test_three_instances_equal_replay_and_each_delta_comes_from_its_shards_owner
         assert metric(metrics, "csmd_cluster_shard_lag", shard="0") == 0
         assert metric(metrics, "csmd_cluster_rebalances_total") >= 1
     assert c.stop("a", "b", "c") == [0, 0, 0]
-
-
-class Trickle:
-    """Produces `lines` slowly in the background (36 every 0.1 s) up to the last quarter, which
-    waits for `finish()`: whatever the machine's speed, instances that come and
-    go before finish() do so mid-stream, with records before and after them."""
-
-    def __init__(self, c: Cluster, lines, step: int = 36, pause: float = 0.1):
-        self.c, self.lines, self.sent, self.cap = c, lines, 0, len(lines) - len(lines) // 4
-        self.hurry = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(step, pause), daemon=True)
-        self.thread.start()
-
-    def _run(self, step, pause):
-        while self.sent < self.cap and not self.hurry.is_set():
-            end = min(self.cap, self.sent + step)
-            self.c.t.produce(self.c.t.input, self.lines[self.sent:end])
-            self.sent = end
-            time.sleep(pause)
-
-    def finish(self) -> None:
-        """Send the rest now."""
-        self.hurry.set()
-        self.thread.join()
-        self.c.t.produce(self.c.t.input, self.lines[self.sent:])
 
 
 def published_by(c: Cluster, name: str, timeout: float) -> bool:
@@ -602,3 +552,5 @@ def test_an_instance_with_another_configuration_is_refused_and_says_what_differs
                          text=True, timeout=120)
     assert run.returncode == 2, run.stderr[-2000:]
     assert "queries only here: Q_3; queries only in the deployment: Q_2, Q_5, Q_8" in run.stderr, run.stderr[-2000:]
+
+
