@@ -554,3 +554,63 @@ def test_an_instance_with_another_configuration_is_refused_and_says_what_differs
     assert "queries only here: Q_3; queries only in the deployment: Q_2, Q_5, Q_8" in run.stderr, run.stderr[-2000:]
 
 
+
+def test_shards_lost_and_handed_straight_back_go_on_without_a_re_match(tmp_path, kafka_bootstrap, reference):
+    """Issue 37.4: librdkafka declares an instance's whole assignment lost when a progress commit
+    races a rebalance (ILLEGAL_GENERATION, as when a 4th instance joins) or its session expires,
+    and the sticky assignor mostly hands the shards straight back. Made certain here: one instance,
+    stopped past its session timeout with the stream flowing, gets every shard back on waking up.
+    It never stopped matching them, so nothing is re-matched (before, every shard was, from its
+    last committed progress), and nothing is lost."""
+    c = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS)
+    (a,) = c.start("a")
+    c.wait_balanced(["a"])
+    watch = ProgressWatch(c)
+    lines = human_lines()
+    stream = Trickle(c, lines)
+    a.wait_offset(300)
+    before = metric(a.get("/metrics"), "csmd_cluster_rematched_updates_total")
+    a.proc.send_signal(signal.SIGSTOP)
+    time.sleep(3.5)  # past the 2 s session timeout: the group drops it
+    a.proc.send_signal(signal.SIGCONT)
+    log = tmp_path / "a.log"
+    t0 = time.monotonic()
+    while '"shards lost"' not in log.read_text():
+        assert time.monotonic() - t0 < 30, "librdkafka did not declare the shards lost"
+        time.sleep(0.05)
+    assert c.wait_balanced(["a"]) == {"a": set(range(SHARDS))}
+    stream.finish()
+    c.wait_progress(len(lines))
+    assert watch.close() == [], "a shard's committed progress went back"
+    assert metric(a.get("/metrics"), "csmd_cluster_rematched_updates_total") == before
+    assert "shards handed back" in log.read_text()
+    table, _by = c.deltas()
+    assert rows_of(dedup(table)[0]) == reference
+    assert c.stop("a") == [0]
+
+
+def test_a_fourth_instance_joining_moves_only_its_shards(tmp_path, kafka_bootstrap, reference):
+    """Issue 37.4: three instances share the shards and a fourth joins mid-stream. An instance whose
+    progress commit races the rebalance (ILLEGAL_GENERATION) has its whole assignment declared lost
+    by librdkafka; it gave up every shard and re-matched those handed straight back from their last
+    progress. Now no instance re-matches a shard it held before the join: what it gains is a shard
+    that really moved. (The race is rare on this broker; the test above makes the loss certain.)"""
+    c = Cluster(tmp_path, kafka_bootstrap, QUERIES, 12)
+    c.start("a", "b", "c")
+    before = c.wait_balanced(["a", "b", "c"])
+    lines = human_lines()
+    stream = Trickle(c, lines)
+    time.sleep(0.5)
+    logged = {n: len((tmp_path / f"{n}.log").read_text()) for n in before}
+    c.start("d")
+    c.wait_balanced(["a", "b", "c", "d"])
+    stream.finish()
+    c.wait_progress(len(lines))
+    for n in before:
+        since = (tmp_path / f"{n}.log").read_text()[logged[n]:].splitlines()
+        events = [json.loads(x) for x in since if x.startswith("{")]
+        regained = {int(s) for e in events if e["event"] == "shards gained" for s in e["shards"]} & before[n]
+        assert not regained, f"{n} re-matched shards it held before the join"
+    table, _by = c.deltas()
+    assert rows_of(dedup(table)[0]) == reference
+    assert c.stop(*c.members) == [0, 0, 0, 0]
