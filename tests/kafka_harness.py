@@ -15,18 +15,23 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
+from csmd.cli.replay import replay
 from csmd.connectors.broker import free_port
 from csmd.connectors.kafka import ensure_topics
+from csmd.model.formats import read_graph, read_query
 
 REPO = Path(__file__).resolve().parents[1]
 HUMAN = REPO / "samples" / "human"
 QUIET = {"log_level": 0}
+QUERIES = ["Q_1", "Q_2", "Q_5", "Q_8"]  # the daemon tests' queries, what `reference` replays
 
 
 def human_lines() -> list[str]:
@@ -50,6 +55,42 @@ def samples(metrics_text: str) -> dict[tuple, float]:
 def metric(metrics_text: str, name: str, **labels) -> float | None:
     """One sample's value; None when the series is absent."""
     return samples(metrics_text).get((name, tuple(sorted(labels.items()))))
+
+
+def rows_of(table: pa.Table) -> Counter:
+    cols = [table.column(c).to_pylist() for c in ("query", "seq", "sign", "vertices")]
+    return Counter((q, s, g, tuple(v)) for q, s, g, v in zip(*cols))
+
+
+def dedup(table: pa.Table) -> tuple[pa.Table, int]:
+    """Rows with distinct delta ids; the number of duplicates dropped. Duplicates must be identical."""
+    ids = list(zip(*(table.column(c).to_pylist() for c in ("input", "partition", "offset", "query", "index"))))
+    content = list(zip(*(table.column(c).to_pylist() for c in ("seq", "sign", "vertices"))))
+    seen: dict = {}
+    keep = []
+    for i, (key, body) in enumerate(zip(ids, content)):
+        if key in seen:
+            assert seen[key] == body, f"delta id {key} names two different deltas"
+            continue
+        seen[key] = body
+        keep.append(i)
+    return table.take(keep), len(ids) - len(keep)
+
+
+def replay_rows(queries, folder: Path) -> Counter:
+    """`csmd replay`'s deltas of the human stream for `queries` (the truth of the daemon tests, its own
+    tests check it against brute force): (query, seq, sign, vertices) -> count."""
+    out = folder / "deltas.arrow"
+    replay(read_graph(HUMAN / "data.graph"), HUMAN / "insertion.graph",
+           [(q, read_query(HUMAN / "queries" / f"{q}.graph")) for q in queries], batch_size=64,
+           count_only=False, output=out, show_progress=False)
+    return rows_of(pa.ipc.open_file(str(out)).read_all())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Replay's deltas of the human stream for QUERIES (a fixture: import it where it is used)."""
+    return replay_rows(QUERIES, tmp_path_factory.mktemp("ref"))
 
 
 class Topics:
@@ -343,3 +384,53 @@ class Cluster:
             tables.append(table)
             by += [dict(m.headers())["csmd-instance"].decode()] * table.num_rows
         return pa.concat_tables(tables), by
+
+
+class ProgressWatch:
+    """Reads every shard's progress all along (a thread): it must never go back."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster, self.stop, self.backwards = cluster, threading.Event(), []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        last: dict[int, int] = {}
+        while not self.stop.is_set():
+            for s, o in self.cluster.progress().items():
+                if o < 0:  # none committed yet
+                    continue
+                if o < last.get(s, -1):
+                    self.backwards.append((s, last[s], o))
+                last[s] = max(last.get(s, -1), o)
+            time.sleep(0.05)
+
+    def close(self) -> list:
+        self.stop.set()
+        self.thread.join()
+        return self.backwards
+
+
+class Trickle:
+    """Produces `lines` slowly in the background (36 every 0.1 s) up to the last quarter, which
+    waits for `finish()`: whatever the machine's speed, instances that come and
+    go before finish() do so mid-stream, with records before and after them."""
+
+    def __init__(self, c: Cluster, lines, step: int = 36, pause: float = 0.1):
+        self.c, self.lines, self.sent, self.cap = c, lines, 0, len(lines) - len(lines) // 4
+        self.hurry = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(step, pause), daemon=True)
+        self.thread.start()
+
+    def _run(self, step, pause):
+        while self.sent < self.cap and not self.hurry.is_set():
+            end = min(self.cap, self.sent + step)
+            self.c.t.produce(self.c.t.input, self.lines[self.sent:end])
+            self.sent = end
+            time.sleep(pause)
+
+    def finish(self) -> None:
+        """Send the rest now."""
+        self.hurry.set()
+        self.thread.join()
+        self.c.t.produce(self.c.t.input, self.lines[self.sent:])

@@ -12,7 +12,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -33,9 +32,10 @@ from csmd.pipeline.stages import Pipeline
 from csmd.service.config import load_config
 
 from conftest import ENGINES
-from kafka_harness import REPO, Cluster, Topics, config_text, human_lines, kill_leftovers, metric, new_admin_port
+from kafka_harness import (REPO, Cluster, ProgressWatch, Topics, Trickle, config_text, dedup, human_lines,
+                           kill_leftovers, metric, new_admin_port, rows_of)
 from test_continuous import make_case, run_replay
-from test_kafka_daemon import QUERIES, dedup, reference, rows_of  # noqa: F401 (reference is a fixture)
+from test_kafka_daemon import QUERIES, reference  # noqa: F401 (reference is a fixture)
 
 ID = ("query", "seq", "sign", "vertices", "input", "partition", "offset", "index", "count")
 
@@ -275,31 +275,6 @@ def _no_leftover_daemons():
     kill_leftovers()
 
 
-class ProgressWatch:
-    """Reads every shard's progress all along (a thread): it must never go back."""
-
-    def __init__(self, cluster: Cluster):
-        self.cluster, self.stop, self.backwards = cluster, threading.Event(), []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        last: dict[int, int] = {}
-        while not self.stop.is_set():
-            for s, o in self.cluster.progress().items():
-                if o < 0:  # none committed yet
-                    continue
-                if o < last.get(s, -1):
-                    self.backwards.append((s, last[s], o))
-                last[s] = max(last.get(s, -1), o)
-            time.sleep(0.05)
-
-    def close(self) -> list:
-        self.stop.set()
-        self.thread.join()
-        return self.backwards
-
-
 def shards_of(table: pa.Table) -> list[int]:
     """The (record, query) shard of each delta."""
     return [int(shard_of(p, o, SHARDS, q)[0]) for q, p, o in zip(*(table.column(c).to_pylist()
@@ -334,31 +309,6 @@ def test_three_instances_equal_replay_and_each_delta_comes_from_its_shards_owner
         assert metric(metrics, "csmd_cluster_shard_lag", shard="0") == 0
         assert metric(metrics, "csmd_cluster_rebalances_total") >= 1
     assert c.stop("a", "b", "c") == [0, 0, 0]
-
-
-class Trickle:
-    """Produces `lines` slowly in the background (36 every 0.1 s) up to the last quarter, which
-    waits for `finish()`: whatever the machine's speed, instances that come and
-    go before finish() do so mid-stream, with records before and after them."""
-
-    def __init__(self, c: Cluster, lines, step: int = 36, pause: float = 0.1):
-        self.c, self.lines, self.sent, self.cap = c, lines, 0, len(lines) - len(lines) // 4
-        self.hurry = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(step, pause), daemon=True)
-        self.thread.start()
-
-    def _run(self, step, pause):
-        while self.sent < self.cap and not self.hurry.is_set():
-            end = min(self.cap, self.sent + step)
-            self.c.t.produce(self.c.t.input, self.lines[self.sent:end])
-            self.sent = end
-            time.sleep(pause)
-
-    def finish(self) -> None:
-        """Send the rest now."""
-        self.hurry.set()
-        self.thread.join()
-        self.c.t.produce(self.c.t.input, self.lines[self.sent:])
 
 
 def published_by(c: Cluster, name: str, timeout: float) -> bool:
@@ -602,3 +552,65 @@ def test_an_instance_with_another_configuration_is_refused_and_says_what_differs
                          text=True, timeout=120)
     assert run.returncode == 2, run.stderr[-2000:]
     assert "queries only here: Q_3; queries only in the deployment: Q_2, Q_5, Q_8" in run.stderr, run.stderr[-2000:]
+
+
+
+def test_shards_lost_and_handed_straight_back_go_on_without_a_re_match(tmp_path, kafka_bootstrap, reference):
+    """Issue 37.4: librdkafka declares an instance's whole assignment lost when a progress commit
+    races a rebalance (ILLEGAL_GENERATION, as when a 4th instance joins) or its session expires,
+    and the sticky assignor mostly hands the shards straight back. Made certain here: one instance,
+    stopped past its session timeout with the stream flowing, gets every shard back on waking up.
+    It never stopped matching them, so nothing is re-matched (before, every shard was, from its
+    last committed progress), and nothing is lost."""
+    c = Cluster(tmp_path, kafka_bootstrap, QUERIES, SHARDS)
+    (a,) = c.start("a")
+    c.wait_balanced(["a"])
+    watch = ProgressWatch(c)
+    lines = human_lines()
+    stream = Trickle(c, lines)
+    a.wait_offset(300)
+    before = metric(a.get("/metrics"), "csmd_cluster_rematched_updates_total")
+    a.proc.send_signal(signal.SIGSTOP)
+    time.sleep(3.5)  # past the 2 s session timeout: the group drops it
+    a.proc.send_signal(signal.SIGCONT)
+    log = tmp_path / "a.log"
+    t0 = time.monotonic()
+    while '"shards lost"' not in log.read_text():
+        assert time.monotonic() - t0 < 30, "librdkafka did not declare the shards lost"
+        time.sleep(0.05)
+    assert c.wait_balanced(["a"]) == {"a": set(range(SHARDS))}
+    stream.finish()
+    c.wait_progress(len(lines))
+    assert watch.close() == [], "a shard's committed progress went back"
+    assert metric(a.get("/metrics"), "csmd_cluster_rematched_updates_total") == before
+    assert "shards handed back" in log.read_text()
+    table, _by = c.deltas()
+    assert rows_of(dedup(table)[0]) == reference
+    assert c.stop("a") == [0]
+
+
+def test_a_fourth_instance_joining_moves_only_its_shards(tmp_path, kafka_bootstrap, reference):
+    """Issue 37.4: three instances share the shards and a fourth joins mid-stream. An instance whose
+    progress commit races the rebalance (ILLEGAL_GENERATION) has its whole assignment declared lost
+    by librdkafka; it gave up every shard and re-matched those handed straight back from their last
+    progress. Now no instance re-matches a shard it held before the join: what it gains is a shard
+    that really moved. (The race is rare on this broker; the test above makes the loss certain.)"""
+    c = Cluster(tmp_path, kafka_bootstrap, QUERIES, 12)
+    c.start("a", "b", "c")
+    before = c.wait_balanced(["a", "b", "c"])
+    lines = human_lines()
+    stream = Trickle(c, lines)
+    time.sleep(0.5)
+    logged = {n: len((tmp_path / f"{n}.log").read_text()) for n in before}
+    c.start("d")
+    c.wait_balanced(["a", "b", "c", "d"])
+    stream.finish()
+    c.wait_progress(len(lines))
+    for n in before:
+        since = (tmp_path / f"{n}.log").read_text()[logged[n]:].splitlines()
+        events = [json.loads(x) for x in since if x.startswith("{")]
+        regained = {int(s) for e in events if e["event"] == "shards gained" for s in e["shards"]} & before[n]
+        assert not regained, f"{n} re-matched shards it held before the join"
+    table, _by = c.deltas()
+    assert rows_of(dedup(table)[0]) == reference
+    assert c.stop(*c.members) == [0, 0, 0, 0]

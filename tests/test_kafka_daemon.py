@@ -18,48 +18,15 @@ import pytest
 
 from csmd.errors import CsmdError
 from csmd.model.formats import read_graph, read_query
-from csmd.cli.replay import replay
 
-from kafka_harness import (HUMAN, DaemonProcess, Topics, config_text, expected_totals, human_lines, kill_leftovers,
-                           metric, new_admin_port)
-
-QUERIES = ["Q_1", "Q_2", "Q_5", "Q_8"]
+from kafka_harness import (HUMAN, QUERIES, DaemonProcess, Topics, config_text, dedup, expected_totals, human_lines,
+                           kill_leftovers, metric, new_admin_port, reference, rows_of)  # noqa: F401 (a fixture)
 
 
 @pytest.fixture(autouse=True)
 def _no_leftover_daemons():
     yield
     kill_leftovers()
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """Replay's deltas of the human stream for QUERIES: (query, seq) -> Counter of (sign, vertices)."""
-    out = tmp_path_factory.mktemp("ref") / "deltas.arrow"
-    queries = [(q, read_query(HUMAN / "queries" / f"{q}.graph")) for q in QUERIES]
-    replay(read_graph(HUMAN / "data.graph"), HUMAN / "insertion.graph", queries, batch_size=64,
-           count_only=False, output=out, show_progress=False)
-    return rows_of(ipc.open_file(str(out)).read_all())
-
-
-def rows_of(table: pa.Table) -> Counter:
-    cols = [table.column(c).to_pylist() for c in ("query", "seq", "sign", "vertices")]
-    return Counter((q, s, g, tuple(v)) for q, s, g, v in zip(*cols))
-
-
-def dedup(table: pa.Table) -> tuple[pa.Table, int]:
-    """Rows with distinct delta ids; the number of duplicates dropped. Duplicates must be identical."""
-    ids = list(zip(*(table.column(c).to_pylist() for c in ("input", "partition", "offset", "query", "index"))))
-    content = list(zip(*(table.column(c).to_pylist() for c in ("seq", "sign", "vertices"))))
-    seen: dict = {}
-    keep = []
-    for i, (key, body) in enumerate(zip(ids, content)):
-        if key in seen:
-            assert seen[key] == body, f"delta id {key} names two different deltas"
-            continue
-        seen[key] = body
-        keep.append(i)
-    return table.take(keep), len(ids) - len(keep)
 
 
 def start(tmp_path, kafka_bootstrap, queries=QUERIES, *, checkpoint=False, **overrides):

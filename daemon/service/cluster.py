@@ -38,6 +38,9 @@ from csmd.errors import CsmdError
 from csmd.pipeline.shards import ShardChange, ShardWork
 from csmd.service import deployment
 
+# a commit that races a rebalance: after it the shards still owned commit again
+_RACED = (KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS)
+
 
 def lowest_progress(conf: dict, cfg: dict) -> int:
     """The lowest committed progress of any shard of the deployment (0 for a shard with none): a
@@ -93,7 +96,8 @@ class ClusterMember:
         self.joined = self._closing = False
         self._lock = threading.Lock()  # owned / live / gains: the main thread, the output thread, delivery reports
         self.owned: set[int] = set()  # assigned to this instance by Kafka
-        self.live: set[int] = set()  # owned, and re-matched up to the gain: its progress may be committed
+        self.live: set[int] = set()  # re-matched up to the gain and matched since: committed while owned
+        self._held: set[int] = set()  # lost, but still matched here until the next assignment (_lost)
         self._gaining: set[int] = set()  # assigned, progress not read yet
         self._gains: dict[int, ShardChange] = {}  # shard -> its latest gain
         self._unacked: dict[ShardChange, int] = {}  # gain -> Kafka records of its re-match not acknowledged
@@ -134,8 +138,12 @@ class ClusterMember:
         try:
             self.progress = self._read(range(self.shards))
             self._commit(done)
-        except KafkaException as exc:  # the broker is away: the next interval tries again
-            self.d.log.warning("shard progress: read or commit failed, will retry", reason=str(exc))
+        except KafkaException as exc:
+            if exc.args[0].code() in _RACED:  # the shards still owned after the rebalance commit next interval
+                self.d.log.info("shard progress commit raced a rebalance, will retry after it",
+                                code=exc.args[0].name())
+            else:  # the broker is away: the next interval tries again
+                self.d.log.warning("shard progress: read or commit failed, will retry", reason=str(exc))
             return
         slowest = self._slowest()
         self.work.set_floor(self.progress.get(slowest, 0))
@@ -171,7 +179,7 @@ class ClusterMember:
     def _commit(self, done: int | None) -> None:
         """Commit `done` for the live shards whose progress (as just read) it passes."""
         with self._lock:
-            fresh = {s: done for s in self.live if done is not None and done > self.progress.get(s, -1)}
+            fresh = {s: done for s in self.live & self.owned if done is not None and done > self.progress.get(s, -1)}
         if fresh:
             self.consumer.commit(offsets=[TopicPartition(self.topic, s, o) for s, o in fresh.items()],
                                  asynchronous=False)
@@ -179,13 +187,20 @@ class ClusterMember:
 
     def _assigned(self, _consumer, parts) -> None:
         """Kafka hands shards over; they are taken up in poll, once their progress is read."""
-        gained = [p.partition for p in parts]
-        if gained and not self._closing:
-            self.rebalances += 1
-            self.d.metrics.inc("csmd_cluster_rebalances_total")
-            with self._lock:
-                self.owned.update(gained)
-            self._gaining.update(gained)
+        if self._closing:
+            return
+        gained = {p.partition for p in parts}
+        with self._lock:
+            back, gone = gained & self._held, self._held - gained
+            self._held = set()
+            self.owned |= gained
+        if gone:
+            self._drop(gone, "lost and not handed back")
+        if back:
+            self.d.log.info("shards handed back: matched here all along, no re-match", shards=sorted(back))
+        if gained - back:
+            self._rebalanced()
+            self._gaining |= gained - back
 
     def _take_up(self) -> None:
         """Start matching the gained shards from their committed progress (0 where none is)."""
@@ -214,17 +229,41 @@ class ClusterMember:
             self._commit(self._done())
         except KafkaException as exc:  # the new owner re-matches a little more: duplicates, not losses
             self.d.log.warning("shard progress not committed before giving shards up", reason=str(exc))
+        self._rebalanced()
         self._drop(lost, "revoked")
 
     def _lost(self, _consumer, parts) -> None:
-        """This instance was silent past the session timeout: the shards may be someone else's already."""
-        self._drop([p.partition for p in parts], "lost")
-
-    def _drop(self, lost: list[int], how: str) -> None:
-        if not lost:
+        """The group moved on without this instance: it was silent past the session timeout, or (the
+        usual case) a progress commit raced a rebalance that another instance's join started and got
+        ILLEGAL_GENERATION, after which librdkafka declares the whole assignment lost and rejoins.
+        The shards may be someone else's already, so their progress is no longer committed from here
+        (_commit takes owned shards only); but the pipeline keeps matching them until the next
+        assignment, and those handed straight back (the sticky assignor's usual answer) go on as live
+        without a re-match. No delta can be lost that way: this instance matched every one of their
+        records from its first offset on without a break (ShardWork never dropped them), each record
+        counts as done only once its deltas are delivered, and a commit never moves a progress back,
+        so whatever another owner committed meanwhile stays and what is committed from here is
+        covered. What it published while not owning them are duplicates with the same ids. Shards
+        still matched through a gain whose re-match is in flight go on with it. The others, and the
+        held shards not handed back, are dropped: a later gain re-matches them from their progress."""
+        lost = {p.partition for p in parts}
+        if not lost or self._closing:
             return
+        self._rebalanced()
+        with self._lock:
+            self.owned -= lost
+            held = {s for s in lost if s in self._gains}  # in the pipeline's ShardWork, or on their way there
+            self._held |= held
+        self.d.log.info("shards lost", shards=sorted(lost), matched_until_next_assignment=sorted(held))
+        self._drop(lost - held, None)
+
+    def _rebalanced(self) -> None:
         self.rebalances += 1
         self.d.metrics.inc("csmd_cluster_rebalances_total")
+
+    def _drop(self, lost, how: str | None) -> None:
+        if not lost:
+            return
         self._gaining.difference_update(lost)
         with self._lock:
             self.owned.difference_update(lost)
@@ -232,7 +271,8 @@ class ClusterMember:
             for s in lost:
                 self._gains.pop(s, None)
         self.d._enqueue_marker(ShardChange({}, lost))
-        self.d.log.info(f"shards {how}", shards=sorted(lost))
+        if how:
+            self.d.log.info(f"shards {how}", shards=sorted(lost))
 
     def _done(self) -> int | None:
         return self.d.tracker.committable().get((self.d.cfg["topics"]["input"], 0))
@@ -277,7 +317,7 @@ class ClusterMember:
 
     def stats(self) -> dict:
         with self._lock:
-            owned, live = sorted(self.owned), sorted(self.live)
+            owned, live = sorted(self.owned), sorted(self.live & self.owned)
         slowest = self._slowest()
         return {"instance": self.instance, "shards": self.shards, "joined": self.joined, "owned": owned,
                 "live": live, "progress": {str(s): self.progress.get(s) for s in range(self.shards)},
