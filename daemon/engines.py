@@ -13,7 +13,6 @@ import time
 from csmd.engine import ContinuousEngine, StaticMatcher
 from csmd.errors import CsmdError
 from csmd.model.graph import Graph
-from csmd.service.logs import get_logger
 
 BACKENDS = ("cpu", "numpy", "gpu", "auto")
 
@@ -58,6 +57,8 @@ def _compiled():
         from csmd.cpu import compiled
     except ImportError as exc:
         if not _numba_missing:
+            from csmd.service.logs import get_logger  # structlog: imported where a log line is made
+
             _numba_missing = True
             get_logger().warning("numba cannot be imported: the CPU backend runs the numpy engine", error=str(exc))
         return None

@@ -7,7 +7,6 @@ import json
 import sys
 import threading
 from contextlib import contextmanager
-from importlib.metadata import version
 from pathlib import Path
 
 from csmd.engines import BACKENDS, resolve_backend
@@ -313,9 +312,20 @@ def _estimate_options(p: argparse.ArgumentParser) -> None:
                         "(trawling; default 0: sample every vertex)")
 
 
+class _Version(argparse.Action):
+    """--version, reading the installed version only when asked: importlib.metadata costs every
+    other command some 20 ms of start-up."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import version
+
+        print(f"csmd {version('csmd')}")  # on stdout, as argparse's own version action prints
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="csmd", description="Streaming continuous subgraph matching.")
-    p.add_argument("--version", action="version", version=f"csmd {version('csmd')}")
+    p.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("match", help="one-shot static query: count or list the matches of queries in a graph")

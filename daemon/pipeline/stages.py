@@ -49,7 +49,7 @@ from csmd.model.graph import Graph, id_array
 from csmd.pipeline.gc import GarbageCollector
 from csmd.pipeline.queries import canonical, continuous_query, vertex_matches
 from csmd.pipeline.sequencer import Sequencer, Vertices
-from csmd.service.metrics import LatencyHistogram
+from csmd.service.latency import LatencyHistogram
 
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_BATCH_WAIT = 0.000125  # seconds: 0.125 ms
