@@ -226,6 +226,11 @@ class Pipeline:
         cq = continuous_query(name, q, self.vertices.labels, count_only, distinct)
         self.queries[name] = (cq, self.engine.prepare(cq) if q.n > 1 else None)
 
+    def warm(self) -> None:
+        """Have the engine build what the first batch's search of the registered queries would
+        build (the same list _submit hands it): before a stream, not in its first batch."""
+        self.engine.warm([pq for _cq, pq in self.queries.values() if pq is not None])
+
     def remove_query(self, name: str) -> bool:
         return self.queries.pop(name, None) is not None
 
