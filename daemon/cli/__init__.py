@@ -9,6 +9,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from csmd import STARTED
 from csmd.engines import BACKENDS, resolve_backend
 from csmd.errors import CsmdError, InputError, missing
 from csmd.model.formats import ID_KINDS, MAX_ID_BYTES
@@ -167,7 +168,7 @@ def cmd_replay(args) -> int:
     batch_size = args.batch_size or (COUNT_ONLY_REPLAY_BATCH if args.count_only else DEFAULT_BATCH_SIZE)
     results, _ = replay(g0, args.stream, queries, batch_size=batch_size, count_only=args.count_only,
                         distinct=args.distinct, output=args.output, backend=args.backend,
-                        max_id_bytes=args.max_id_bytes, labels=labels)
+                        max_id_bytes=args.max_id_bytes, labels=labels, started=STARTED)
     out = _report_stream(args.output)
     if not args.json:
         print(f"{'query':<32} {'positive':>14} {'negative':>14} {'updates':>9} {'records':>9} {'ignored':>9} "
