@@ -31,6 +31,7 @@ test-full: setup
 bench: setup
 	$(BIN)/python bench/static_cpu.py --datasets $(DATASETS)
 	$(BIN)/python bench/replay.py --datasets $(DATASETS)
+	$(BIN)/python bench/cold_start.py --datasets $(DATASETS)
 	$(BIN)/python bench/replay_yeast.py --datasets $(DATASETS)
 	$(BIN)/python bench/estimate.py --datasets $(DATASETS)
 	$(BIN)/python bench/kafka_e2e.py
@@ -42,6 +43,7 @@ bench: setup
 bench-gpu: setup
 	$(BIN)/python bench/static_gpu.py --datasets $(DATASETS)
 	$(BIN)/python bench/replay_gpu.py --datasets $(DATASETS)
+	$(BIN)/python bench/cold_start.py --datasets $(DATASETS)
 	$(BIN)/python bench/gu_gpu.py
 	$(BIN)/python bench/estimate.py --backend gpu --datasets $(DATASETS)
 	cd bench && ../$(BIN)/python scale_gpu.py

@@ -217,6 +217,10 @@ class ContinuousEngine(ABC):
         matches op j only where select[i, j] (a cluster instance's share, pipeline/shards.py:
         one search for the batch whichever queries' shards it owns)."""
 
+    def warm(self, queries: list) -> None:
+        """Build now what the first submit of these prepared queries would build on first use
+        (their joined tables, the threads), so that a stream's first batch does not pay for it."""
+
     @abstractmethod
     def stats(self) -> EngineStats:
         ...

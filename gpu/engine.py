@@ -198,6 +198,9 @@ class GpuEngine(ContinuousEngine):
     def prepare(self, query: ContinuousQuery) -> PreparedQuery:
         return self.executor.prepare(query)
 
+    def warm(self, queries: list[PreparedQuery]) -> None:
+        self.executor.groups(queries)
+
     def submit(self, batch: UpdateBatch, queries: list[PreparedQuery], select: np.ndarray | None = None) -> Done:
         with self._events:  # this batch's event, and those of earlier batches that were never submitted
             done = [s for s in self._applied if s <= batch.first_seq]

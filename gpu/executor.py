@@ -199,12 +199,19 @@ class Executor:
         out: dict[str, Matches] = {}
         if not len(batch.edge_seq) or not queries:
             return out
+        for rows, grp in self.groups(queries):
+            out.update(self._matches(mvg, grp, batch, labels, None if select is None else select[rows],
+                                     emit=not grp.queries[0].count_only))
+        return out
+
+    def groups(self, queries: list[PreparedQuery]) -> list[tuple[list[int], _Group]]:
+        """(positions in queries, their _Group) of the count-only queries, then of the materialized
+        ones; built on first use and kept (GpuEngine.warm builds them before a stream)."""
+        out = []
         for count_only in (True, False):
-            group = [i for i, pq in enumerate(queries) if pq.count_only == count_only]
-            if group:
-                rows = None if select is None else select[group]
-                out.update(self._matches(mvg, self._group([queries[i] for i in group]), batch, labels, rows,
-                                         emit=not count_only))
+            rows = [i for i, pq in enumerate(queries) if pq.count_only == count_only]
+            if rows:
+                out.append((rows, self._group([queries[i] for i in rows])))
         return out
 
     def _matches(self, mvg, grp: _Group, batch: UpdateBatch, labels, select, emit: bool) -> dict[str, Matches]:

@@ -7,9 +7,9 @@ import json
 import sys
 import threading
 from contextlib import contextmanager
-from importlib.metadata import version
 from pathlib import Path
 
+from csmd import STARTED
 from csmd.engines import BACKENDS, resolve_backend
 from csmd.errors import CsmdError, InputError, missing
 from csmd.model.formats import ID_KINDS, MAX_ID_BYTES
@@ -168,7 +168,7 @@ def cmd_replay(args) -> int:
     batch_size = args.batch_size or (COUNT_ONLY_REPLAY_BATCH if args.count_only else DEFAULT_BATCH_SIZE)
     results, _ = replay(g0, args.stream, queries, batch_size=batch_size, count_only=args.count_only,
                         distinct=args.distinct, output=args.output, backend=args.backend,
-                        max_id_bytes=args.max_id_bytes, labels=labels)
+                        max_id_bytes=args.max_id_bytes, labels=labels, started=STARTED)
     out = _report_stream(args.output)
     if not args.json:
         print(f"{'query':<32} {'positive':>14} {'negative':>14} {'updates':>9} {'records':>9} {'ignored':>9} "
@@ -313,9 +313,20 @@ def _estimate_options(p: argparse.ArgumentParser) -> None:
                         "(trawling; default 0: sample every vertex)")
 
 
+class _Version(argparse.Action):
+    """--version, reading the installed version only when asked: importlib.metadata costs every
+    other command some 20 ms of start-up."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import version
+
+        print(f"csmd {version('csmd')}")  # on stdout, as argparse's own version action prints
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="csmd", description="Streaming continuous subgraph matching.")
-    p.add_argument("--version", action="version", version=f"csmd {version('csmd')}")
+    p.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("match", help="one-shot static query: count or list the matches of queries in a graph")

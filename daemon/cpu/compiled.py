@@ -145,6 +145,11 @@ class CompiledEngine(CpuEngine):
     def prepare(self, query: ContinuousQuery) -> CompiledQuery:
         return CompiledQuery(query)
 
+    def warm(self, queries: list[CompiledQuery]) -> None:
+        # the first search is split (its seconds per unit are unknown): the pool's threads start here
+        self._query_set(queries)
+        start_tasks([lambda: None] * self.threads, self.threads)()
+
     def _query_set(self, queries: list[CompiledQuery]) -> _QuerySet:
         key = tuple(id(q) for q in queries)
         found = self._sets.get(key)

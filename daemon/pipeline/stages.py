@@ -49,7 +49,7 @@ from csmd.model.graph import Graph, id_array
 from csmd.pipeline.gc import GarbageCollector
 from csmd.pipeline.queries import canonical, continuous_query, vertex_matches
 from csmd.pipeline.sequencer import Sequencer, Vertices
-from csmd.service.metrics import LatencyHistogram
+from csmd.service.latency import LatencyHistogram
 
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_BATCH_WAIT = 0.000125  # seconds: 0.125 ms
@@ -225,6 +225,11 @@ class Pipeline:
         delta per subgraph instance (continuous_query)."""
         cq = continuous_query(name, q, self.vertices.labels, count_only, distinct)
         self.queries[name] = (cq, self.engine.prepare(cq) if q.n > 1 else None)
+
+    def warm(self) -> None:
+        """Have the engine build what the first batch's search of the registered queries would
+        build (the same list _submit hands it): before a stream, not in its first batch."""
+        self.engine.warm([pq for _cq, pq in self.queries.values() if pq is not None])
 
     def remove_query(self, name: str) -> bool:
         return self.queries.pop(name, None) is not None

@@ -31,7 +31,7 @@ import numpy as np
 from csmd.connectors.kafka import KafkaSink, KafkaSource, arrow_messages, client_config, ensure_topics
 from csmd.connectors.records import Carry, load_scanner
 from csmd.engine import QueryDeltas, UpdateBatch
-from csmd.engines import continuous_engine, warm_up
+from csmd.engines import continuous_engine, resolve_backend, warm_once
 from csmd.model.formats import Update
 from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
@@ -130,15 +130,17 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self.removed, self.control_applied = st.removed, st.control_applied
         self._str_ids = g0.str_ids
         bs = self.cfg["pipeline"]
+        # the first record does not wait for compiled code to load (numba's cache, the CUDA modules,
+        # CuPy's own kernels): a throwaway engine runs a tiny stream before the live one is made,
+        # so that on the GPU the device memory it freed stays in CuPy's pool for the live engine
+        warm = warm_once(resolve_backend(bs["backend"], "[pipeline] backend")) + load_scanner()
         engine = continuous_engine(bs["backend"], g0, "[pipeline] backend", threads=bs["threads"] or None)
-        # the first record does not wait for numba's compiled code to load; not on the GPU, where a
-        # second engine would take device memory (task queue, pools) that the live one may need
-        warm = (warm_up(engine.name)[0] if engine.name == "cpu" else 0.0) + load_scanner()
         self.pipe = Pipeline(g0, engine=engine, batch_size=bs["batch_size"], batch_wait=bs["batch_wait_ms"] / 1000,
                              queue_depth=bs["queue_depth"], max_batch=bs["max_batch"], first_seq=seq0,
                              retired=st.retired)  # deleted vertices keep their ids
         for s in specs:
             s.register(self.pipe, self.labels)
+        self.pipe.warm()  # the queries' joined tables and the threads: not in the first record's latency
         self.specs = {s.name: s for s in specs}
         for s in specs:
             self.metrics.query(s.name)
