@@ -229,7 +229,9 @@ class Pipeline:
     def warm(self) -> None:
         """Have the engine build what the first batch's search of the registered queries would
         build (the same list _submit hands it): before a stream, not in its first batch."""
-        self.engine.warm([pq for _cq, pq in self.queries.values() if pq is not None])
+        prepared = [pq for _cq, pq in self.queries.values() if pq is not None]
+        if prepared:  # a daemon may start with none (queries added at run time): nothing to build
+            self.engine.warm(prepared)
 
     def remove_query(self, name: str) -> bool:
         return self.queries.pop(name, None) is not None
