@@ -156,7 +156,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=128, help="rounds of the human stream in the burst")
     ap.add_argument("--per-record", type=int, default=64, help="updates a record in the burst")
     args = ap.parse_args()
-    queries = [args.datasets / "human" / "queries" / f"Q_{i}.graph" for i in range(1, args.queries + 1)]
+    queries = [args.datasets.resolve() / "human" / "queries" / f"Q_{i}.graph" for i in range(1, args.queries + 1)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(log_path=Path(tmp) / "broker.log") as broker:
         work = Path(tmp)
