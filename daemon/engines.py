@@ -156,6 +156,7 @@ def warm_up(backend: str) -> tuple[float, dict[str, int]]:
             pipe.run([UpdateBlock("warm-up", np.arange(k), np.zeros(k, np.int8), u, v, np.zeros(k, np.int64))],
                      tally)
             pipe.engine.stats()
+            pipe.engine.mvg.warm_release()
     finally:
         pipe.engine.close()
     return time.monotonic() - t0, deltas

@@ -517,6 +517,13 @@ class DeviceMVG:
         self.bump += st[S_FRESH_ENTRIES]
         self.max_size = max(self.max_size, st[S_MAX_SIZE])
 
+    @staticmethod
+    def warm_release() -> None:
+        """Compile (or load) the concatenations release() makes of several tokens' version ids,
+        equal-sized or not: CuPy builds them on first use, which put them in a stream's batch."""
+        for sizes in ((1, 1), (1, 2)):
+            cp.concatenate([cp.zeros(n, cp.int32) for n in sizes])
+
     def release(self, tokens) -> None:
         """Return the versions of these tokens to the pool's free lists (a kernel and a sort)."""
         tokens = [t for t in tokens if t.count]
