@@ -136,3 +136,28 @@ def test_a_stream_with_more_deltas_than_the_bound_is_written_in_bounded_arrow_me
     assert all(b.num_rows <= 2000 for b in batches)
     piece = max(b.nbytes for b in batches)
     assert max(held) - base < 4 * piece < total / 10, (max(held) - base, piece, total)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_canonical_order_sorts_by_update_then_by_the_match_whatever_the_ids_widths(seed):
+    """canonical sorts rows by packed words of their ids: against Python's sort of (update, row),
+    for ids of a few bits to 31 bits, rows of 1 to 32 ids, rows equal in their first words."""
+    import numpy as np
+
+    from csmd.engine import ContinuousQuery, Matches, UpdateBatch
+    from csmd.model.graph import Graph
+    from csmd.pipeline.queries import canonical
+
+    rng = np.random.default_rng(seed)
+    for n, top in ((1, 5), (3, 1 << 31), (8, 3000), (16, 70_000), (32, 1 << 20)):
+        k = 3000
+        rows = rng.integers(0, top, (k, n), dtype=np.int64).astype(np.int32)
+        rows[: k // 2, : n // 2] = rows[0, : n // 2]  # a shared prefix: the later words decide
+        seq = rng.integers(10, 14, k)
+        z = np.zeros(0, np.int64)
+        batch = UpdateBatch(10, 14, np.arange(10, 14), z[:0], z[:0], z[:0], np.ones(4, np.int8), z, z, z,
+                            np.zeros(0, np.int32), 0)
+        q = Graph.from_edges([0] * n, [], [])
+        (d,) = canonical([(ContinuousQuery("q", q, False, [], []), Matches(seq, rows=rows))], batch)
+        want = sorted(zip(seq.tolist(), map(tuple, rows.tolist())))
+        assert list(zip(d.seq.tolist(), map(tuple, d.rows.tolist()))) == want
