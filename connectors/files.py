@@ -85,22 +85,24 @@ class FileSource:
 
 
 class FileSink:
-    """Deltas to an Arrow IPC file (or stream: arrow_writer): each pipeline batch's deltas sorted by update (then query, match)."""
+    """Deltas to an Arrow IPC file (or stream: arrow_writer): each pipeline batch's deltas by update (then query, match)."""
 
     def __init__(self, path, schema: pa.Schema):
         self._writer = arrow_writer(path, schema)
 
     def write(self, items, on_ack=None, on_send=None) -> int:
-        """items: (query, record batch, origins) from DeltaEncoder.encode; acknowledged at once."""
-        if items:
-            table = pa.Table.from_batches([b for _, b, _ in items]).sort_by("seq")  # stable
-            self._writer.write_table(table)
-        for _, _, origins in items:
+        """items: (query, record batch, origins) from DeltaEncoder.encode(by_update=True), in the
+        file's order; each written before the next is taken (the encoder builds it then), so a
+        batch's deltas are never all in memory as Arrow; acknowledged at once."""
+        n = 0
+        for _, batch, origins in items:
+            self._writer.write_batch(batch)
+            n += 1
             if on_send is not None:
                 on_send(origins)
             if on_ack is not None:
                 on_ack(origins)
-        return len(items)
+        return n
 
     def close(self) -> None:
         self._writer.close()

@@ -250,8 +250,10 @@ def arrow_messages(batch: pa.RecordBatch, max_bytes: int) -> list[bytes]:
         return [data]
     if batch.num_rows <= 1:
         raise CsmdError(f"one delta row takes {len(data)} bytes, more than [topics] max_message_bytes = {max_bytes}")
-    half = batch.num_rows // 2
-    return arrow_messages(batch.slice(0, half), max_bytes) + arrow_messages(batch.slice(half), max_bytes)
+    # pieces of the rows that should fit, by the bytes a row took here (halving would serialize
+    # a batch of a million deltas some ten times over); at least two, each checked again
+    step = max(1, min(batch.num_rows // 2, batch.num_rows * max_bytes * 9 // (10 * len(data))))
+    return [m for lo in range(0, batch.num_rows, step) for m in arrow_messages(batch.slice(lo, step), max_bytes)]
 
 
 class KafkaSink:

@@ -514,7 +514,7 @@ def test_delta_ids_number_each_records_deltas_per_query_across_batches(seed):
             deltas.append(QueryDeltas(q, s, np.where(s % 2 == 0, 1, -1).astype(np.int8), None, 0, 0, counts))
         z = np.zeros(0, np.int64)
         batch = UpdateBatch(first, seq, z, z, z, z, z, z, z, z, np.zeros(0, np.int32), 4, record_of)
-        items = enc.encode(BatchResult(batch, deltas, 0.0))
+        items = list(enc.encode(BatchResult(batch, deltas, 0.0)))
         assert [q for q, _b, _o in items] == [d.name for d in deltas if len(d.seq)]
         for (q, rb, origins), d in zip(items, [d for d in deltas if len(d.seq)]):
             got = rb.to_pydict()

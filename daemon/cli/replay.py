@@ -93,7 +93,7 @@ def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: i
             totals[d.name][0] += d.positive
             totals[d.name][1] += d.negative
         if sink is not None:
-            sink.write(encoder.encode(result))
+            sink.write(encoder.encode(result, by_update=True))
         progress.step(result.batch.records)
 
     t0 = time.monotonic()

@@ -10,6 +10,8 @@ duplicates that a restart after a crash re-sends.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pyarrow as pa
 
@@ -19,9 +21,16 @@ from csmd.schemas import deltas_schema
 from csmd.model.arrow_writer import vertex_lists
 from csmd.model.graph import id_array
 
+# A batch's deltas leave the encoder in pieces (record batches) of at most MAX_ROWS rows, so that
+# their Arrow form takes bounded memory (some 200 bytes a row) however many deltas a batch has;
+# and of at most MAX_VALUES vertex ids, the most a list array's int32 offsets can address. Both are
+# module constants so that tests can force small pieces.
+MAX_ROWS = 1 << 20
+MAX_VALUES = (1 << 31) - 1
+
 
 class DeltaEncoder:
-    """Turns each batch's deltas into one record batch per query, in update order."""
+    """Turns each batch's deltas into record batches: per query in update order, or the whole batch by update."""
 
     def __init__(self, vertices, carry=None):
         self.vertices = vertices  # the sequencer's vertex table
@@ -57,13 +66,20 @@ class DeltaEncoder:
         """n empty vertex lists (count-only deltas)."""
         return pa.ListArray.from_arrays(np.zeros(n + 1, np.int32), pa.array([], self.id_type))
 
-    def encode(self, result) -> list[tuple[str, pa.RecordBatch, list[tuple]]]:
-        """(query, record batch, origins in it) for every query with deltas in this batch: slices
-        of one record batch, since building one costs more than its rows for the few deltas a
-        query has per batch."""
+    def encode(self, result, by_update: bool = False) -> Iterator[tuple[str | None, pa.RecordBatch, list[tuple]]]:
+        """The batch's deltas as (query, record batch, origins in it), built one piece at a time
+        as the caller takes them, so that a batch's Arrow form is never all in memory: each piece
+        at most MAX_ROWS rows and MAX_VALUES vertex ids. By query (the output topic's records,
+        keyed by query), or by_update: in the file's order, by update, then query, then match
+        (query None). The ids are numbered here, before the first piece is taken."""
+        rows = self._rows(result)
+        return iter(()) if rows is None else rows.pieces(self, by_update)
+
+    def _rows(self, result) -> _Rows | None:
+        """The batch's deltas as numpy arrays, one entry per row, by query (None: no deltas)."""
         parts = [d for d in result.deltas if len(d.seq)]
         if not parts:
-            return []
+            return None
         record_of = result.batch.record_of
         bounds = np.cumsum([0] + [len(d.seq) for d in parts])
         n = int(bounds[-1])
@@ -88,26 +104,7 @@ class DeltaEncoder:
             if origins[code[lo]] == last_origin:
                 index[lo: starts[runs[i] + 1] if runs[i] + 1 < runs[i + 1] else hi] += carry
             self._last[d.name] = (origins[code[hi - 1]], int(index[hi - 1]) + 1)
-        vertices = pa.concat_arrays([
-            vertex_lists(self.ext_ids(), d.rows, self.id_type) if d.rows is not None else self._no_vertices(len(d.seq))
-            for d in parts]) if any(d.rows is not None for d in parts) else self._no_vertices(n)
-        names = np.array([d.name for d in parts], dtype=object)
-        batch = pa.record_batch([
-            pa.array(np.repeat(names, np.diff(bounds)), pa.string()),
-            pa.array(np.concatenate([d.sign for d in parts]), pa.int8()),
-            pa.array(seq, pa.int64()),
-            usource.take(inv),
-            vertices,
-            pa.array(np.concatenate([np.ones(len(d.seq), np.int64) if d.rows is not None else d.counts
-                                     for d in parts]), pa.int64()),
-            pa.array(np.array([o[0] for o in origins], object)[code], pa.string()),
-            pa.array(np.array([o[1] for o in origins], np.int32)[code], pa.int32()),
-            pa.array(np.array([o[2] for o in origins], np.int64)[code], pa.int64()),
-            pa.array(index, pa.int64()),
-            *self._context(contexts, inv),
-        ], schema=self.schema)
-        return [(d.name, batch.slice(bounds[i], bounds[i + 1] - bounds[i]),
-                 [origins[c] for c in code[starts[runs[i]: runs[i + 1]]].tolist()]) for i, d in enumerate(parts)]
+        return _Rows(parts, bounds, seq, inv, code, index, origins, usource, contexts)
 
     def _context(self, contexts: list | None, inv: np.ndarray) -> list[pa.Array]:
         """The key, headers and fields columns of the rows, from the contexts of the distinct
@@ -121,6 +118,96 @@ class DeltaEncoder:
         return [col.take(inv) for col in (
             pa.array([c[0] for c in cs], pa.binary()), _maps(self.carry_headers, [c[1] for c in cs], len(cs), headers),
             _maps(self.carry_fields, [c[2] for c in cs], len(cs), fields))]
+
+
+class _Rows:
+    """A batch's deltas as numpy arrays, one entry per row, by query (parts[i]'s rows are
+    bounds[i]:bounds[i + 1]): the row's update (inv: into the distinct updates, whose sources are
+    usource and contexts contexts), its origin (code: into origins) and its index."""
+
+    def __init__(self, parts, bounds, seq, inv, code, index, origins, usource, contexts):
+        self.parts, self.bounds, self.seq, self.inv, self.code, self.index = parts, bounds, seq, inv, code, index
+        self.origins, self.usource, self.contexts = origins, usource, contexts
+        self.sign = np.concatenate([d.sign for d in parts])
+        self.count = np.concatenate([np.ones(len(d.seq), np.int64) if d.rows is not None else d.counts for d in parts])
+        self.width = np.array([0 if d.rows is None else d.rows.shape[1] for d in parts], np.int64)  # ids a row
+        self.qcode = np.repeat(np.arange(len(parts), dtype=np.int32), np.diff(bounds))  # each row's query
+        self.names = pa.array([d.name for d in parts], pa.string())
+        # each origin's input, partition and offset, which the rows take by their code
+        self.inputs = pa.array([o[0] for o in origins], pa.string())
+        self.partitions = np.array([o[1] for o in origins], np.int32)
+        self.offsets = np.array([o[2] for o in origins], np.int64)
+
+    def pieces(self, enc: DeltaEncoder, by_update: bool):
+        if not by_update:  # each query's rows, contiguous: their vertices are a gather of its matches
+            for i, d in enumerate(self.parts):
+                first = int(self.bounds[i])
+                for lo, hi in _cuts(np.arange(1, len(d.seq) + 1) * self.width[i]):
+                    vertices = enc._no_vertices(hi - lo) if d.rows is None else \
+                        vertex_lists(enc.ext_ids(), d.rows[lo:hi], enc.id_type)
+                    yield d.name, self._batch(enc, slice(first + lo, first + hi), vertices), \
+                        self._origins(slice(first + lo, first + hi))
+            return
+        # by update (stable: the queries' order within an update, each query's rows in order); its
+        # rows' matches gathered from one flat array of them all
+        order = np.argsort(self.inv, kind="stable")
+        widths = np.repeat(self.width, np.diff(self.bounds))
+        flat = np.concatenate([d.rows.reshape(-1) for d in self.parts if d.rows is not None] or [np.zeros(0, np.int32)])
+        start = np.concatenate(([0], np.cumsum(widths)[:-1]))  # each row's first id in flat
+        for lo, hi in _cuts(np.cumsum(widths[order])):
+            at = order[lo:hi]
+            ext = enc.ext_ids()  # string ids are objects, which numba cannot gather
+            offsets, values = (_numpy_gather if ext.dtype == object else _gather)(flat, start, widths, at, ext)
+            values = pa.array(values, enc.id_type)
+            yield None, self._batch(enc, at, pa.ListArray.from_arrays(offsets, values, pa.list_(enc.id_type))), \
+                self._origins(at)
+
+    def _origins(self, at) -> list[tuple]:
+        """The distinct origins of the rows `at` (a slice or indices), in their order."""
+        c = self.code[at]
+        return [self.origins[x] for x in c[np.append(True, c[1:] != c[:-1])].tolist()]
+
+    def _batch(self, enc: DeltaEncoder, at, vertices: pa.Array) -> pa.RecordBatch:
+        """The record batch of the rows `at` (a slice or indices)."""
+        code = self.code[at]
+        return pa.record_batch([
+            self.names.take(self.qcode[at]),
+            pa.array(self.sign[at], pa.int8()),
+            pa.array(self.seq[at], pa.int64()),
+            self.usource.take(self.inv[at]),
+            vertices,
+            pa.array(self.count[at], pa.int64()),
+            self.inputs.take(code),
+            pa.array(self.partitions[code], pa.int32()),
+            pa.array(self.offsets[code], pa.int64()),
+            pa.array(self.index[at], pa.int64()),
+            *enc._context(self.contexts, self.inv[at]),
+        ], schema=enc.schema)
+
+
+def _cuts(values: np.ndarray):
+    """(lo, hi) of consecutive pieces of rows, each at most MAX_ROWS rows and MAX_VALUES vertex
+    ids, given the rows' running count of ids."""
+    lo, n = 0, len(values)
+    while lo < n:
+        before = int(values[lo - 1]) if lo else 0
+        hi = min(lo + MAX_ROWS, int(np.searchsorted(values, before + MAX_VALUES, "right")))
+        yield lo, hi
+        lo = hi
+
+
+def _numpy_gather(flat, start, widths, at, table) -> tuple[np.ndarray, np.ndarray]:
+    """gather.gather_ids without numba."""
+    w = widths[at]
+    offsets = np.zeros(len(at) + 1, np.int64)
+    np.cumsum(w, out=offsets[1:])
+    return offsets.astype(np.int32), table[flat[np.repeat(start[at] - offsets[:-1], w) + np.arange(offsets[-1])]]
+
+
+try:
+    from csmd.pipeline.gather import gather_ids as _gather
+except ImportError:  # no numba: the same in numpy, several passes over the ids
+    _gather = _numpy_gather
 
 
 _NO_ENTRIES: dict = {}  # per map type, its empty entries

@@ -73,7 +73,7 @@ def canonical(found: list[tuple[ContinuousQuery, Matches | None]], batch: Update
                 QueryDeltas(cq.name, _NO_SEQ, _NO_SIGN, _no_rows(cq.q.n), 0, 0)
         elif m.rows is not None:
             rows, seq = m.rows, np.asarray(m.seq, np.int64)
-            order = np.lexsort(tuple(rows[:, c] for c in range(rows.shape[1] - 1, -1, -1)) + (seq,))
+            order = np.lexsort(_packed(rows) + (seq,))
             rows, seq = rows[order], seq[order]
             sign = _signs(batch, seq)
             out[i] = QueryDeltas(cq.name, seq, sign, rows, int((sign > 0).sum()), int((sign < 0).sum()))
@@ -94,6 +94,23 @@ def canonical(found: list[tuple[ContinuousQuery, Matches | None]], batch: Update
             out[i] = QueryDeltas(found[i][0].name, seq[lo:hi], sign[lo:hi], None, int(plus[hi] - plus[lo]),
                                  int(minus[hi] - minus[lo]), counts[lo:hi])
     return out
+
+
+def _packed(rows: np.ndarray) -> tuple[np.ndarray, ...]:
+    """lexsort's keys for rows (the last key first): their ids (internal, >= 0) packed into as
+    few uint64 words as hold them in order, each a key where a column was one: lexsort's time
+    goes with its keys (a 16-vertex query's 17 keys took 0.2 us a row on the yeast stream)."""
+    k, n = rows.shape
+    bits = max(int(rows.max(initial=0)).bit_length(), 1)
+    per = 64 // bits
+    words = []
+    for lo in range(0, n, per):
+        w = np.zeros(k, np.uint64)
+        for c in range(lo, min(lo + per, n)):
+            w <<= np.uint64(bits)
+            w |= rows[:, c].astype(np.uint64)
+        words.append(w)
+    return tuple(words[::-1])
 
 
 def _signs(batch: UpdateBatch, seq: np.ndarray) -> np.ndarray:

@@ -109,9 +109,9 @@ class Output:
             tot = self.totals.setdefault(d.name, [0, 0])
             tot[0] += d.positive
             tot[1] += d.negative
-        items = self.encoder.encode(result)
-        if self._suppress:  # what is published: not what a restart holds back
-            items = self._unsuppressed(items)
+        items = self.encoder.encode(result)  # built piece by piece as the sink takes them
+        if self._suppress:  # what is published: not what a restart holds back (all pieces at once: rare)
+            items = self._unsuppressed(list(items))
             published = []
             for query, batch, _origins in items:
                 sign, count = batch.column("sign").to_numpy(), batch.column("count").to_numpy()
