@@ -1,4 +1,4 @@
-"""Materialised deltas on the CPU engine: delta rows per second and peak memory, count-only beside materialised.
+"""Materialised deltas on an engine (CPU by default, --backend gpu): delta rows per second and peak memory, count-only beside materialised.
 
 The stream is bench/replay_yeast.py's (seeded mixed insert/delete stream on yeast) with its 17
 queries registered at once; about 4.3M delta rows at seed 1. Three modes: count-only (the
@@ -39,11 +39,11 @@ def one(args) -> None:
     queries = [(n, read_query(root / "queries" / f"{n}.graph")) for n in QUERIES[: args.queries]]
     count_only, output = args.mode == 0, args.dir / "deltas.arrow" if args.mode == 2 else None
     replay(g0, stream[:1], queries[:1], batch_size=args.batch_size, count_only=count_only, show_progress=False,
-           output=output)
+           output=output, backend=args.backend)
     secs, size = [], 0
     for _ in range(args.runs):
         res, _ = replay(g0, stream, queries, batch_size=args.batch_size, count_only=count_only, show_progress=False,
-                        output=output)
+                        output=output, backend=args.backend)
         secs.append(res[0]["seconds"])
         if output is not None:
             size = output.stat().st_size
@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=len(QUERIES), help="the first N of replay_yeast.py's queries")
     ap.add_argument("--threads", default="1,2", help="CSMD_THREADS values, comma-separated")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--backend", default="cpu", help="cpu or gpu (--threads then sets only the host's threads)")
     ap.add_argument("--mode", type=int, help=argparse.SUPPRESS)  # a child's
     ap.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -68,14 +69,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         _, _, ins, dels = make_stream(args.datasets / "yeast" / "data.graph", Path(tmp), args.seed)
         print(f"yeast stream: {ins} insertions, {dels} deletions (seed {args.seed}), {args.queries} queries at once, "
-              f"batch size {args.batch_size}; CPU engine; median of {args.runs} runs, each mode in its own process")
+              f"batch size {args.batch_size}; {args.backend} engine; median of {args.runs} runs, each mode in its own process")
         print(f"{'mode':<25} {'threads':>7} {'rows':>10} {'seconds':>8} {'M rows/s':>9} {'peak RSS MB':>11} "
               f"{'file MB':>8}")
         for threads in args.threads.split(","):
             for mode, name in enumerate(MODES):
                 out = subprocess.run(
                     [sys.executable, __file__, "--mode", str(mode), "--dir", tmp, "--datasets", str(args.datasets),
-                     "--runs", str(args.runs), "--batch-size", str(args.batch_size), "--queries", str(args.queries)],
+                     "--runs", str(args.runs), "--batch-size", str(args.batch_size), "--queries", str(args.queries),
+                     "--backend", args.backend],
                     env={**os.environ, "CSMD_THREADS": threads}, capture_output=True, text=True, check=True)
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 print(f"{name:<25} {threads:>7} {r['rows']:>10} {r['seconds']:>8.3f} "
