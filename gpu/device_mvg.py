@@ -521,8 +521,9 @@ class DeviceMVG:
     def warm_release() -> None:
         """Compile (or load) the concatenations release() makes of several tokens' version ids,
         equal-sized or not: CuPy builds them on first use, which put them in a stream's batch."""
-        for sizes in ((1, 1), (1, 2)):
-            cp.concatenate([cp.zeros(n, cp.int32) for n in sizes])
+        for count in (2, 3, 8, 16, 64):  # CuPy picks its kernel by the number of arrays and their sizes
+            for sizes in ([1] * count, [1, 2] * (count // 2)):
+                cp.concatenate([cp.zeros(n, cp.int32) for n in sizes])
 
     def release(self, tokens) -> None:
         """Return the versions of these tokens to the pool's free lists (a kernel and a sort)."""

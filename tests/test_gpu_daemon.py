@@ -17,7 +17,7 @@ from csmd.model.formats import read_graph, read_query
 from csmd.model.graph import Graph
 from csmd.service.admin import call
 
-from kafka_harness import HUMAN, DaemonProcess, human_lines, kill_leftovers
+from kafka_harness import CSMD, HUMAN, DaemonProcess, human_lines, kill_leftovers
 from test_kafka_daemon import dedup, reference, rows_of, start  # noqa: F401 (reference is a fixture)
 
 pytestmark = [pytest.mark.gpu,
@@ -62,16 +62,22 @@ def test_auto_runs_the_daemon_on_the_gpu_and_its_deltas_equal_the_cpu_replay(tmp
 
 def test_device_out_of_memory_stops_the_daemon_without_a_commit_and_a_restart_delivers_everything(
         tmp_path, kafka_bootstrap, reference):
-    """CuPy's pool limited to less than the executor's first search needs: the first batch fails
-    on the device. The daemon must exit 1 with a log line naming the failure, commit nothing
-    (nothing was delivered), and a restart with the memory it needs delivers every delta."""
+    """CuPy's pool limited to less than the executor's search needs: the device fails, at the
+    start's warm-up (which runs a search before the stream) or in the first batch. The daemon
+    must exit 1 with a log line naming the failure, commit nothing (nothing was delivered), and
+    a restart with the memory it needs delivers every delta."""
+    import os
+    import subprocess
+
     t, cfg, port = start(tmp_path, kafka_bootstrap, pipeline={"backend": "gpu"})
     lines = human_lines()
-    d = DaemonProcess(cfg, tmp_path / "d1.log", port, env={"CUPY_GPU_MEMORY_LIMIT": str(24 << 20)})
     t.produce(t.input, lines)
-    assert d.proc.wait(60) == 1
+    with open(tmp_path / "d1.log", "ab") as log:  # not DaemonProcess: it may never be healthy
+        first = subprocess.run([*CSMD, "run", "--config", str(cfg)], stdout=subprocess.DEVNULL, stderr=log,
+                               env={**os.environ, "CUPY_GPU_MEMORY_LIMIT": str(24 << 20)}, timeout=120)
+    assert first.returncode == 1
     log = (tmp_path / "d1.log").read_text()
-    assert "pipeline failed" in log and "OutOfMemoryError" in log and "stopped after a fatal error" in log
+    assert "OutOfMemoryError" in log and "Traceback (most recent call last)" not in log.splitlines()[-1], log[-3000:]
     assert t.committed(f"g-{t.input}") < 0, "nothing was delivered, so nothing is committed"
     d = DaemonProcess(cfg, tmp_path / "d2.log", port)
     d.wait_offset(len(lines))

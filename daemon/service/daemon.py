@@ -32,6 +32,7 @@ from csmd.connectors.kafka import KafkaSink, KafkaSource, arrow_messages, client
 from csmd.connectors.records import Carry, load_scanner
 from csmd.engine import QueryDeltas, UpdateBatch
 from csmd.engines import continuous_engine, resolve_backend, warm_once
+from csmd.errors import CsmdError
 from csmd.model.formats import Update
 from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
@@ -133,14 +134,21 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         # the first record does not wait for compiled code to load (numba's cache, the CUDA modules,
         # CuPy's own kernels): a throwaway engine runs a tiny stream before the live one is made,
         # so that on the GPU the device memory it freed stays in CuPy's pool for the live engine
-        warm = warm_once(resolve_backend(bs["backend"], "[pipeline] backend")) + load_scanner()
-        engine = continuous_engine(bs["backend"], g0, "[pipeline] backend", threads=bs["threads"] or None)
-        self.pipe = Pipeline(g0, engine=engine, batch_size=bs["batch_size"], batch_wait=bs["batch_wait_ms"] / 1000,
-                             queue_depth=bs["queue_depth"], max_batch=bs["max_batch"], first_seq=seq0,
-                             retired=st.retired)  # deleted vertices keep their ids
-        for s in specs:
-            s.register(self.pipe, self.labels)
-        self.pipe.warm()  # the queries' joined tables and the threads: not in the first record's latency
+        try:
+            warm = warm_once(resolve_backend(bs["backend"], "[pipeline] backend")) + load_scanner()
+            engine = continuous_engine(bs["backend"], g0, "[pipeline] backend", threads=bs["threads"] or None)
+            self.pipe = Pipeline(g0, engine=engine, batch_size=bs["batch_size"], batch_wait=bs["batch_wait_ms"] / 1000,
+                                 queue_depth=bs["queue_depth"], max_batch=bs["max_batch"], first_seq=seq0,
+                                 retired=st.retired)  # deleted vertices keep their ids
+            for s in specs:
+                s.register(self.pipe, self.labels)
+            self.pipe.warm()  # the queries' joined tables and the threads: not in the first record's latency
+        except CsmdError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the device (out of memory, a CUDA error) before any record
+            self.log.exception("engine failed at start")
+            self.log.error("stopped after a fatal error; nothing was committed", reason=repr(exc))
+            return 1
         self.specs = {s.name: s for s in specs}
         for s in specs:
             self.metrics.query(s.name)
