@@ -212,7 +212,7 @@ def test_every_metric_the_readme_lists_is_on_metrics_from_the_start(tmp_path, ka
     t, cfg, port = start(tmp_path, kafka_bootstrap, queries=["Q_1", "Q_2"])
     d = DaemonProcess(cfg, tmp_path / "d.log", port)
     text = d.get("/metrics")
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "daemon.md").read_text()
     listed = re.findall(r"`(csmd_[a-z_]+)(?:\{([a-z,]+)\})?`", readme.split("The metrics are:")[1].split("\n## ")[0])
     assert len(listed) >= 14
     got = samples(text)

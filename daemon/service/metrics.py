@@ -1,7 +1,7 @@
 """The daemon's metrics, through prometheus-client: counters, gauges, the process metrics,
 and a fine latency histogram.
 
-Every series the README lists exists from the start (at 0), so a dashboard or an
+Every series docs/daemon.md lists exists from the start (at 0), so a dashboard or an
 alert never sees a metric appear only after its first event. Each daemon has its
 own registry (tests run several in one process). The histogram keeps fine
 log-spaced buckets (8 per power of two, so a quantile read from it is within 9%
