@@ -27,6 +27,12 @@ class CheckpointMarker(Marker):
         self.graph = pipe.graph_state()
 
 
+def content(state: dict) -> dict:
+    """A checkpoint's state without what says when it was written (its sequence number follows
+    from its input offsets): equal contents are equal checkpoints."""
+    return {k: v for k, v in state.items() if k not in ("seq", "written", "format")}
+
+
 class Checkpointing:
     """The Daemon's part that writes checkpoints."""
 
@@ -70,7 +76,7 @@ class Checkpointing:
         except OSError as exc:  # the previous checkpoint stays; the next interval tries again
             self.log.error("checkpoint failed", dir=c["dir"], reason=exc.strerror or str(exc))
             return
-        self._last_checkpoint = {k: state[k] for k in self._checkpoint_content({})}
+        self._last_checkpoint = content(state)
         self.metrics.inc("csmd_checkpoints_total")
         self.metrics.set("csmd_checkpoint_seq", state["seq"])
         self.log.info("checkpoint written", path=str(path), seq=state["seq"], seconds=round(time.monotonic() - t0, 3))

@@ -38,7 +38,7 @@ from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.sequencer import IGNORED_REASONS
 from csmd.pipeline.stages import BatchResult, Pipeline
-from csmd.service.checkpointing import Checkpointing
+from csmd.service.checkpointing import Checkpointing, content
 from csmd.service.cluster import ClusterMember
 from csmd.service.config import label_names
 from csmd.service.consume import ConsumeLoop
@@ -173,7 +173,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self._suppress = {p: o for p, o in st.committed.items() if o > start.get(p, 0)}
         self._next_offsets = {p: start.get(p, 0) for p in self.source.partitions}
         if st.checkpoint is not None:
-            self._last_checkpoint = {k: st.checkpoint[k] for k in self._checkpoint_content({})}
+            self._last_checkpoint = content(st.checkpoint)
         self._replay_control(start)
         if self._suppress:
             self.log.info("re-reading records whose deltas were delivered before", up_to=self._suppress)
