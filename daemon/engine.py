@@ -61,7 +61,12 @@ class UpdateBatch:
     """One sequenced batch of updates, in internal vertex ids, as the engine applies and matches it.
 
     Edge ops are each valid where they stand (an insertion of an absent edge, a deletion of
-    a present one, with the stored label), in update order; sign +1 inserts, -1 deletes.
+    a present one, with the stored label), in update order; sign +1 inserts, -1 deletes. They
+    are the updates as matched: in a directed graph an op is the arc a -> b and its label the
+    code of its pair with the arc (as a sees it: model/direction.py). The multi-version graph
+    then stores pairs, and `stored` holds the ops it applies (seq, a, b, label, sign): an arc
+    added to or taken from a pair that keeps another is that pair's code replaced, a deletion
+    and an insertion with one timestamp.
     """
 
     first_seq: int
@@ -79,6 +84,13 @@ class UpdateBatch:
     record_of: dict = field(default_factory=dict)  # seq -> the record it came from
     arrived: np.ndarray = field(default_factory=lambda: np.zeros(0))  # arrival time of each update (latency)
     records: int = 0
+    stored: tuple | None = None  # the ops the multi-version graph applies, where they differ from the edge ops
+
+    def storage_ops(self) -> tuple:
+        """(seq, a, b, label, sign) of the ops the multi-version graph applies."""
+        if self.stored is not None:
+            return self.stored
+        return self.edge_seq, self.edge_a, self.edge_b, self.edge_label, self.edge_sign
 
     def take(self, edges: np.ndarray, vertices: np.ndarray) -> "UpdateBatch":
         """The ops selected by the masks or positions, to be matched (nothing in it is applied again)."""

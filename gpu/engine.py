@@ -145,7 +145,7 @@ class GpuEngine(ContinuousEngine):
                 if first != batch.first_vertex:  # the sequencer and the device disagree on vertex ids
                     raise RuntimeError(f"device MVG gave vertex id {first}, the sequencer {batch.first_vertex}")
                 self._add_labels(batch.new_labels)
-            token = self.mvg.apply(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
+            token = self.mvg.apply(*batch.storage_ops())
             with self._events:
                 event = self._spare.pop() if self._spare else cp.cuda.Event(disable_timing=True)
                 event.record(self.mvg.stream)

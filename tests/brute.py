@@ -36,3 +36,52 @@ def embeddings(adj, labels, q):
         f[u] = -1
 
     yield from rec(0)
+
+
+def directed_embeddings(arcs, labels, qarcs, qlabels):
+    """Every embedding of a directed query in a directed graph, by definition: arcs and qarcs map
+    (src, dst) -> edge label, labels and qlabels vertex -> label (the data's vertices are the
+    keys of labels, the query's 0 .. len(qlabels) - 1). Injective, non-induced: each query arc
+    (a, b) with label l needs the data arc (f(a), f(b)) with label l. Yields tuples f."""
+    k = len(qlabels)
+    order = [0]
+    for u in order:  # a connected order: each vertex after one of its neighbours
+        order.extend(w for w in range(k) if w not in order and ((u, w) in qarcs or (w, u) in qarcs))
+    out_of = {}
+    for (a, b), lab in arcs.items():
+        out_of.setdefault(a, []).append(b)
+        out_of.setdefault(b, []).append(a)
+    f = {}
+
+    def rec(i):
+        if i == len(order):
+            yield tuple(f[u] for u in range(k))
+            return
+        u = order[i]
+        placed = [w for w in order[:i] if (u, w) in qarcs or (w, u) in qarcs]
+        pool = set(out_of.get(f[placed[0]], ())) if placed else list(labels)
+        for v in pool:
+            if v in f.values() or labels[v] != qlabels[u]:
+                continue
+            f[u] = v
+            if all(arcs.get((f[a], f[b])) == lab for (a, b), lab in qarcs.items() if a in f and b in f):
+                yield from rec(i + 1)
+            del f[u]
+
+    yield from rec(0)
+
+
+def assert_deltas_equal(table, results, truth, seed):
+    """A delta table (and replay's per-query results) against the truth: Counter per query of
+    (stream line, sign, match) -> how many times."""
+    from collections import Counter
+
+    got = {name: Counter() for name in truth}
+    for row in table.to_pylist():
+        line = int(row["source"].rsplit(":", 1)[1])
+        got[row["query"]][(line, row["sign"], tuple(row["vertices"]))] += 1
+    for name in truth:
+        assert got[name] == truth[name], (seed, name)
+    for res in results:
+        assert res["positive"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s > 0)
+        assert res["negative"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s < 0)

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.ipc as ipc
 import pytest
 
-from brute import embeddings
+from brute import assert_deltas_equal as assert_brute_force, embeddings
 from csmd.model.formats import read_graph, read_query
 import csmd.cli.replay as replay_module
 from csmd.cli.replay import decoded_updates, replay
@@ -142,18 +142,6 @@ def run_replay(tmp_path, qpaths, batch_size, threaded=True, name="out.arrow", ba
                            batch_size=batch_size, count_only=False, output=out, threaded=threaded, show_progress=False,
                            backend=backend, executor_lag=executor_lag, max_batch=max_batch)
     return ipc.open_file(out).read_all(), results, pipe
-
-
-def assert_brute_force(table, results, truth, seed):
-    got = {name: Counter() for name in truth}
-    for row in table.to_pylist():
-        line = int(row["source"].rsplit(":", 1)[1])
-        got[row["query"]][(line, row["sign"], tuple(row["vertices"]))] += 1
-    for name in truth:
-        assert got[name] == truth[name], (seed, name)
-    for res in results:
-        assert res["positive"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s > 0)
-        assert res["negative"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s < 0)
 
 
 @pytest.mark.parametrize("seed", range(60))

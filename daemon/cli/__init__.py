@@ -72,15 +72,19 @@ def _report_stream(output: Path | None):
 
 
 def _labels(args):
-    """The label names of --labels (none without it)."""
+    """How graph text is read: the label names of --labels (none without it), and --directed."""
+    from dataclasses import replace
+
     from csmd.model.labels import NO_NAMES, LabelNames
 
-    return LabelNames.load(args.labels) if args.labels else NO_NAMES
+    return replace(LabelNames.load(args.labels) if args.labels else NO_NAMES, directed=args.directed)
 
 
 def _labels_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--labels", type=Path, help="TOML file of label names (tables labels and edge_labels, as in "
                                                "[graph]): graph, query and stream files may use them for labels")
+    p.add_argument("--directed", action="store_true", help="the graph is directed: `e u v` is the arc u -> v, in the "
+                                                           "graph, the queries and the stream ([graph] directed)")
 
 
 def cmd_match(args) -> int:
@@ -89,7 +93,7 @@ def cmd_match(args) -> int:
     from csmd.cli.progress import Progress
     from csmd.cli.match import run_queries
 
-    backend = resolve_backend(args.backend)
+    backend = resolve_backend(args.backend, directed=args.directed)
     _check_output(args.output)
     labels = _labels(args)
     g = initial_graph(args.data, args.ids, args.max_id_bytes, labels=labels)
@@ -124,7 +128,7 @@ def cmd_estimate(args) -> int:
     from csmd.model.formats import query_files, read_graph, read_query
     from csmd.cli.estimate import run_estimate, sampler_backend
 
-    backend = sampler_backend(args.backend)
+    backend = sampler_backend(args.backend, args.directed)
     labels = _labels(args)
     g = read_graph(args.data, args.max_id_bytes, labels)
     queries = [(p.stem, read_query(p, labels)) for p in query_files(args.query)]  # refuse bad queries before any work
@@ -158,7 +162,7 @@ def cmd_replay(args) -> int:
 
     if args.count_only and args.output:
         raise CsmdError("--output writes the matches of each delta; it cannot be combined with --count-only")
-    resolve_backend(args.backend)  # a clear error before any reading
+    resolve_backend(args.backend, directed=args.directed)  # a clear error before any reading
     _check_output(args.output)
     if not args.stream.exists():
         raise missing(args.stream)

@@ -11,6 +11,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from csmd.model.direction import HALF, HALF_MASK, LABEL_BITS
+
 # Kernels that allocate nothing run without numba's reference counting: with it, every call
 # increfs and decrefs each array it is passed (tens of them in the NamedTuples), which costs ten
 # times the check being made.
@@ -70,6 +72,26 @@ def group_range(cur, ct_min, prev, v_gs, v_ge, g_key, g_start, g_end, v, label, 
     if lo < v_ge[vid] and g_key[lo] == key:
         return g_start[lo], g_end[lo]
     return 0, 0
+
+
+@hot
+def label_ok(label, test):
+    """Does an entry's label pass a plan's packed edge-label test (model/direction.py label_test)?"""
+    return (np.int64(label) & (test >> 32)) == (test & 0xFFFFFFFF)
+
+
+@hot
+def seed_ways(code, test, directed):
+    """model/direction.py seed_ways for one op and one anchor (bit 0: the anchor's first vertex on
+    the op's a, bit 1: on its b)."""
+    if not directed:
+        return 3 if label_ok(code, test) else 0
+    q = test & 0xFFFFFFFF
+    c = np.int64(code)
+    back = ((c & HALF_MASK) << HALF) | (c >> HALF)
+    fwd = 1 if (q >> LABEL_BITS) & 1 and label_ok(c, test) else 0
+    rev = 2 if (q >> (HALF + LABEL_BITS)) & 1 and label_ok(back, test) else 0
+    return fwd | rev
 
 
 @hot

@@ -175,8 +175,9 @@ class CompiledEngine(CpuEngine):
         # the batch's vertices are in the label table: the batch was applied before; contiguous
         # arrays: one compiled variant whichever way the batch was sequenced (CompiledGraph.apply)
         edge_a, edge_b, edge_el = (np.ascontiguousarray(x) for x in (batch.edge_a, batch.edge_b, batch.edge_label))
-        searched, *units = plan_units(self.mvg.labels.a, edge_a, edge_b, edge_el, qs.keys, qs.by_key, qs.plan_el,
-                                      qs.ps.query, _ALL if select is None else np.ascontiguousarray(select))
+        searched, *units = plan_units(self.mvg.labels.a, edge_a, edge_b, edge_el, qs.keys, qs.by_key, qs.plan_test,
+                                      qs.ps.query, _ALL if select is None else np.ascontiguousarray(select),
+                                      self.mvg.directed)
         if not len(searched):
             return Done({})
         seq = batch.edge_seq[searched]
@@ -245,7 +246,7 @@ class _QuerySet:
         lx, ly = ps.qlab[ps.off].astype(np.int64), ps.qlab[ps.off + 1].astype(np.int64)
         self.by_key = np.argsort(lx << 32 | ly, kind="stable")  # plan_units' index: plans by anchor key
         self.keys = (lx << 32 | ly)[self.by_key]
-        self.plan_el = ps.chk_el[ps.chk[ps.off + 1, BACKWARD]]  # the anchor's edge label (depth 1's only backward edge)
+        self.plan_test = ps.chk_test[ps.chk[ps.off + 1, BACKWARD]]  # the anchor's edge test (depth 1's only backward edge)
         self.depth = int(ps.depth.max())
         self.per_unit = float("inf")  # unknown: the first search is split (it may be a catch-up's big batch)
 

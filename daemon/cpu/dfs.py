@@ -19,7 +19,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from csmd.cpu.arena import find_entry, group_range, hot
+from csmd.cpu.arena import find_entry, group_range, hot, label_ok, seed_ways
 from csmd.cpu.plans import BACKWARD, GREATER, LESS, SAME_LABEL, new_state
 
 # why a search stopped
@@ -63,14 +63,14 @@ def _ordered(chk, chk_j, m, r, c):
 
 
 @hot
-def _accept(e_nbr, e_el, e_ct, e_dt, chk, chk_j, chk_el, cand, m, rs, re, piv, r, d, t, i):
+def _accept(e_nbr, e_el, e_ct, e_dt, chk, chk_j, chk_test, cand, m, rs, re, piv, r, d, t, i):
     """Is entry i of depth d's candidate range (plan row r, walked from backward range piv) an
     image for that depth? The arrays are GraphView's, PlanSet's and State's."""
     if not (e_ct[i] < t and t <= e_dt[i]):
         return False
     c = e_nbr[i]
     lo = chk[r, BACKWARD]
-    if e_el[i] != chk_el[lo + piv]:
+    if not label_ok(e_el[i], chk_test[lo + piv]):
         return False
     if cand.shape[0] and not cand[r, c]:
         return False
@@ -82,7 +82,7 @@ def _accept(e_nbr, e_el, e_ct, e_dt, chk, chk_j, chk_el, cand, m, rs, re, piv, r
     for k in range(chk[r, BACKWARD + 1] - lo):
         if k != piv:
             j = find_entry(e_nbr, e_ct, e_dt, rs[d, k], re[d, k], c, t)
-            if j < 0 or e_el[j] != chk_el[lo + k]:
+            if j < 0 or not label_ok(e_el[j], chk_test[lo + k]):
                 return False
     return True
 
@@ -111,7 +111,7 @@ def _direct(gv, ps, r, d, t, st, cand, memo, sid):
         return False, 0
     m, stamp, count = st.m, memo.stamp, memo.count
     e_nbr, e_el, e_ct, e_dt = gv.e_nbr, gv.e_el, gv.e_ct, gv.e_dt
-    v, el = m[ps.chk_j[lo]], ps.chk_el[lo]
+    v, test = m[ps.chk_j[lo]], ps.chk_test[lo]
     same, same_end = ps.chk[r, SAME_LABEL], ps.chk[r, SAME_LABEL + 1]
     remembered = stamp.shape[0] > 0 and stamp[d, v] == sid
     if remembered and same == same_end:
@@ -122,7 +122,7 @@ def _direct(gv, ps, r, d, t, st, cand, memo, sid):
     else:
         n = 0
         for i in range(s, e):
-            if e_ct[i] < t and t <= e_dt[i] and e_el[i] == el and (cand.shape[0] == 0 or cand[r, e_nbr[i]]):
+            if e_ct[i] < t and t <= e_dt[i] and label_ok(e_el[i], test) and (cand.shape[0] == 0 or cand[r, e_nbr[i]]):
                 n += 1
         st.at[2] += e - s
         if stamp.shape[0]:
@@ -131,7 +131,7 @@ def _direct(gv, ps, r, d, t, st, cand, memo, sid):
         c = m[ps.chk_j[x]]
         if cand.shape[0] == 0 or cand[r, c]:
             j = find_entry(e_nbr, e_ct, e_dt, s, e, c, t)
-            if j >= 0 and e_el[j] == el:
+            if j >= 0 and label_ok(e_el[j], test):
                 n -= 1
     return True, n
 
@@ -186,7 +186,7 @@ def _segment_count(gv, ps, off, y0, t, st, cand, memo, sid):
         while pos[d] < end[d] and nxt < 0:
             i = pos[d]
             pos[d] = i + 1
-            if _accept(gv.e_nbr, gv.e_el, gv.e_ct, gv.e_dt, ps.chk, ps.chk_j, ps.chk_el, cand, m, st.rs, st.re,
+            if _accept(gv.e_nbr, gv.e_el, gv.e_ct, gv.e_dt, ps.chk, ps.chk_j, ps.chk_test, cand, m, st.rs, st.re,
                        st.piv[d], r, d, t, i):
                 m[d] = gv.e_nbr[i]
                 if d + 1 == seg[r]:  # a segment of one depth: one completion per candidate
@@ -252,7 +252,7 @@ def _run(gv, ps, p, t, cand, memo, sid, st, d0, out, n_out, materialize, budget,
             break
         budget -= 1
         r = off + d
-        if not _accept(gv.e_nbr, gv.e_el, gv.e_ct, gv.e_dt, ps.chk, ps.chk_j, ps.chk_el, cand, st.m, st.rs, st.re,
+        if not _accept(gv.e_nbr, gv.e_el, gv.e_ct, gv.e_dt, ps.chk, ps.chk_j, ps.chk_test, cand, st.m, st.rs, st.re,
                        st.piv[d], r, d, t, i):
             st.pos[d] = i + 1
             continue
@@ -345,16 +345,17 @@ def _fetch_add(typingctx, counter, index, value):
 
 
 @njit(cache=True, nogil=True)
-def plan_units(labels, e_a, e_b, e_el, keys, by_key, plan_el, plan_query, select):
+def plan_units(labels, e_a, e_b, e_el, keys, by_key, plan_test, plan_query, select, directed):
     """The units of a batch's search, in op order: (op, plan p) for every plan of a selected
     query whose anchor edge the op can be (its end labels in either orientation, its edge
-    label); no other op is searched. keys: the plans' anchor keys (label << 32 | label)
-    sorted; by_key: the plan of each. select: no rows (every query) or select[query, op].
-    Returns the ops searched (positions in the batch's edge ops) and, per unit, its op's
-    index among them and its plan."""
+    label; directed, its direction); no other op is searched. keys: the plans' anchor keys
+    (label << 32 | label) sorted; by_key: the plan of each. select: no rows (every query) or
+    select[query, op]. Returns the ops searched (positions in the batch's edge ops) and, per
+    unit, its op's index among them, its plan and the orientations it may seed (seed_ways)."""
     chosen = select.shape[0] > 0
     unit_e = np.empty(4 * len(e_a) + 16, np.int64)
     unit_p = np.empty_like(unit_e)
+    unit_w = np.empty_like(unit_e)
     ops = np.empty(len(e_a), np.int64)
     k = n_ops = 0
     for e in range(len(e_a)):
@@ -366,16 +367,18 @@ def plan_units(labels, e_a, e_b, e_el, keys, by_key, plan_el, plan_query, select
             while j < len(keys) and keys[j] == key:
                 p = by_key[j]
                 j += 1
-                if plan_el[p] != e_el[e] or (chosen and not select[plan_query[p], e]):
+                ways = seed_ways(e_el[e], plan_test[p], directed)
+                if ways == 0 or (chosen and not select[plan_query[p], e]):
                     continue
                 if k == len(unit_e):
-                    unit_e, unit_p = np.concatenate((unit_e, unit_e)), np.concatenate((unit_p, unit_p))
-                unit_e[k], unit_p[k] = n_ops, p
+                    unit_e, unit_p, unit_w = (np.concatenate((unit_e, unit_e)), np.concatenate((unit_p, unit_p)),
+                                              np.concatenate((unit_w, unit_w)))
+                unit_e[k], unit_p[k], unit_w[k] = n_ops, p, ways
                 k += 1
         if k > first:
             ops[n_ops] = e
             n_ops += 1
-    return ops[:n_ops], unit_e[:k], unit_p[:k]
+    return ops[:n_ops], unit_e[:k], unit_p[:k], unit_w[:k]
 
 
 @njit(cache=True, nogil=True)
@@ -399,14 +402,15 @@ def nonzero_rows(counts, rows):
 
 
 @njit(cache=True, nogil=True)
-def match_units(gv, ps, unit_e, unit_p, e_seq, e_a, e_b, counts, taken, grain, materialize, width, memo, sid):
+def match_units(gv, ps, unit_e, unit_p, unit_w, e_seq, e_a, e_b, counts, taken, grain, materialize, width, memo,
+                sid):
     """Incremental matching of a batch's edge ops, unit by unit (plan_units: an op with one plan
     of a query), the units taken `grain` at a time from the counter `taken` that every thread of
     the search shares. A unit is smaller than an (op, query) pair: a pair that finds much is
     spread over its plans, so that no thread is left with a deep pair while the others idle.
 
-    The op {a, b} at timestamp e_seq is mapped onto the plan's anchor (depths 0 and 1) in both
-    orientations, and the rest of the plan is searched at that timestamp. Adds the matches to
+    The op {a, b} at timestamp e_seq is mapped onto the plan's anchor (depths 0 and 1) in the
+    orientations unit_w allows (plan_units), and the rest of the plan is searched at that timestamp. Adds the matches to
     counts[query * ops + op] (atomically: a pair's units may run on several threads) and returns,
     for the queries with materialize[q], every match this thread found: rows (query-vertex
     order, padded to width), their query and their op. memo and sid: segment counts (Memo), and
@@ -433,7 +437,7 @@ def match_units(gv, ps, unit_e, unit_p, e_seq, e_a, e_b, counts, taken, grain, m
             found = 0
             for o in range(2):
                 u0, u1 = (e_a[e], e_b[e]) if o == 0 else (e_b[e], e_a[e])
-                if gv.labels[u0] != lx or gv.labels[u1] != ly:
+                if not (unit_w[unit] >> o) & 1 or gv.labels[u0] != lx or gv.labels[u1] != ly:
                     continue
                 st.m[0], st.m[1] = u0, u1
                 if not _ordered(ps.chk, ps.chk_j, st.m, off + 1, u1):  # the seed's own constraint (distinct)

@@ -50,7 +50,7 @@ class CpuEngine(ContinuousEngine):
         with self._writing:
             if len(batch.new_labels):
                 self.mvg.add_vertices(batch.new_labels)
-            return self.mvg.apply(batch.edge_seq, batch.edge_a, batch.edge_b, batch.edge_label, batch.edge_sign)
+            return self.mvg.apply(*batch.storage_ops())
 
     def release(self, tokens) -> None:
         with self._writing:

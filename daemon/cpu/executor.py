@@ -1,7 +1,8 @@
 """The CPU engine's executor (EX): incremental matching of every update at its own timestamp.
 
 For an anchor query edge (x, y) the matches that contain an updated edge {a, b} are
-the static search seeded with x -> a, y -> b and with x -> b, y -> a, in the order
+the static search seeded with x -> a, y -> b and with x -> b, y -> a (directed: the ways
+that map one of the anchor's arcs onto the updated arc a -> b), in the order
 that starts from that edge. Each seed row carries its update's timestamp, so the
 rows of a whole batch (and of every update in it) are searched together while each
 reads exactly the graph G_k of its update.
@@ -14,6 +15,7 @@ import numpy as np
 from csmd.cpu.matcher import search
 from csmd.cpu.mvg import MultiVersionGraph
 from csmd.engine import ContinuousQuery, Matches, UpdateBatch
+from csmd.model.direction import label_test, seed_ways
 from csmd.model.plan import Plan, make_plan
 
 
@@ -38,8 +40,9 @@ def match_batch(mvg: MultiVersionGraph, batch: UpdateBatch, pq: PreparedQuery) -
     la, lb = labels[batch.edge_a], labels[batch.edge_b]
     for x, y, el, plan in pq.anchors:
         lx, ly = pq.q.labels[x], pq.q.labels[y]
-        fwd = (la == lx) & (lb == ly) & (batch.edge_label == el)
-        rev = (lb == lx) & (la == ly) & (batch.edge_label == el)
+        ways = seed_ways(batch.edge_label, label_test(el, pq.q.directed), pq.q.directed)
+        fwd = (la == lx) & (lb == ly) & (ways & 1 > 0)
+        rev = (lb == lx) & (la == ly) & (ways & 2 > 0)
         seeds = np.concatenate([np.stack([batch.edge_a[fwd], batch.edge_b[fwd]], 1),
                                 np.stack([batch.edge_b[rev], batch.edge_a[rev]], 1)]).astype(np.int32)
         ts = np.concatenate([batch.edge_seq[fwd], batch.edge_seq[rev]])

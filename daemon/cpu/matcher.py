@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from csmd.engine import SearchResult
+from csmd.model.direction import label_test, passes
 from csmd.model.graph import gather_ranges
 from csmd.model.plan import Plan
 
@@ -123,8 +124,8 @@ class _Search:
             t = ts[parent]
             keep &= (self.lifetimes[0][offs] < t) & (t <= self.lifetimes[1][offs])
         if self.check_elabels:
-            want = np.array([el for _, el in back], np.int32)
-            keep &= self.nels[offs] == want[piv[parent]]
+            want = label_test(np.array([el for _, el in back], np.int64), self.plan.query.directed)
+            keep &= passes(self.nels[offs], want[piv[parent]])
         for j in plan.same_label[i]:
             keep &= M[parent, j] != cand
         for j in plan.less[i]:
@@ -140,7 +141,8 @@ class _Search:
                 if not len(test):
                     continue
                 tts = None if ts is None else ts[parent[test]]
-                found = self.g.edge_label_between(M[parent[test], j], cand[test], tts) == el
+                lab = self.g.edge_label_between(M[parent[test], j], cand[test], tts)
+                found = (lab >= 0) & passes(lab, label_test(el, self.plan.query.directed))
                 if found.all():
                     continue
                 keep = np.ones(len(cand), bool)

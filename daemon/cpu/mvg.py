@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from csmd.model.direction import flip
 from csmd.model.graph import Graph, gather_ranges
 
 INF = np.iinfo(np.int64).max
@@ -87,6 +88,7 @@ class MultiVersionGraph:
 
     def __init__(self, g: Graph):
         n = g.n
+        self.directed = g.directed  # entry labels are the codes of a pair's arcs (model/direction.py)
         self.labels = _Buf(np.int32, g.labels)
         self.cur = _Buf(np.int64, np.arange(n))  # newest version of each vertex, -1: none
         # version table
@@ -219,13 +221,18 @@ class MultiVersionGraph:
         return src[keep], dst[keep], lab[keep]
 
     # ---- writes (the graph updater) ------------------------------------------------------------
+    def label_seen_by_b(self, label: np.ndarray) -> np.ndarray:
+        """The labels of ops (a, b), as a sees them, as b sees them."""
+        return flip(label) if self.directed else label
+
     def apply(self, seq, a, b, label, sign):
         """Apply one batch of edge ops (arrays in update order, each op valid where it stands).
 
         Works on all touched vertices at once, as the GPU updater does: per vertex the
         deletions before its first insertion set dt in place; from that insertion on,
         its live entries are copied, merged with the inserted ones, the later deletions
-        closed, and the whole sorted into a new version. Returns the batch's replaced versions
+        closed, and the whole sorted into a new version. A deletion and an insertion of one
+        pair with one timestamp (a directed pair's code replaced) close the old entry first. Returns the batch's replaced versions
         for the GC graph: [] or one (token, replaced_at), the token an array of the versions
         (_token), replaced_at the latest of their replacements.
         """
@@ -233,7 +240,7 @@ class MultiVersionGraph:
         own = np.concatenate([a, b]).astype(np.int64)
         nbr = np.concatenate([b, a]).astype(np.int32)
         ts = np.concatenate([seq, seq]).astype(np.int64)
-        lab = np.concatenate([label, label]).astype(np.int32)
+        lab = np.concatenate([label, self.label_seen_by_b(label)]).astype(np.int32)
         sgn = np.concatenate([sign, sign])
         order = np.lexsort((ts, own))
         own, nbr, ts, lab, sgn = own[order], nbr[order], ts[order], lab[order], sgn[order]
@@ -274,7 +281,8 @@ class MultiVersionGraph:
             # per (vertex, neighbor) ops alternate: a deletion closes the entry just before it in time
             ev_owner = np.concatenate([n_owner, slot[dele]])
             ev_nbr = np.concatenate([n_nbr, l_nbr[dele]])
-            ev_t = np.concatenate([np.where(np.arange(len(n_nbr)) < len(idx), -1, n_ct), l_ts[dele]])
+            # (times doubled: a deletion at t comes before an insertion at t)
+            ev_t = np.concatenate([np.where(np.arange(len(n_nbr)) < len(idx), -1, 2 * n_ct), 2 * l_ts[dele] - 1])
             ev_id = np.concatenate([np.arange(len(n_nbr)), -1 - np.arange(len(dele))])
             o = np.lexsort((ev_t, ev_nbr, ev_owner))
             is_del = ev_id[o] < 0

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from csmd.model.direction import label_test
 from csmd.model.graph import Graph
 from csmd.model.plan import Plan
 
@@ -32,7 +33,7 @@ class PlanSet(NamedTuple):
     qlab: np.ndarray  # int32 per row: its label
     chk: np.ndarray  # int64 (rows, 5): check kind k of a row is chk_j[chk[r, k]:chk[r, k + 1]]
     chk_j: np.ndarray  # int64: the earlier depth a check refers to
-    chk_el: np.ndarray  # int32: the edge label of a backward check
+    chk_test: np.ndarray  # int64: the edge-label test of a backward check (model/direction.py label_test)
     seg: np.ndarray  # int64 per row: where the independent segment that starts at it ends (_segments)
     memo: np.ndarray  # int64 per row: the one earlier depth its segment refers to (its count is memoised
                       # by that depth's image), -1 when it refers to several
@@ -108,7 +109,7 @@ def plan_set(plans: list[Plan], query_of: list[int]) -> PlanSet:
     """Flatten plans (plans[i] belongs to query query_of[i])."""
     depth = np.array([p.depth for p in plans], np.int64)
     off = np.concatenate([[0], np.cumsum(depth)[:-1]]).astype(np.int64)
-    order, qlab, chk, chk_j, chk_el, seg, memo = [], [], [], [], [], [], []
+    order, qlab, chk, chk_j, chk_test, seg, memo = [], [], [], [], [], [], []
     for p in plans:
         if p.depth > MAX_DEPTH:
             raise ValueError(f"a query has {p.depth} vertices; at most {MAX_DEPTH} are supported")
@@ -121,16 +122,16 @@ def plan_set(plans: list[Plan], query_of: list[int]) -> PlanSet:
             row = [len(chk_j)]
             for j, el in p.backward[i]:
                 chk_j.append(j)
-                chk_el.append(el)
+                chk_test.append(int(label_test(el, p.query.directed)))
             for kind in (p.same_label[i], p.less[i], p.greater[i]):
                 row.append(len(chk_j))
                 chk_j.extend(kind)
-                chk_el.extend([0] * len(kind))
+                chk_test.extend([0] * len(kind))
             row.append(len(chk_j))
             chk.append(row)
     tail = np.array([_tail(p) for p in plans], np.int64)
     return PlanSet(off, depth, np.array(query_of, np.int64), tail, np.array(order, np.int64), np.array(qlab, np.int32),
-                   np.array(chk, np.int64).reshape(-1, 5), np.array(chk_j, np.int64), np.array(chk_el, np.int32),
+                   np.array(chk, np.int64).reshape(-1, 5), np.array(chk_j, np.int64), np.array(chk_test, np.int64),
                    np.array(seg, np.int64), np.array(memo, np.int64))
 
 
@@ -147,7 +148,7 @@ def joined(sets: list[PlanSet]) -> PlanSet:
 
     query = np.concatenate([np.full(len(s.off), i, np.int64) for i, s in enumerate(sets)])
     return PlanSet(cat("off", rows), cat("depth"), query, cat("tail"), cat("order"), cat("qlab"), cat("chk", checks),
-                   cat("chk_j"), cat("chk_el"), cat("seg"), cat("memo"))
+                   cat("chk_j"), cat("chk_test"), cat("seg"), cat("memo"))
 
 
 class State(NamedTuple):

@@ -28,6 +28,7 @@ import numpy as np
 
 from csmd.cpu.matcher import search
 from csmd.model.estimate import MAX_ROUND_BLOCKS, CandidateGraph
+from csmd.model.direction import label_test, passes
 from csmd.model.graph import Graph, gather_ranges
 
 METHODS = ("wj", "alley")
@@ -100,7 +101,8 @@ class CpuSampler:
         for k, (j, el, _, _) in enumerate(self.cg.edges[i]):
             test = np.flatnonzero(piv != k)
             if len(test):
-                ok[test] &= self.g.edge_label_between(M[lanes[test], j], x[test]) == el
+                lab = self.g.edge_label_between(M[lanes[test], j], x[test])
+                ok[test] &= (lab >= 0) & passes(lab, label_test(el, self.plan.query.directed))
         for j in self.plan.same_label[i]:
             ok &= M[lanes, j] != x
         return ok

@@ -98,10 +98,11 @@ def _copy(ar, i, e, dt):
 
 
 @njit(cache=True, nogil=True)
-def _version(ar, old, v, e, g, first, order, nbr, key, seq, label, x, xe):
+def _version(ar, old, v, e, g, first, order, nbr, key, seq, label, label_b, x, xe):
     """Write a vertex's new version v from entry e and group g: the live entries of its old
     version merged, label group by label group, with the ops order[x:xe] at or after `first`
-    (sorted by key = neighbour label << 32 | neighbour, then time). Returns (e, g)."""
+    (sorted by key = neighbour label << 32 | neighbour, then time; label_b: the op's label as
+    its b sees it). Returns (e, g)."""
     gi, ge = (ar.v_gs[old], ar.v_ge[old]) if old >= 0 else (0, 0)  # the old version's groups
     while True:
         while x < xe and seq[order[x] >> 1] < first:
@@ -138,7 +139,7 @@ def _version(ar, old, v, e, g, first, order, nbr, key, seq, label, x, xe):
                 x += 1
             else:  # an insertion, closed by the next op if that is on the same neighbour
                 closed = x + 1 < xe and key[order[x + 1]] == key[order[x]]
-                ar.e_nbr[e], ar.e_el[e], ar.e_ct[e] = w, label[op], seq[op]
+                ar.e_nbr[e], ar.e_el[e], ar.e_ct[e] = w, label_b[op] if order[x] & 1 else label[op], seq[op]
                 ar.e_dt[e] = seq[order[x + 1] >> 1] if closed else INF
                 x += 2 if closed else 1
             e += 1
@@ -148,7 +149,7 @@ def _version(ar, old, v, e, g, first, order, nbr, key, seq, label, x, xe):
 
 
 @njit(cache=True, nogil=True)
-def _apply(ar, used, seq, a, b, label, sign):
+def _apply(ar, used, seq, a, b, label, label_b, sign):
     """Apply a batch of edge ops (in time order, each valid where it stands) to the arena, whose
     first used[0] entries, used[1] groups and used[2] versions are in use (used is advanced).
     Returns (done, ok, entries, groups, versions, replaced versions, the last replaced_at):
@@ -200,7 +201,7 @@ def _apply(ar, used, seq, a, b, label, sign):
         u = own[order[starts[r]]]
         old = ar.cur[u]
         es, gs = e, g
-        e, g = _version(ar, old, v, e, g, first[r], order, nbr, key, seq, label, starts[r], starts[r + 1])
+        e, g = _version(ar, old, v, e, g, first[r], order, nbr, key, seq, label, label_b, starts[r], starts[r + 1])
         ar.v_vertex[v], ar.v_ct_min[v], ar.v_prev[v], ar.v_es[v], ar.v_ee[v] = u, first[r], old, es, e
         ar.v_gs[v], ar.v_ge[v] = gs, g
         ar.v_live[v] = True
@@ -300,7 +301,7 @@ class CompiledGraph(MultiVersionGraph):
             return []
         # contiguous always: one compiled variant, the one the start-up warm-up loads (a general
         # batch's columns are strided, a numpy-sequenced one's are not)
-        ops = [np.ascontiguousarray(x, np.int64) for x in (seq, a, b, label, sign)]
+        ops = [np.ascontiguousarray(x, np.int64) for x in (seq, a, b, label, self.label_seen_by_b(label), sign)]
         used = self._used()
         while True:
             done, ok, n_e, n_g, n_v, old, at = _apply(self._arena(), used, *ops)

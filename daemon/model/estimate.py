@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from csmd.model.direction import label_test, passes
 from csmd.model.graph import Graph, gather_ranges
 from csmd.model.plan import Plan
 
@@ -58,7 +59,7 @@ class CandidateGraph:
                 vs = np.flatnonzero(plan.cand[plan.order[j]])
                 start, end = g.ranges(vs, int(plan.query.labels[u]))
                 idx = gather_ranges(start, end - start)
-                keep = plan.cand[u][g.nbrs[idx]] & (g.nels[idx] == el)
+                keep = plan.cand[u][g.nbrs[idx]] & passes(g.nels[idx], label_test(el, plan.query.directed))
                 owner = np.repeat(np.arange(len(vs)), end - start)
                 indptr = np.zeros(len(vs) + 1, np.int64)
                 np.cumsum(np.bincount(owner[keep], minlength=len(vs)), out=indptr[1:])

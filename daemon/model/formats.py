@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from csmd.errors import InputError, missing
+from csmd.model.direction import MAX_DIRECTED_LABEL
 from csmd.model.graph import Graph, id_array, scalar
 from csmd.model.labels import NO_NAMES, LabelNames, unknown_label
 
@@ -96,11 +97,12 @@ def _lines(path: Path):
         yield from enumerate(f, 1)
 
 
-def _relabelled(src, dst, els) -> tuple[int, int] | None:
+def _relabelled(src, dst, els, directed: bool = False) -> tuple[int, int] | None:
     """(an edge, a later one of the same pair with another label), as positions, or None. A pair
-    has at most one edge: which label a data graph keeps, or which a query asks for, would be
-    anyone's guess (repeats with the same label are harmless, and dropped; so are self-loops)."""
-    lo, hi = np.minimum(src, dst), np.maximum(src, dst)
+    has at most one edge (directed: one arc each way): which label a data graph keeps, or which a
+    query asks for, would be anyone's guess (repeats with the same label are harmless, and
+    dropped; so are self-loops)."""
+    lo, hi = (src, dst) if directed else (np.minimum(src, dst), np.maximum(src, dst))
     order = np.lexsort((np.arange(len(lo)), hi, lo))  # by pair, then position
     el = np.where(src == dst, -1, els)[order]  # self-loops are dropped whatever their labels
     lo, hi = lo[order], hi[order]
@@ -115,10 +117,11 @@ def _relabelled(src, dst, els) -> tuple[int, int] | None:
 
 
 # ---- text graphs -----------------------------------------------------------------
-def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNames = NO_NAMES) -> Graph:
+def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNames = NO_NAMES,
+                     directed: bool = False) -> Graph:
     """A graph in either text format; `lines` ((number, text) pairs) replace reading `path`. A
     query's self-loop is refused: a data graph has none, and dropping it would match more.
-    `names`: the names that may stand for labels."""
+    `names`: the names that may stand for labels. directed: `e u v` is the arc u -> v."""
     ids: dict[int, int] = {}
     labels: list[int] = []
     src: list[int] = []
@@ -172,13 +175,37 @@ def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNa
         if n != len(labels) or m != len(src):
             raise InputError(path, lineno, f"header says {n} vertices and {m} edges, file has {len(labels)} and {len(src)}")
     ext = np.fromiter(ids.keys(), np.int64, len(ids))
-    twice = _relabelled(np.array(src, np.int64), np.array(dst, np.int64), els)
+    s, d = np.array(src, np.int64), np.array(dst, np.int64)
+    twice = _relabelled(s, d, els, directed)
     if twice is not None:
         a, b = twice
         raise InputError(path, edge_lines[b], f"edge ({ext[src[b]]}, {ext[dst[b]]}) again, with label {els[b]} (line "
-                                              f"{edge_lines[a]} gave it {els[a]}): a pair has at most one edge")
+                                              f"{edge_lines[a]} gave it {els[a]}): "
+                                              f"{'an arc u -> v is one edge' if directed else 'a pair has at most one edge'}")
+    _check_direction(path, ext[s], ext[d], np.array(els, np.int64), edge_lines.__getitem__, query, directed)
     ext_ids = None if np.array_equal(ext, np.arange(len(ext))) else ext
-    return Graph.from_edges(labels, src, dst, els, ext_ids)
+    return Graph.from_edges(labels, src, dst, els, ext_ids, directed)
+
+
+def _check_direction(path, src, dst, els, where, query: bool, directed: bool) -> None:
+    """Refuse what would silently change meaning with the graph's direction: a directed edge label
+    past what a directed graph holds; in an undirected query, both (a, b) and (b, a), which read
+    as one edge (a query that needs both arcs needs --directed). src, dst: the ends' ids; where: the
+    line (or row) of edge i is where(i)."""
+    if directed:
+        big = np.flatnonzero(els > MAX_DIRECTED_LABEL)
+        if len(big):
+            raise InputError(path, where(big[0]), f"edge label {els[big[0]]}: a directed graph's edge labels are 0 .. "
+                                                  f"{MAX_DIRECTED_LABEL}")
+        return
+    if not query or not len(src):
+        return
+    fwd = set(zip(src.tolist(), dst.tolist()))
+    for i, (a, b) in enumerate(zip(src.tolist(), dst.tolist())):
+        if (b, a) in fwd and a != b:
+            raise InputError(path, where(i), f"query edges ({a}, {b}) and ({b}, {a}): an undirected query has one edge "
+                                             f"per pair; a query whose arcs go both ways needs a directed graph "
+                                             f"(--directed, [graph] directed = true)")
 
 
 # ---- tables ------------------------------------------------------------------------
@@ -268,7 +295,7 @@ def vertices_path(path: Path) -> Path:
     return path.with_name(path.stem + ".vertices" + path.suffix)
 
 
-def _read_table_graph(path: Path, max_id_bytes: int = MAX_ID_BYTES) -> Graph:
+def _read_table_graph(path: Path, max_id_bytes: int = MAX_ID_BYTES, directed: bool = False) -> Graph:
     """An edge table (and its vertex table); one with no rows is an empty graph of its columns' id kind."""
     edges = _read_table(path)
     src, dst = _ids(edges, "src", path, max_id_bytes), _ids(edges, "dst", path, max_id_bytes)
@@ -302,13 +329,15 @@ def _read_table_graph(path: Path, max_id_bytes: int = MAX_ID_BYTES) -> Graph:
         if len(bad):
             raise InputError(path, f"row {bad[0]}", f"edge names unknown vertex {scalar(col[bad[0]])!r} in {name}")
         internal.append(order[pos])
-    twice = _relabelled(internal[0], internal[1], el)
+    twice = _relabelled(internal[0], internal[1], el, directed)
     if twice is not None:
         a, b = twice
         raise InputError(path, f"row {b}", f"edge ({scalar(src[b])!r}, {scalar(dst[b])!r}) again, with label {el[b]} "
-                                           f"(row {a} gave it {el[a]}): a pair has at most one edge")
+                                           f"(row {a} gave it {el[a]}): "
+                                           f"{'an arc u -> v is one edge' if directed else 'a pair has at most one edge'}")
+    _check_direction(path, src, dst, el, "row {}".format, False, directed)
     ext_ids = None if ext.dtype.kind in "iu" and np.array_equal(ext, np.arange(len(ext))) else ext
-    return Graph.from_edges(labels, internal[0], internal[1], el, ext_ids)
+    return Graph.from_edges(labels, internal[0], internal[1], el, ext_ids, directed)
 
 
 def write_graph_tables(graph: Graph, path) -> None:
@@ -318,7 +347,7 @@ def write_graph_tables(graph: Graph, path) -> None:
     import pyarrow.parquet as pq
 
     path = Path(path)
-    s, d, e = graph.edge_list()
+    s, d, e = graph.arcs()
     ext = graph.ext_ids
     edges = pa.table({"src": ext[s], "dst": ext[d], "label": e})
     verts = pa.table({"id": ext, "label": graph.labels})
@@ -331,24 +360,25 @@ def write_graph_tables(graph: Graph, path) -> None:
 
 
 # ---- public entry points -------------------------------------------------------------
-def read_graph(path, max_id_bytes: int = MAX_ID_BYTES, labels: LabelNames = NO_NAMES) -> Graph:
+def read_graph(path, max_id_bytes: int = MAX_ID_BYTES, labels: LabelNames = NO_NAMES, directed: bool = False) -> Graph:
     """Load a data graph from any supported format (chosen by the file suffix); string ids over
     max_id_bytes (UTF-8) are refused; in text, `labels`' names may stand for labels (tables hold
-    numbers)."""
-    path = Path(path)
+    numbers). directed: an edge u v (a table's src, dst) is the arc u -> v."""
+    path, directed = Path(path), directed or labels.directed
     if path.suffix in TABLE_SUFFIXES:
-        return _read_table_graph(path, max_id_bytes)
-    return _read_text_graph(path, names=labels)
+        return _read_table_graph(path, max_id_bytes, directed)
+    return _read_text_graph(path, names=labels, directed=directed)
 
 
 def initial_graph(path, ids: str = "auto", max_id_bytes: int = MAX_ID_BYTES, setting: str = "--ids",
-                  labels: LabelNames = NO_NAMES) -> Graph:
+                  labels: LabelNames = NO_NAMES, directed: bool = False) -> Graph:
     """The graph a stream starts from: the file at `path`, or with none an empty graph whose ids
     are of the kind `ids` says (int for auto): a deployment keyed by strings can start empty. An
     `ids` that the file's ids contradict is an error naming both (`setting` names the option)."""
     if not path:
-        return Graph.from_edges(np.zeros(0, np.int32), [], [], ext_ids=id_array([], ids == "string"))
-    g = read_graph(path, max_id_bytes, labels)
+        return Graph.from_edges(np.zeros(0, np.int32), [], [], ext_ids=id_array([], ids == "string"),
+                                directed=directed or labels.directed)
+    g = read_graph(path, max_id_bytes, labels, directed)
     conflict = id_kind_conflict(g, ids, setting)
     if conflict:
         raise InputError(path, None, conflict)
@@ -362,16 +392,18 @@ def id_kind_conflict(g: Graph, ids: str, setting: str) -> str | None:
     return f"{setting} is {ids!r}, but the graph's vertex ids are {'strings' if g.str_ids else 'integers'}"
 
 
-def read_query(path, labels: LabelNames = NO_NAMES) -> Graph:
-    """Load a query graph and refuse what no engine accepts (too large, disconnected, self-loops)."""
-    path = Path(path)
-    return _checked_query(read_graph(path) if path.suffix in TABLE_SUFFIXES else
-                          _read_text_graph(path, query=True, names=labels), path)
+def read_query(path, labels: LabelNames = NO_NAMES, directed: bool = False) -> Graph:
+    """Load a query graph and refuse what no engine accepts (too large, disconnected, self-loops).
+    directed (or labels.directed): for a directed data graph (its edges are arcs)."""
+    path, directed = Path(path), directed or labels.directed
+    return _checked_query(read_graph(path, directed=directed) if path.suffix in TABLE_SUFFIXES else
+                          _read_text_graph(path, query=True, names=labels, directed=directed), path)
 
 
-def parse_query_text(text: str, name: str, labels: LabelNames = NO_NAMES) -> Graph:
+def parse_query_text(text: str, name: str, labels: LabelNames = NO_NAMES, directed: bool = False) -> Graph:
     """A query graph sent as text (control messages, `csmd admin`); errors name `name` and the line."""
-    return _checked_query(_read_text_graph(name, enumerate(text.splitlines(), 1), query=True, names=labels), name)
+    return _checked_query(_read_text_graph(name, enumerate(text.splitlines(), 1), query=True, names=labels,
+                                           directed=directed or labels.directed), name)
 
 
 def _checked_query(q: Graph, path) -> Graph:

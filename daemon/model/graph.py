@@ -2,12 +2,15 @@
 
 Vertices are dense internal ids 0..n-1; `ext_ids[i]` is the id the user gave
 (int64, or str for tables with string keys) and is what every output reports.
-Edges are undirected, at most one per vertex pair, self-loops dropped (GUIDE 1).
+Edges are undirected, at most one per vertex pair, self-loops dropped (GUIDE 1). A directed
+graph keeps one entry per pair too, labelled with a code of its arcs (model/direction.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from csmd.model.direction import arc_code, arcs_of, flip
 
 
 def gather_ranges(start: np.ndarray, size: np.ndarray) -> np.ndarray:
@@ -36,19 +39,21 @@ def scalar(x):
 
 
 class Graph:
-    """Immutable labeled undirected graph in CSR form.
+    """Immutable labeled graph in CSR form, undirected or directed.
 
     indptr[v]..indptr[v+1] is v's slice of `indices` (neighbors, ascending) and
-    `elabels` (the label of each such edge). Derived indexes used by the matchers
-    (sorted edge keys, label-grouped adjacency) are built on first use.
+    `elabels` (the label of each such edge; directed: the code of the pair's arcs as v sees
+    them). Derived indexes used by the matchers (sorted edge keys, label-grouped adjacency)
+    are built on first use.
     """
 
-    def __init__(self, labels, indptr, indices, elabels, ext_ids=None):
+    def __init__(self, labels, indptr, indices, elabels, ext_ids=None, directed: bool = False):
         self.labels = np.ascontiguousarray(labels, dtype=np.int32)
         self.indptr = np.ascontiguousarray(indptr, dtype=np.int64)
         self.indices = np.ascontiguousarray(indices, dtype=np.int32)
         self.elabels = np.ascontiguousarray(elabels, dtype=np.int32)
         self.n = len(self.labels)
+        self.directed = directed
         self.ext_ids = np.arange(self.n, dtype=np.int64) if ext_ids is None else id_array(ext_ids)
         self._index_of = None
         self._edge_keys = None
@@ -62,30 +67,42 @@ class Graph:
         return self.ext_ids.dtype.kind in "OUS"
 
     @classmethod
-    def from_edges(cls, labels, src, dst, elabels=None, ext_ids=None) -> "Graph":
-        """Build from internal-id edge lists; drops self-loops and repeated pairs (first wins)."""
+    def from_edges(cls, labels, src, dst, elabels=None, ext_ids=None, directed: bool = False) -> "Graph":
+        """Build from internal-id edge lists; drops self-loops and repeated pairs (first wins;
+        directed: repeated ordered pairs, u->v and v->u being two arcs of one pair)."""
         labels = np.asarray(labels, dtype=np.int32)
         n = len(labels)
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
         elabels = np.zeros(len(src), np.int32) if elabels is None else np.asarray(elabels, np.int32)
         keep = src != dst
-        lo, hi, el = np.minimum(src, dst)[keep], np.maximum(src, dst)[keep], elabels[keep]
-        _, first = np.unique(lo * n + hi, return_index=True)
-        lo, hi, el = lo[first], hi[first], el[first]
+        src, dst, el = src[keep], dst[keep], elabels[keep]
+        lo, hi = np.minimum(src, dst), np.maximum(src, dst)
+        if directed:
+            _, first = np.unique(src * n + dst, return_index=True)
+            code = arc_code(el[first], src[first] < dst[first]).astype(np.int64)  # as lo sees it
+            pair, inverse = np.unique(lo[first] * n + hi[first], return_inverse=True)
+            lo, hi = pair // max(n, 1), pair % max(n, 1)
+            el_lo = np.bincount(inverse, code, len(pair)).astype(np.int32)  # a pair's two halves
+            el_hi = flip(el_lo)
+        else:
+            _, first = np.unique(lo * n + hi, return_index=True)
+            lo, hi, el_lo = lo[first], hi[first], el[first]
+            el_hi = el_lo
         rows = np.concatenate([lo, hi])
         cols = np.concatenate([hi, lo])
-        els = np.concatenate([el, el])
+        els = np.concatenate([el_lo, el_hi])
         order = np.argsort(rows * n + cols, kind="stable")
         rows, cols, els = rows[order], cols[order], els[order]
         indptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-        return cls(labels, indptr, cols, els, ext_ids)
+        return cls(labels, indptr, cols, els, ext_ids, directed)
 
     # ---- basic accessors ----------------------------------------------------
     @property
     def num_edges(self) -> int:
-        return len(self.indices) // 2
+        """Edges; a directed graph's arcs (a reciprocal pair is two)."""
+        return len(self.arcs()[0]) if self.directed else len(self.indices) // 2
 
     @property
     def degrees(self) -> np.ndarray:
@@ -99,10 +116,17 @@ class Graph:
         return self.indices[self.indptr[v]:self.indptr[v + 1]]
 
     def edge_list(self):
-        """(src, dst, elabel) with src < dst, one row per undirected edge."""
+        """(src, dst, elabel) with src < dst, one row per vertex pair (directed: the pair's code as src
+        sees it)."""
         rows = np.repeat(np.arange(self.n, dtype=np.int64), self.degrees)
         m = rows < self.indices
         return rows[m], self.indices[m].astype(np.int64), self.elabels[m]
+
+    def arcs(self):
+        """(src, dst, label) of every edge as the user wrote it: undirected, src < dst; directed,
+        every arc u->v."""
+        s, d, e = self.edge_list()
+        return arcs_of(s, d, e) if self.directed else (s, d, e)
 
     def index_of(self, ext) -> int:
         """Internal id of an external id; KeyError if unknown."""
@@ -112,7 +136,7 @@ class Graph:
 
     def same_as(self, other: "Graph") -> bool:
         """Same vertices (by external id), labels and labelled edges, whatever the internal numbering."""
-        if self.n != other.n or self.num_edges != other.num_edges:
+        if self.n != other.n or self.directed != other.directed or self.num_edges != other.num_edges:
             return False
         try:
             perm = np.array([other.index_of(scalar(x)) for x in self.ext_ids], np.int64)
@@ -120,10 +144,12 @@ class Graph:
             return False
         if not np.array_equal(self.labels, other.labels[perm]):
             return False
-        s, d, e = self.edge_list()
-        a, b = np.minimum(perm[s], perm[d]), np.maximum(perm[s], perm[d])
+        s, d, e = self.arcs()
+        a, b = perm[s], perm[d]
+        if not self.directed:
+            a, b = np.minimum(a, b), np.maximum(a, b)
         mine = sorted(zip(a.tolist(), b.tolist(), e.tolist()))
-        return mine == sorted(zip(*(x.tolist() for x in other.edge_list())))
+        return mine == sorted(zip(*(x.tolist() for x in other.arcs())))
 
     # ---- matcher indexes ----------------------------------------------------
     @property

@@ -30,10 +30,13 @@ _SHOWN = 12  # names listed in an error at most
 
 @dataclass(frozen=True)
 class LabelNames:
-    """Name -> label, for vertices and for edges (empty: numbers only)."""
+    """Name -> label, for vertices and for edges (empty: numbers only); with how a deployment
+    reads graph text: `directed`, its edges are arcs ([graph] directed, --directed), so that a
+    query sent to it is read as its graph is."""
 
     vertex: dict = field(default_factory=dict)
     edge: dict = field(default_factory=dict)
+    directed: bool = False
 
     @staticmethod
     def from_tables(vertex: dict, edge: dict, where: str, section: str = "") -> "LabelNames":

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from csmd.model.direction import flip, label_test, passes
 from csmd.model.graph import Graph, gather_ranges
 
 REFINE_ROUNDS = 3  # arc-consistency rounds; later rounds rarely remove anything
@@ -21,7 +22,9 @@ class Plan:
     """How to search for `query` in one data graph.
 
     order[i] is the query vertex matched at depth i; backward[i] lists
-    (depth j < i, edge label) for the query edges from order[i] back to order[j];
+    (depth j < i, edge label) for the query edges from order[i] back to order[j], the label as
+    order[j] sees it (a directed pair's code: the searches look order[i] up in the adjacency
+    of order[j]'s image, model/direction.py);
     same_label[i] lists earlier depths with the same vertex label that are not
     adjacent (the only ones an injectivity check can fail on); less[i] lists
     earlier depths j whose image must be smaller (symmetry breaking, --distinct);
@@ -61,7 +64,8 @@ def filter_candidates(g: Graph, q: Graph) -> list[np.ndarray]:
             vs = vs[(end - start) >= k]
         cand.append(c)
     qs, qd, qe = q.edge_list()
-    arcs = list(zip(qs.tolist(), qd.tolist(), qe.tolist())) + list(zip(qd.tolist(), qs.tolist(), qe.tolist()))
+    back = flip(qe) if q.directed else qe
+    arcs = list(zip(qs.tolist(), qd.tolist(), qe.tolist())) + list(zip(qd.tolist(), qs.tolist(), back.tolist()))
     check_el = bool(g.nels.any()) or bool(qe.any())
     for _ in range(REFINE_ROUNDS):
         changed = False
@@ -73,7 +77,7 @@ def filter_candidates(g: Graph, q: Graph) -> list[np.ndarray]:
             idx = gather_ranges(start, end - start)
             ok = cand[w][g.nbrs[idx]]
             if check_el:
-                ok &= g.nels[idx] == el
+                ok &= passes(g.nels[idx], label_test(el, q.directed))
             owner = np.repeat(np.arange(len(vs)), end - start)
             has = np.bincount(owner[ok], minlength=len(vs)) > 0
             if not has.all():
@@ -176,6 +180,8 @@ def make_plan(q: Graph, cand: list[np.ndarray], order: list[int], sym: list[tupl
     for i, u in enumerate(order):
         nbrs = q.neighbors(u)
         els = q.elabels[q.indptr[u]:q.indptr[u + 1]]
+        if q.directed:
+            els = flip(els)  # as the earlier depth sees the pair
         back = sorted((pos[int(w)], int(e)) for w, e in zip(nbrs, els) if pos[int(w)] < i)
         adjacent = {j for j, _ in back}
         plan.backward.append(back)

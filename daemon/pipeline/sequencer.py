@@ -12,6 +12,11 @@ deleting one that does not, adding a vertex that exists with the same label, sel
 sequence number, produce no delta and are counted in `ignored`. What the engine gets
 is an UpdateBatch of valid ops in internal ids; it applies them to its multi-version
 graph.
+
+In a directed graph an edge record names an arc: u -> v and v -> u are two edges of one
+vertex pair, which the engines store as one entry labelled with the code of the pair's arcs
+(model/direction.py). An arc added to or taken from a pair that keeps the other replaces
+the pair's code: the batch's edge op is the arc (matched), its stored ops the replacement.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from itertools import repeat
 import numpy as np
 
 from csmd.engine import ContinuousEngine, UpdateBatch
+from csmd.model.direction import HALF, HALF_MASK, MAX_DIRECTED_LABEL, PRESENT, arc_code, arcs_of, flip
 from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, OPS, Update, UpdateBlock
 from csmd.model.graph import Graph, scalar
 
@@ -34,8 +40,9 @@ FIRST_WINDOW, MAX_WINDOW = 1 << 11, 1 << 16  # block rows checked ahead: at firs
 TABLE_SPAN, TABLE_MIN = 4, 1 << 16
 FEW_RECORDS = 16  # batches of Updates up to this size are sequenced record by record (about half the time)
 # why an update changed nothing: the keys of Sequencer.ignored (the daemon's metric shows each from the start)
-IGNORED_REASONS = (SELF_LOOP, DUPLICATE_INSERT, MISSING_DELETE, DUPLICATE_VERTEX, MISSING_VERTEX) = (
-    "self_loop", "duplicate_insert", "missing_delete", "duplicate_vertex", "missing_vertex")
+# (edge_label_range: a directed graph's edge label past MAX_DIRECTED_LABEL, which its pair codes cannot hold)
+IGNORED_REASONS = (SELF_LOOP, DUPLICATE_INSERT, MISSING_DELETE, DUPLICATE_VERTEX, MISSING_VERTEX, LABEL_RANGE) = (
+    "self_loop", "duplicate_insert", "missing_delete", "duplicate_vertex", "missing_vertex", "edge_label_range")
 
 
 class Vertices:
@@ -149,11 +156,13 @@ class _Checked(NamedTuple):
     valid: np.ndarray
     reason: np.ndarray
     invalid: np.ndarray  # invalid[i]: how many of the first i records are not valid
+    old: np.ndarray | None = None  # directed: the pair's code before each record (as a sees it; -1: no edge)
+    new: np.ndarray | None = None  # and after it (0: no edge)
 
 
 class Sequencer:
-    def __init__(self, vertices: Vertices, engine: ContinuousEngine, first_seq: int = 0):
-        self.vertices, self.engine = vertices, engine
+    def __init__(self, vertices: Vertices, engine: ContinuousEngine, first_seq: int = 0, directed: bool = False):
+        self.vertices, self.engine, self.directed = vertices, engine, directed
         self.next_seq = first_seq
         self.ignored: Counter = Counter()
         # a block's rows checked ahead: (block, first row, _Checked, the row the next batch must start
@@ -223,6 +232,8 @@ class Sequencer:
         if stop < need:
             return None
         a, b, insert, label = a[:stop], b[:stop], op[:stop] == OPS.index(INSERT_EDGE), label[:stop]
+        if self.directed:
+            return self._check_arcs(a, b, insert, label)
         pair = a != b
         key = np.where(pair, np.minimum(a, b) * self.vertices.n + np.maximum(a, b), -1 - np.arange(stop))
         live = np.full(stop, -1, np.int64)
@@ -247,6 +258,71 @@ class Sequencer:
         return _Checked(a, b, np.where(insert, label, stored), insert * np.int64(2) - 1, valid, reason,
                         np.concatenate(([0], np.cumsum(~valid))))
 
+    def _check_arcs(self, a, b, insert, label) -> _Checked:
+        """_check for a directed graph: each record's arc is checked as _check checks a pair (by the
+        records before it on the same arc), and its pair's code before and after it follows from
+        its own arc and the pair's other arc as the records before it on that one left it."""
+        m = len(a)
+        pos = np.arange(m)
+        pair = a != b
+        usable = pair & (~insert | (label <= MAX_DIRECTED_LABEL))
+        lo, hi = np.minimum(a, b), np.maximum(a, b)
+        fwd = a < b  # the record's arc is lo -> hi: the out half of the code lo sees
+        key = np.where(usable, lo * self.vertices.n + hi, -1 - pos)
+        live = np.full(m, -1, np.int64)
+        live[usable] = self.engine.live_edge_labels(lo[usable], hi[usable])
+        order = np.argsort(key, kind="stable")  # by pair, in time within each
+        k, ins, out, code0 = key[order], insert[order], fwd[order], live[order]
+        first = np.ones(m, bool)
+        first[1:] = k[1:] != k[:-1]
+        start = np.maximum.accumulate(np.where(first, pos, 0))
+
+        def before(mask):
+            """Per sorted record: the last earlier record of its pair where mask holds (-1: none)."""
+            last = np.maximum.accumulate(np.where(mask, pos, -1))
+            prev = np.r_[-1, last[:-1]]
+            return np.where(prev >= start, prev, -1)
+
+        def initially(is_out):
+            """The arc's presence and label in the engine's code (as lo sees it)."""
+            half = np.where(is_out, code0, code0 >> HALF) & HALF_MASK
+            return (code0 >= 0) & ((half & PRESENT) != 0), half & MAX_DIRECTED_LABEL
+
+        own_prev = np.where(out, before(out), before(~out))
+        other_prev = np.where(out, before(~out), before(out))
+        own_init, own_label0 = initially(out)
+        other_init, other_label0 = initially(~out)
+        own_has = np.where(own_prev >= 0, ins[np.maximum(own_prev, 0)], own_init)  # a record leaves its arc as it says
+        other_has = np.where(other_prev >= 0, ins[np.maximum(other_prev, 0)], other_init)
+        valid_s = usable[order] & (own_has != ins)
+        made = ins & valid_s  # the arcs' labels: their last valid insertion's, else the engine's
+        own_made = np.where(out, before(made & out), before(made & ~out))
+        other_made = np.where(out, before(made & ~out), before(made & out))
+        lab = label[order]
+        own_label = np.where(own_made >= 0, lab[np.maximum(own_made, 0)], own_label0)
+        other_label = np.where(other_made >= 0, lab[np.maximum(other_made, 0)], other_label0)
+
+        def half(has, lab, is_out):
+            return np.where(has, (PRESENT | lab) << np.where(is_out, 0, HALF), 0)
+
+        kept = half(other_has, other_label, ~out)
+        old_s = kept | half(own_has, own_label, out)
+        new_s = np.where(valid_s, kept | half(ins, lab, out), old_s)
+        old, new, valid = (np.empty(m, np.int64) for _ in range(3))
+        old[order], new[order] = old_s, new_s
+        valid = np.empty(m, bool)
+        valid[order] = valid_s
+        seen_by_a = lambda c: np.where(a < b, c, flip(c).astype(np.int64))  # noqa: E731 (codes as lo sees them)
+        old, new = seen_by_a(old), seen_by_a(new)
+        old = np.where(old == 0, -1, old)
+        reason = np.full(m, -1, np.int8)
+        for r, rows in ((SELF_LOOP, insert & ~pair), (DUPLICATE_INSERT, insert & usable & ~valid),
+                        (MISSING_DELETE, ~insert & ~valid), (LABEL_RANGE, insert & pair & ~usable)):
+            reason[rows] = IGNORED_REASONS.index(r)
+        # an insertion carries the pair's code with its arc after it, a deletion before it: what vanishes
+        return _Checked(a, b, np.where(insert, new, old), insert * np.int64(2) - 1, valid, reason,
+                        np.concatenate(([0], np.cumsum(~valid))), old, new)
+
     def _batch(self, checked: _Checked, lo: int, k: int, record_of, arrived) -> UpdateBatch:
         """The batch of the checked records lo .. lo + k - 1, numbered from next_seq."""
         rows = slice(lo, lo + k)
@@ -254,24 +330,35 @@ class Sequencer:
         self.next_seq += k
         seq = np.arange(first, self.next_seq, dtype=np.int64)
         cols = [x[rows] for x in checked[:4]]
+        codes = None if checked.old is None else (checked.old[rows], checked.new[rows])
         if checked.invalid[lo + k] > checked.invalid[lo]:
             valid = checked.valid[rows]
             for r, n in enumerate(np.bincount(checked.reason[rows][~valid], minlength=3)):
                 if n:
                     self.ignored[IGNORED_REASONS[r]] += int(n)
             seq, cols = seq[valid], [x[valid] for x in cols]
+            codes = codes and (codes[0][valid], codes[1][valid])
         z = np.zeros(0, np.int64)
+        stored = None
+        if codes is not None:  # the pair's old code closed, its new one opened, in that order
+            old, new = codes
+            take = np.stack([old >= 0, new > 0], 1).reshape(-1)
+            signs = np.tile(np.array([-1, 1], np.int64), len(seq))
+            stored = tuple(x[take] for x in (np.repeat(seq, 2), np.repeat(cols[0], 2), np.repeat(cols[1], 2),
+                                             np.stack([old, new], 1).reshape(-1), signs))
         return UpdateBatch(first, self.next_seq, seq, *cols, z, z, z, np.zeros(0, np.int32), self.vertices.n, record_of,
-                           arrived, k)
+                           arrived, k, stored)
 
     def _general(self, records: list[Update], arrived: np.ndarray) -> UpdateBatch:
         """Any batch, one record at a time (vertex records, new vertices, a pair named twice)."""
-        vx, engine = self.vertices, self.engine
+        vx, engine, directed = self.vertices, self.engine, self.directed
         first, first_vertex = self.next_seq, vx.n
         edge_ops: list[tuple[int, int, int, int, int]] = []
+        stored: list[tuple[int, int, int, int, int]] = []  # directed: the multi-version graph's ops
         vertex_ops: list[tuple[int, int, int]] = []
         record_of: dict[int, Update] = {}
-        # this batch's view of the latest edges over what the engine holds (-1: none)
+        # this batch's view of the latest edges over what the engine holds (-1: none), by pair
+        # (lo, hi): the label, or a directed pair's code as lo sees it
         overlay: dict[tuple[int, int], int] = {}
 
         # one look-up for the pairs of every edge record whose vertices exist
@@ -279,19 +366,40 @@ class Sequencer:
                  if r.op in (INSERT_EDGE, DELETE_EDGE) and r.u in vx.index and r.v in vx.index and r.u != r.v]
         if known:
             pa, pb = np.array(known, np.int64).T
-            for x, y, lab in zip(pa.tolist(), pb.tolist(), engine.live_edge_labels(pa, pb).tolist()):
-                overlay.setdefault((min(x, y), max(x, y)), lab)
+            lo, hi = np.minimum(pa, pb), np.maximum(pa, pb)
+            for x, y, lab in zip(lo.tolist(), hi.tolist(), engine.live_edge_labels(lo, hi).tolist()):
+                overlay.setdefault((x, y), lab)
 
         def live_label(a: int, b: int) -> int:
+            """The pair's label (directed: its code as a sees it), -1 where it has no edge."""
             key = (min(a, b), max(a, b))
             if key not in overlay:  # a vertex created in this batch has no edge in the engine yet
                 old = a < first_vertex and b < first_vertex
-                overlay[key] = int(engine.live_edge_labels(np.array([a]), np.array([b]))[0]) if old else -1
-            return overlay[key]
+                lo, hi = np.array([key[0]]), np.array([key[1]])
+                overlay[key] = int(engine.live_edge_labels(lo, hi)[0]) if old else -1
+            c = overlay[key]
+            return int(flip(c)) if directed and c >= 0 and a > b else c
+
+        def has(a: int, b: int) -> bool:
+            """Is there an edge (a, b)? (directed: the arc a -> b)"""
+            c = live_label(a, b)
+            return c >= 0 and (not directed or bool(c & PRESENT))
 
         def edge(seq, a, b, sign, label):
-            overlay[(min(a, b), max(a, b))] = label if sign > 0 else -1
-            edge_ops.append((seq, a, b, label, sign))
+            """The update (a, b) with its label (a deletion: the stored edge's, it is what vanishes)."""
+            if not directed:
+                overlay[(min(a, b), max(a, b))] = label if sign > 0 else -1
+                edge_ops.append((seq, a, b, label, sign))
+                return
+            old = live_label(a, b)
+            kept = 0 if old < 0 else old & ~HALF_MASK  # the pair's other arc
+            new = kept | int(arc_code(label, True)) if sign > 0 else kept
+            overlay[(min(a, b), max(a, b))] = -1 if not new else new if a < b else int(flip(new))
+            edge_ops.append((seq, a, b, new if sign > 0 else old, sign))  # the pair's code with the arc
+            if old >= 0:
+                stored.append((seq, a, b, old, -1))
+            if new:
+                stored.append((seq, a, b, new, +1))
 
         def vertex(ext, label, seq) -> int:
             v = vx.index.get(ext)
@@ -307,16 +415,23 @@ class Sequencer:
             record_of[seq] = rec
             return seq
 
-        def drop_vertex(v: int, rec) -> list[tuple[int, int]]:
+        def drop_vertex(v: int, rec) -> list[tuple[int, int, int]]:
             """Delete v's live edges, each an update with its own number (the record's own first),
-            then v itself; the (neighbour, label) of each edge deleted."""
+            then v itself; the (a, b, label) of each edge deleted (one of them v)."""
             live = set(int(x) for x in engine.live_neighbors(v)) if v < first_vertex else set()
             live |= {b if a == v else a for (a, b), lab in overlay.items() if lab >= 0 and v in (a, b)}
             live -= {b if a == v else a for (a, b), lab in overlay.items() if lab < 0 and v in (a, b)}
             self.next_seq -= 1
-            gone = [(w, live_label(v, w)) for w in sorted(live)]
-            for w, label in gone:
-                edge(numbered(rec), v, w, -1, label)
+            gone = []
+            for w in sorted(live):
+                lab = live_label(v, w)
+                if directed:  # its arcs: v -> w, then w -> v
+                    gone.extend(zip(*arcs_of(np.array([v]), np.array([w]), np.array([lab]))))
+                else:
+                    gone.append((v, w, lab))
+            gone = [(int(a), int(b), int(lab)) for a, b, lab in gone]
+            for a, b, label in gone:
+                edge(numbered(rec), a, b, -1, label)
             vertex_ops.append((numbered(rec), v, -1))
             vx.retire(v)
             return gone
@@ -329,19 +444,21 @@ class Sequencer:
                 if rec.u == rec.v:
                     self.ignored[SELF_LOOP] += 1
                     continue
+                if directed and rec.label > MAX_DIRECTED_LABEL:
+                    self.ignored[LABEL_RANGE] += 1
+                    continue
                 a = vertex(rec.u, 0, seq)
                 b = vertex(rec.v, 0, seq)
-                if live_label(a, b) >= 0:
+                if has(a, b):
                     self.ignored[DUPLICATE_INSERT] += 1
                 else:
                     edge(seq, a, b, +1, rec.label)
             elif rec.op == DELETE_EDGE:
                 a, b = vx.index.get(rec.u), vx.index.get(rec.v)
-                label = -1 if a is None or b is None or a == b else live_label(a, b)
-                if label < 0:
+                if a is None or b is None or a == b or not has(a, b):
                     self.ignored[MISSING_DELETE] += 1
                 else:
-                    edge(seq, a, b, -1, label)  # the stored edge's label: it is what vanishes
+                    edge(seq, a, b, -1, live_label(a, b))  # the stored edge's label: it is what vanishes
             elif rec.op == INSERT_VERTEX:
                 v = vx.index.get(rec.u)
                 if v is None:
@@ -350,9 +467,9 @@ class Sequencer:
                     self.ignored[DUPLICATE_VERTEX] += 1
                 else:  # a relabel: the vertex leaves with its edges and comes back under the new label
                     gone = drop_vertex(v, rec)
-                    v = vertex(rec.u, rec.label, numbered(rec))
-                    for w, label in gone:
-                        edge(numbered(rec), v, w, +1, label)
+                    w = vertex(rec.u, rec.label, numbered(rec))
+                    for a, b, label in gone:
+                        edge(numbered(rec), w if a == v else a, w if b == v else b, +1, label)
             elif rec.op == DELETE_VERTEX:
                 v = vx.index.get(rec.u)
                 if v is None:
@@ -363,5 +480,7 @@ class Sequencer:
                 raise ValueError(f"unknown update op {rec.op!r}")
         e = np.array(edge_ops, np.int64).reshape(-1, 5)
         vo = np.array(vertex_ops, np.int64).reshape(-1, 3)
+        st = np.array(stored, np.int64).reshape(-1, 5)
         return UpdateBatch(first, self.next_seq, e[:, 0], e[:, 1], e[:, 2], e[:, 3], e[:, 4], vo[:, 0], vo[:, 1],
-                           vo[:, 2], vx.labels[first_vertex:].copy(), first_vertex, record_of, arrived, len(records))
+                           vo[:, 2], vx.labels[first_vertex:].copy(), first_vertex, record_of, arrived, len(records),
+                           tuple(st.T) if directed else None)

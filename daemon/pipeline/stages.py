@@ -44,6 +44,7 @@ from typing import NamedTuple
 import numpy as np
 
 from csmd.engine import ContinuousEngine, QueryDeltas, UpdateBatch
+from csmd.model.direction import arcs_of
 from csmd.model.formats import Update, UpdateBlock
 from csmd.model.graph import Graph, id_array
 from csmd.pipeline.gc import GarbageCollector
@@ -127,11 +128,12 @@ class GraphState:
     ext_ids: list
     labels: np.ndarray
     alive: np.ndarray  # per vertex; a deleted vertex keeps its internal id
-    src: np.ndarray  # live edges, internal ids, src < dst
+    src: np.ndarray  # live edges, internal ids, src < dst (directed: every arc src -> dst)
     dst: np.ndarray
     elabel: np.ndarray
     seq: int  # the updates before it are in
     str_ids: bool = False  # the ids' kind, also where there is no vertex to tell
+    directed: bool = False
 
     def live_graph(self) -> Graph:
         """The live vertices and edges as a static Graph (renumbered)."""
@@ -139,7 +141,8 @@ class GraphState:
         new_id = np.full(len(self.alive), -1, np.int64)
         new_id[live] = np.arange(len(live))
         ext = id_array(self.ext_ids, self.str_ids)
-        return Graph.from_edges(self.labels[live], new_id[self.src], new_id[self.dst], self.elabel, ext[live])
+        return Graph.from_edges(self.labels[live], new_id[self.src], new_id[self.dst], self.elabel, ext[live],
+                                self.directed)
 
 
 class _Arrivals:
@@ -194,7 +197,8 @@ class Pipeline:
             engine = CpuEngine(g0)
         self.engine = engine
         self.vertices = Vertices(g0, retired)
-        self.sequencer = Sequencer(self.vertices, engine, first_seq)
+        self.directed = g0.directed
+        self.sequencer = Sequencer(self.vertices, engine, first_seq, g0.directed)
         self.gc = GarbageCollector(first_seq)
         self.batch_size, self.batch_wait = batch_size, batch_wait
         self.max_batch = max(batch_size, max_batch or batch_size)
@@ -243,8 +247,11 @@ class Pipeline:
         """The graph between two batches, with its sequence number (waits for a batch being applied)."""
         with self._updating:
             src, dst, lab = self.engine.live_edges()
+            if self.directed:  # the engines hold pairs
+                src, dst, lab = arcs_of(src, dst, lab)
             vx = self.vertices
-            return GraphState(list(vx.ext_ids), vx.labels.copy(), vx.alive(), src, dst, lab, self.next_seq, vx.str_ids)
+            return GraphState(list(vx.ext_ids), vx.labels.copy(), vx.alive(), src, dst, lab, self.next_seq, vx.str_ids,
+                              self.directed)
 
     def engine_stats(self) -> dict:
         s = self.engine.stats()

@@ -64,8 +64,11 @@ def write_checkpoint(directory, graph: GraphState, state: dict, keep: int = 2, f
         "label": pa.array(graph.labels, pa.int32()),
         "alive": pa.array(graph.alive),
     }), tmp / "vertices.arrow")
+    # a directed graph's edges are its arcs, and its schema says so (a restore under another [graph]
+    # directed stops: read_local)
     _write_table(pa.table({"src": pa.array(graph.src, pa.int64()), "dst": pa.array(graph.dst, pa.int64()),
-                           "label": pa.array(graph.elabel, pa.int32())}), tmp / "edges.arrow")
+                           "label": pa.array(graph.elabel, pa.int32())},
+                          metadata={"directed": "true"} if graph.directed else None), tmp / "edges.arrow")
     (tmp / "state.json").write_text(json.dumps({"format": FORMAT_VERSION, **state}, indent=1))
     _fsync(tmp / "state.json")
     _fsync(tmp)
@@ -101,8 +104,9 @@ def _read_one(folder: Path) -> Checkpoint:
     verts = ipc.open_file(str(folder / "vertices.arrow")).read_all()
     edges = ipc.open_file(str(folder / "edges.arrow")).read_all()
     ids = verts.column("id").to_numpy(zero_copy_only=False)
+    directed = (edges.schema.metadata or {}).get(b"directed") == b"true"
     g = Graph.from_edges(verts.column("label").to_numpy(), edges.column("src").to_numpy(),
-                         edges.column("dst").to_numpy(), edges.column("label").to_numpy(), ids)
+                         edges.column("dst").to_numpy(), edges.column("label").to_numpy(), ids, directed)
     return Checkpoint(g, ~verts.column("alive").to_numpy(zero_copy_only=False), state)
 
 

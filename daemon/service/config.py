@@ -64,6 +64,9 @@ DEFAULTS: dict[str, dict] = {
         # { account = 0, device = 1 } (model/labels.py)
         "labels": {},
         "edge_labels": {},
+        # edges are arcs: e u v is u -> v, and a query's edges need the same direction (model/direction.py);
+        # the checkpoints and the cluster's deployment record hold it
+        "directed": False,
     },
     "queries": {
         "paths": [],  # query files or folders registered at every start
@@ -239,8 +242,8 @@ def load_config(path=None, env=None) -> dict[str, dict]:
 
 
 def label_names(cfg: dict) -> LabelNames:
-    """[graph] labels and edge_labels (checked when the config loaded)."""
-    return LabelNames(cfg["graph"]["labels"], cfg["graph"]["edge_labels"])
+    """[graph] labels and edge_labels (checked when the config loaded), and [graph] directed."""
+    return LabelNames(cfg["graph"]["labels"], cfg["graph"]["edge_labels"], cfg["graph"]["directed"])
 
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")

@@ -40,6 +40,7 @@ def describe(cfg: dict, specs, instance: str) -> dict:
     kind = "the initial graph's" if initial else "string" if g["ids"] == "string" else "int"
     return {"input": cfg["topics"]["input"], "output": cfg["topics"]["output"], "shards": cfg["cluster"]["shards"],
             "graph": _file_digest(initial) if initial else "", "ids": f"{kind}, at most {g['max_id_bytes']} bytes",
+            "direction": "directed" if g["directed"] else "undirected",
             "queries": {s.name: _query_digest(s.text, s.name, label_names(cfg)) + (" count-only" if s.count_only else "")
                         + (" distinct" if s.distinct else "") for s in specs},
             "instance": instance, "host": socket.gethostname(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -72,6 +73,9 @@ def differences(ours: dict, theirs: dict) -> list[str]:
                                           "set here only" if ours["graph"] else "set in the deployment only"))
     if theirs.get("ids", ours["ids"]) != ours["ids"]:  # a deployment written before ids were described has none
         out.append(f"vertex ids: {ours['ids']} here, {theirs['ids']} in the deployment")
+    if theirs.get("direction", "undirected") != ours["direction"]:  # one written before directed graphs: undirected
+        out.append(f"[graph] directed: {ours['direction']} here, {theirs.get('direction', 'undirected')} in the "
+                   f"deployment")
     q, t = ours["queries"], theirs.get("queries") or {}
     for what, names in (("queries only here", [n for n in q if n not in t]),
                         ("queries only in the deployment", [n for n in t if n not in q]),

@@ -61,6 +61,9 @@ def read_local(cfg: dict, log) -> LocalState:
         raise missing(initial)
     ckpt = read_checkpoint(c["dir"], log) if c["dir"] else None
     conflict = id_kind_conflict(ckpt.graph, cfg["graph"]["ids"], "[graph] ids") if ckpt is not None else None
+    if ckpt is not None and ckpt.graph.directed != cfg["graph"]["directed"]:  # every arc would change meaning
+        conflict = (f"[graph] directed is {str(cfg['graph']['directed']).lower()}, but the checkpoint holds "
+                    f"{'a directed' if ckpt.graph.directed else 'an undirected'} graph")
     if conflict:  # every id of the setting's kind would be a dead letter from here on
         raise CsmdError(f"checkpoint in {c['dir']}: {conflict} (remove the checkpoints to start over from "
                         f"[graph] initial and the beginning of the topic)")
