@@ -33,20 +33,16 @@ def gpu_unavailable_reason() -> str | None:
     return None
 
 
-def resolve_backend(name: str, setting: str = "--backend", directed: bool = False) -> str:
+def resolve_backend(name: str, setting: str = "--backend") -> str:
     """The engine to run for `--backend name`: "cpu" or "gpu".
 
     `auto` takes the GPU when CuPy sees one; `gpu` raises a clear error, naming
-    `setting`, when it cannot run. directed: for a directed graph, which the GPU engine does
-    not match yet: auto takes the CPU, gpu is refused (rather than matched as undirected).
+    `setting`, when it cannot run.
     """
     if name not in BACKENDS:
         raise CsmdError(f"{setting}: unknown backend {name!r}; use one of {', '.join(BACKENDS)}")
-    if directed and name == "gpu":
-        raise CsmdError(f"{setting} gpu: directed graphs (--directed, [graph] directed) run on the CPU engine for "
-                        f"now; use {setting} cpu or auto")
-    if name in ("cpu", "numpy") or directed:
-        return "cpu" if name == "auto" else name
+    if name in ("cpu", "numpy"):
+        return name
     reason = gpu_unavailable_reason()
     if name == "gpu" and reason is not None:
         raise CsmdError(f"{setting} gpu: {reason}; use {setting} cpu or auto")
@@ -71,10 +67,8 @@ def _compiled():
     return compiled
 
 
-def static_matcher(backend: str, directed: bool = False) -> StaticMatcher:
-    """The static matcher of a resolved backend ("cpu", "numpy" or "gpu"), for a directed graph or not."""
-    if directed and backend == "gpu":
-        resolve_backend(backend, directed=True)  # its error
+def static_matcher(backend: str) -> StaticMatcher:
+    """The static matcher of a resolved backend ("cpu", "numpy" or "gpu")."""
     if backend == "gpu":
         from csmd.gpu.engine import GpuMatcher
 
@@ -91,7 +85,7 @@ def continuous_engine(backend: str, g0: Graph, setting: str = "--backend", threa
                       ) -> ContinuousEngine:
     """A continuous engine holding g0, for `backend` (cpu, gpu or auto: the GPU when there is one);
     threads: the compiled engine's (None: CSMD_THREADS, else the cores)."""
-    if resolve_backend(backend, setting, g0.directed) == "gpu":
+    if resolve_backend(backend, setting) == "gpu":
         from csmd.gpu.engine import GpuEngine
 
         return GpuEngine(g0)

@@ -23,6 +23,7 @@ import threading
 import cupy as cp
 import numpy as np
 
+from csmd.model.direction import flip
 from csmd.model.graph import Graph
 
 from .launch import THREADS, i64
@@ -205,18 +206,20 @@ class DeviceMVG:
     _dtype: np.dtype | None = None
     _small: tuple[int, int, int] | None = None
 
-    def __init__(self, labels: cp.ndarray, indptr: cp.ndarray, nbrs: cp.ndarray, els: cp.ndarray | None):
+    def __init__(self, labels: cp.ndarray, indptr: cp.ndarray, nbrs: cp.ndarray, els: cp.ndarray | None,
+                 directed: bool = False):
         """From a device CSR whose slices are sorted by (neighbour label, neighbour).
 
         Vertex v gets version v (ct_min -1: older than every update), in a block of its
         size class; the entry pool starts with half its size spare for the first batches.
+        directed: the labels are the codes of vertex pairs' arcs (daemon/model/direction.py).
         """
         if DeviceMVG._dtype is None:
             DeviceMVG._dtype, DeviceMVG._small = _view_dtype(), _small_layout()
         cp.cuda.Device().synchronize()  # the inputs may still be in flight on another stream
         self.stream = cp.cuda.Stream(non_blocking=True)
         n, m = len(labels), len(nbrs)
-        self.n = n
+        self.n, self.directed = n, directed
         # some edge, now or ever, has a non-zero label; until then readers may skip the label
         # test (monotone: a batch sets it in apply, before its search is submitted)
         self.has_edge_labels = els is not None and bool(els.any())
@@ -274,7 +277,7 @@ class DeviceMVG:
     def from_graph(cls, g: Graph) -> "DeviceMVG":
         _, nbrs, els = g.grouped
         return cls(cp.asarray(g.labels), cp.asarray(g.indptr), cp.asarray(nbrs),
-                   cp.asarray(els) if g.elabels.any() else None)
+                   cp.asarray(els) if g.elabels.any() else None, g.directed)
 
     @classmethod
     def from_device_graph(cls, dg) -> "DeviceMVG":
@@ -351,12 +354,13 @@ class DeviceMVG:
         k = len(seq)
         if not k:
             return Replaced(None)
-        host = self._batch.host_view(5 * k).reshape(5, k)
+        host = self._batch.host_view(6 * k).reshape(6, k)
         host[0], host[1], host[2], host[3], host[4] = seq, a, b, label, sign
+        host[5] = flip(label) if self.directed else label  # as b sees the edge
         self.has_edge_labels = self.has_edge_labels or bool(host[3].any())
         R, n_ins = 2 * k, 2 * int(np.count_nonzero(host[4] > 0))
         with self.stream:
-            batch = self._batch.upload(5 * k, self.stream)  # the one upload
+            batch = self._batch.upload(6 * k, self.stream)  # the one upload
             if R <= self.small_rows:
                 return self._apply_small(batch, k, R, n_ins)
             g = self.view()

@@ -23,6 +23,7 @@ import cupy as cp
 import numpy as np
 
 from csmd.engine import ContinuousQuery, Matches, UpdateBatch
+from csmd.model.direction import HALF, HALF_MASK, flip
 
 from .filtering import QueryBatch
 from .device_mvg import Staging
@@ -130,6 +131,7 @@ class _Group:
         self.pairs = _Anchors(key[pair], np.flatnonzero(pair), n_keys, self.tab_query, order)
         self.key_of = dict(zip(zip(lx.tolist(), ly.tolist(), ael.tolist()), key.tolist()))
         self.misfit = n_keys  # the key of a side no anchor fits
+        self.directed = queries[0].q.directed  # the queries of one engine read one graph
 
     def _key(self, ix, iy, ie):
         nl, ne = len(self.labels), len(self.elabels)
@@ -139,6 +141,8 @@ class _Group:
         """(key, src, dst, seq, op) of the batch's updates seen from both ends (a -> x then b -> x);
         None when no endpoint pair fits any anchor."""
         ea, eb = np.asarray(batch.edge_a, np.int64), np.asarray(batch.edge_b, np.int64)
+        if self.directed:
+            return self._arc_sides(batch, labels, ea, eb)
         src = np.concatenate((ea, eb))
         k = len(ea)
         if k <= FEW_UPDATES:
@@ -158,6 +162,23 @@ class _Group:
         seq = np.asarray(batch.edge_seq, np.int64)
         op = np.arange(k)
         return key, src, np.concatenate((eb, ea)), np.concatenate((seq, seq)), np.concatenate((op, op))
+
+    def _arc_sides(self, batch: UpdateBatch, labels: np.ndarray, ea: np.ndarray, eb: np.ndarray):
+        """sides() for a directed graph, whose op is the arc a -> b with its pair's code c (as a sees
+        it): an anchor (x, y) takes it where the anchor's code (as x sees it) holds that arc and
+        passes c, so with x on a its out half alone or c whole, with x on b the in half of c as b
+        sees it alone or that code whole (daemon/model/direction.py seed_ways): up to four keys."""
+        c = np.asarray(batch.edge_label, np.int64)
+        cb = flip(c).astype(np.int64)
+        other = (c >> HALF) != 0  # the pair's other arc, b -> a
+        els = (c & HALF_MASK, cb & (HALF_MASK << HALF), np.where(other, c, -1), np.where(other, cb, -1))
+        src, dst = np.concatenate((ea, eb, ea, eb)), np.concatenate((eb, ea, eb, ea))
+        isrc, idst = _index(self.labels, labels[src]), _index(self.labels, labels[dst])
+        key = self._key(isrc, idst, _index(self.elabels, np.concatenate(els)))
+        if (key == self.misfit).all():
+            return None
+        seq, op = np.asarray(batch.edge_seq, np.int64), np.arange(len(ea))
+        return key, src, dst, np.tile(seq, 4), np.tile(op, 4)
 
 
 class Executor:

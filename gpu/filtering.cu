@@ -115,7 +115,7 @@ extern "C" __global__ void refine(i64 n, const i64* __restrict__ indptr, const i
                 const unsigned wbit = 1u << w;
                 bool found = false;
                 for (i64 p = s; p < s + size && !found; ++p)
-                    found = (((volatile unsigned*)cb)[gadj[p]] & wbit) && (!check_el || gadj_el[p] == e);
+                    found = (((volatile unsigned*)cb)[gadj[p]] & wbit) && (!check_el || label_ok(gadj_el[p], e));
                 if (!found) {
                     keep &= ~(1u << u);
                     break;

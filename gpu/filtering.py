@@ -13,6 +13,7 @@ import cupy as cp
 import numpy as np
 
 from csmd.errors import InputError
+from csmd.model.direction import device_label
 from csmd.model.graph import Graph
 
 from .device_graph import DeviceGraph
@@ -31,7 +32,8 @@ class QueryBatch:
     nq: np.ndarray  # (Q,) vertices per query
     labels: np.ndarray  # (Q, MAXQ) int32, -1 past nq
     adj: np.ndarray  # (Q, MAXQ, MAXQ) bool
-    el: np.ndarray | None  # (Q, MAXQ, MAXQ) int32
+    el: np.ndarray | None  # (Q, MAXQ, MAXQ) int32: el[q, u, w] tests the label of u's image's entry for w's
+                           # (a directed pair's code: direction.py device_label)
 
     def __len__(self) -> int:
         return len(self.nq)
@@ -50,7 +52,7 @@ class QueryBatch:
             rows = np.repeat(np.arange(q.n), np.diff(q.indptr))
             adj[i, rows, q.indices] = True
             if el is not None:
-                el[i, rows, q.indices] = q.elabels
+                el[i, rows, q.indices] = device_label(q.elabels, q.directed)
         return cls(np.array([q.n for q in queries], np.int32), labels, adj, el)
 
     def take(self, which: np.ndarray) -> "QueryBatch":

@@ -56,7 +56,7 @@ __device__ __forceinline__ void label_range(const i64* __restrict__ indptr, cons
     *size = (int)(c - a);
 }
 
-// Is {v, w} an edge (with edge label el when check_el)?
+// Is {v, w} an edge (whose label passes el when check_el: label_ok)?
 __device__ __forceinline__ bool has_edge(const i64* __restrict__ indptr, const int* __restrict__ adj,
                                          const int* __restrict__ adj_el, int check_el, int v, int w, int el) {
     i64 a = __ldg(indptr + v), b = __ldg(indptr + v + 1);
@@ -65,7 +65,7 @@ __device__ __forceinline__ bool has_edge(const i64* __restrict__ indptr, const i
         int x = __ldg(adj + m);
         if (x < w) a = m + 1;
         else if (x > w) b = m;
-        else return !check_el || __ldg(adj_el + m) == el;
+        else return !check_el || label_ok(__ldg(adj_el + m), el);
     }
     return false;
 }

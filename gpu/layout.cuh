@@ -20,6 +20,16 @@ typedef unsigned long long u64;
 #define CTL_GCOUNT 6   // global match count, used only with a count limit (a batch of one)
 #define CTL_STARTED 7  // warps that started (per launch): termination needs idle == started
 
+// Does an entry's edge label x pass a query's label q? Undirected, q is the label (q >= 0). In a
+// directed graph x is the code of a vertex pair's arcs and q a query pair's code with bit 31 set:
+// only the arcs q holds are compared (daemon/model/direction.py; device_label there).
+__device__ __forceinline__ bool label_ok(int x, int q) {
+    if (q >= 0) return x == q;
+    const int c = q & 0x7fffffff;
+    const int mask = ((c >> 14) & 1) * 0x7fff | ((c >> 29) & 1) * (0x7fff << 15);
+    return (x & mask) == c;
+}
+
 #define STOP_FULL 1   // output buffer full: drain and resume
 #define STOP_LIMIT 2  // limit reached: final
 #define STOP_TIME 3   // deadline passed: final

@@ -60,7 +60,7 @@ struct StaticView {
     __device__ __forceinline__ bool candidate(const Query& qc, i64 pos, int d, int el, int* c) const {
         *c = __ldg(gadj + pos);
         bool pass = (__ldg(qc.cbits + *c) >> d) & 1u;
-        if (pass && check_el) pass = __ldg(gadj_el + pos) == el;
+        if (pass && check_el) pass = label_ok(__ldg(gadj_el + pos), el);
         return pass;
     }
     __device__ __forceinline__ bool edge(const Query&, int v, int w, int el) const {
@@ -82,7 +82,7 @@ struct VersionedView {
     }
     __device__ __forceinline__ bool candidate(const Query& qc, i64 pos, int, int el, int* c) const {
         *c = MVG_ENTRY(m.e_nbr + pos);
-        return visible(m, pos, qc.T) && MVG_ENTRY(m.e_el + pos) == el;
+        return visible(m, pos, qc.T) && label_ok(MVG_ENTRY(m.e_el + pos), el);
     }
     __device__ __forceinline__ bool edge(const Query& qc, int v, int w, int el) const {
         return edge_at(m, v, w, qc.T, el, true) >= 0;
@@ -223,7 +223,7 @@ __device__ __forceinline__ i64 lower_bound(const int* __restrict__ a, i64 lo, i6
 
 // Is entry p of a last-depth candidate range counted by the prefix sums? (as last_flags)
 __device__ __forceinline__ bool counted(const StaticView& g, const Query& qc, int p, int d, int el) {
-    return ((__ldg(qc.cbits + __ldg(g.gadj + p)) >> d) & 1u) && (!g.check_el || __ldg(g.gadj_el + p) == el);
+    return ((__ldg(qc.cbits + __ldg(g.gadj + p)) >> d) & 1u) && (!g.check_el || label_ok(__ldg(g.gadj_el + p), el));
 }
 
 // Matches of node s of level d - 1 when depth d is the last and has one backward edge:
@@ -310,7 +310,7 @@ __device__ i64 range_count(const VersionedView& g, const Level* lv, int top, uns
         bool hit = false;
         if (idx < total) {
             const int c = MVG_ENTRY(g.m.e_nbr + pos);
-            hit = visible(g.m, pos, T) && MVG_ENTRY(g.m.e_el + pos) == e && distinct_from(lv, top, s, same, c);
+            hit = visible(g.m, pos, T) && label_ok(MVG_ENTRY(g.m.e_el + pos), e) && distinct_from(lv, top, s, same, c);
         }
         const unsigned hits = __ballot_sync(FULL_MASK, hit);
         const i64 lo = min(max(off - base, 0ll), 32ll), hi = min(max(off + mine - base, 0ll), 32ll);
@@ -367,7 +367,7 @@ extern "C" __global__ void last_flags(i64 n, i64 m2, const int* gadj, const int*
     const unsigned* cb = cbits + (i64)which[i] * n;
     int* f = flags + (i64)i * m2;
     for (i64 p = blockIdx.x * (i64)blockDim.x + threadIdx.x; p < m2; p += (i64)gridDim.x * blockDim.x)
-        f[p] = ((cb[gadj[p]] >> b) & 1u) && (!check_el || gadj_el[p] == e);
+        f[p] = ((cb[gadj[p]] >> b) & 1u) && (!check_el || label_ok(gadj_el[p], e));
 }
 
 // Reserve k output rows (lane 0). Returns rows granted (<= k; fewer only at the limit), or

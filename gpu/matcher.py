@@ -46,7 +46,7 @@ class Tuning:
 def query_tables(batch: QueryBatch, orders: np.ndarray, sym: list | None = None
                  ) -> tuple[np.ndarray, np.ndarray | None]:
     """The kernel's QueryTable of every query of the batch (rows of int32) and, with
-    edge labels, its edge labels by depth ([d][j] flattened). orders (Q, MAXQ) as
+    edge labels, its edge labels by depth ([d][j] flattened, as depth j sees the edge). orders (Q, MAXQ) as
     greedy_orders gives them; sym[i] lists query i's (x, y) with f(x) < f(y)."""
     nb = len(batch)
     n = batch.nq.astype(np.int64)
@@ -73,7 +73,9 @@ def query_tables(batch: QueryBatch, orders: np.ndarray, sym: list | None = None
                 t[i, less + dy] |= 1 << dx
             else:
                 t[i, greater + dx] |= 1 << dy
-    el = None if batch.el is None else batch.el[r, order[:, :, None], order[:, None, :]].reshape(nb, -1)
+    # el[d][j] tests the entry of depth j's image for depth d's (the searches look a candidate up
+    # in the adjacency of its backward neighbours' images): the query's el[order[j], order[d]]
+    el = None if batch.el is None else batch.el[r, order[:, None, :], order[:, :, None]].reshape(nb, -1)
     return t.view(np.int32), el
 
 

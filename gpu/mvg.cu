@@ -148,11 +148,12 @@ struct Op {
 };
 
 // Row key: own << 32 | op index. Ops are in time order, so sorting the keys orders each
-// vertex's rows by time.
+// vertex's rows by time. The batch's rows: seq, a, b, label (as a sees the edge), sign, label as
+// b sees it (a directed pair's code with its halves swapped: daemon/model/direction.py).
 __device__ __forceinline__ Op row_op(const i64* batch, i64 k, i64 key) {
     const i64 i = key & LOW32;
     const int own = (int)(key >> 32), a = (int)batch[k + i], b = (int)batch[2 * k + i];
-    return Op{own, a == own ? b : a, (int)batch[3 * k + i], batch[i], batch[4 * k + i] > 0};
+    return Op{own, a == own ? b : a, (int)batch[(a == own ? 3 : 5) * k + i], batch[i], batch[4 * k + i] > 0};
 }
 
 // Also zeroes the batch's counters (one launch less).

@@ -42,7 +42,8 @@
 //     before the reader was launched.
 #pragma once
 
-typedef long long i64;
+// label_ok
+#include "layout.cuh"
 
 #define MVG_INF 0x7fffffffffffffffLL
 
@@ -126,7 +127,7 @@ __device__ __forceinline__ void label_range_at(const MVGView& g, int v, int lab,
     *size = c - a;
 }
 
-// Position of the entry of edge {a, b} visible at T (with edge label el when check_el),
+// Position of the entry of edge {a, b} visible at T (its label passing el when check_el: label_ok),
 // -1 if there is none. A pair deleted and re-inserted inside one version has several
 // entries, in ct order: at most one is visible at T.
 __device__ __forceinline__ i64 edge_at(const MVGView& g, int a, int b, i64 T, int el, bool check_el) {
@@ -139,6 +140,6 @@ __device__ __forceinline__ i64 edge_at(const MVGView& g, int a, int b, i64 T, in
         if (MVG_ENTRY(g.e_nbr + m) < b) lo = m + 1; else hi = m;
     }
     for (; lo < s + n && MVG_ENTRY(g.e_nbr + lo) == b; ++lo)
-        if (visible(g, lo, T)) return !check_el || MVG_ENTRY(g.e_el + lo) == el ? lo : -1;
+        if (visible(g, lo, T)) return !check_el || label_ok(MVG_ENTRY(g.e_el + lo), el) ? lo : -1;
     return -1;
 }

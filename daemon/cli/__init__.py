@@ -93,7 +93,7 @@ def cmd_match(args) -> int:
     from csmd.cli.progress import Progress
     from csmd.cli.match import run_queries
 
-    backend = resolve_backend(args.backend, directed=args.directed)
+    backend = resolve_backend(args.backend)
     _check_output(args.output)
     labels = _labels(args)
     g = initial_graph(args.data, args.ids, args.max_id_bytes, labels=labels)
@@ -128,6 +128,8 @@ def cmd_estimate(args) -> int:
     from csmd.model.formats import query_files, read_graph, read_query
     from csmd.cli.estimate import run_estimate, sampler_backend
 
+    if args.directed and args.backend == "gpu":
+        raise CsmdError("--backend gpu: the GPU sampler does not estimate directed graphs yet; use --backend cpu or auto")
     backend = sampler_backend(args.backend, args.directed)
     labels = _labels(args)
     g = read_graph(args.data, args.max_id_bytes, labels)
@@ -162,7 +164,7 @@ def cmd_replay(args) -> int:
 
     if args.count_only and args.output:
         raise CsmdError("--output writes the matches of each delta; it cannot be combined with --count-only")
-    resolve_backend(args.backend, directed=args.directed)  # a clear error before any reading
+    resolve_backend(args.backend)  # a clear error before any reading
     _check_output(args.output)
     if not args.stream.exists():
         raise missing(args.stream)

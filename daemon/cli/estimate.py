@@ -17,9 +17,9 @@ MAX_SEED = 2**128
 
 
 def sampler_backend(name: str, directed: bool = False) -> str:
-    """The sampler for `--backend name`: "cpu" or "gpu" (auto: the GPU where CuPy sees one, unless
-    the graph is directed)."""
-    return "gpu" if resolve_backend(name, directed=directed) == "gpu" else "cpu"
+    """The sampler for `--backend name`: "cpu" or "gpu" (auto: the GPU where CuPy sees one; for a
+    directed graph the CPU sampler: the GPU's does not read one yet)."""
+    return "gpu" if not directed and resolve_backend(name) == "gpu" else "cpu"
 
 
 def make_sampler(backend: str, g: Graph, plan: Plan, method: str, seed: int, trawl: int = 0):

@@ -24,7 +24,7 @@ def run_query(g: Graph, q: Graph, name: str, *, backend: str = "cpu", distinct: 
             writer.write(name, written[0], rows)
             written[0] += len(rows)
 
-    res = static_matcher(backend, g.directed).match(g, q, distinct=distinct, limit=limit, time_limit=time_limit, sink=sink)
+    res = static_matcher(backend).match(g, q, distinct=distinct, limit=limit, time_limit=time_limit, sink=sink)
     return _result(name, res, time.monotonic() - t0, distinct, backend)
 
 
@@ -34,7 +34,7 @@ def run_queries(g: Graph, queries: list[tuple[str, Graph]], *, backend: str = "c
     several queries (no limit, no writer) is one match_many call: on the GPU one search,
     where every query has time_limit seconds from its start and seconds is the batch's time."""
     if len(queries) > 1 and limit is None and writer is None and backend == "gpu":
-        for (name, _), res in zip(queries, static_matcher(backend, g.directed).match_many(
+        for (name, _), res in zip(queries, static_matcher(backend).match_many(
                 g, [q for _, q in queries], distinct=distinct, time_limit=time_limit)):
             yield _result(name, res, res.seconds, distinct, backend)
         return

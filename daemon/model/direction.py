@@ -81,3 +81,10 @@ def seed_ways(code, test, directed: bool):
     fwd = ((q >> LABEL_BITS) & 1) * passes(c, test)
     rev = ((q >> (HALF + LABEL_BITS)) & 1) * passes(flip(c), test)
     return fwd | (rev << 1)
+
+
+def device_label(code, directed: bool):
+    """A query pair's label as the device kernels test it (label_ok, gpu/layout.cuh): undirected,
+    the label; directed, its code with bit 31 set (int32), so that one int says both."""
+    c = np.asarray(code, np.int64)
+    return (c | (1 << 31)).astype(np.uint32).view(np.int32) if directed else c.astype(np.int32)
