@@ -181,7 +181,7 @@ def _estimate(daemon, body: dict) -> dict:
     res = run_estimate(g, q, name, method=body.get("method", "auto"), samples=_number(body, "samples", int),
                        rel_error=_number(body, "rel_error", float), time_limit=_number(body, "time_limit", float),
                        seed=_number(body, "seed", int, zero_ok=True) or 0,
-                       trawl=trawl, backend=sampler_backend(daemon.pipe.engine.name, daemon.pipe.directed))
+                       trawl=trawl, backend=sampler_backend(daemon.pipe.engine.name, g.directed))
     return {**res, "seq": seq, "vertices": g.n, "edges": g.num_edges}
 
 
