@@ -119,7 +119,7 @@ class ClusterMember:
             self.d.log.info("joining the cluster", instance=self.instance, topic=self.topic, at=position)
         msg = self.consumer.poll(0)
         if msg is not None and msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
-            self.d._kafka_error(msg.error())
+            self.d.brokers.error(msg.error())
         if self._gaining:
             self._take_up()
 
@@ -289,7 +289,7 @@ class ClusterMember:
         if change.gaps:  # never skipped: the shards stay uncommitted, and a restart rebuilds from below them
             self.d.metrics.inc("csmd_cluster_gaps_total", len(change.gaps))
             s, oldest = min(change.gaps.items())
-            self.d._fail(f"gained shard {s}'s progress {change.gain[s]} is older than anything this instance kept "
+            self.d.ctx.fail(f"gained shard {s}'s progress {change.gain[s]} is older than anything this instance kept "
                          f"(from {oldest}): it cannot re-match the records in between, so it stops with that "
                          f"shard's progress uncommitted; a restart starts from a checkpoint at or below every "
                          f"shard's progress, or from [graph] initial")

@@ -58,7 +58,7 @@ class ConsumeLoop:
         next_ckpt = time.monotonic() + c["interval_s"]
         while not self.stopping.is_set():
             if not out.is_alive():
-                self._fail("the pipeline stopped")
+                self.ctx.fail("the pipeline stopped")
                 break
             self._poll_control()
             if self.cluster is not None:
@@ -150,7 +150,7 @@ class ConsumeLoop:
                 break
             self.sink.poll(0.005)
         if not self.sink.flush(60):
-            self._fail("the broker did not acknowledge every record within 60 s")
+            self.ctx.fail("the broker did not acknowledge every record within 60 s")
 
     def _commit_all(self) -> None:
         """After a drain: the input offsets of everything submitted (in the transaction, if any)."""

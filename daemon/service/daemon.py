@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from csmd.connectors.kafka import KafkaSink, KafkaSource, arrow_messages, client_config, ensure_topics
-from csmd.connectors.records import Carry, load_scanner
+from csmd.connectors.records import load_scanner
 from csmd.engine import QueryDeltas, UpdateBatch
 from csmd.engines import continuous_engine, resolve_backend, warm_once
 from csmd.errors import CsmdError
@@ -38,14 +38,14 @@ from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.sequencer import IGNORED_REASONS
 from csmd.pipeline.stages import BatchResult, Pipeline
+from csmd.service.brokers import BrokerWatch
 from csmd.service.checkpointing import Checkpointing, content
 from csmd.service.cluster import ClusterMember
-from csmd.service.config import label_names
 from csmd.service.consume import ConsumeLoop
+from csmd.service.context import DaemonContext
 from csmd.service.control import ControlPlane, QueryChange, QuerySpec
 from csmd.service.delivery import DeliveryTracker
 from csmd.service.logs import get_logger
-from csmd.service.metrics import Metrics
 from csmd.service.output import STOP, Output
 from csmd.service.restore import read_local, start_state
 
@@ -54,17 +54,13 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
     """One daemon: its state, start-up and shutdown; each part's methods live in its module."""
 
     def __init__(self, cfg: dict, log=None):
-        self.cfg = cfg
-        self.log = log or get_logger()
-        self.metrics = Metrics()
-        self.stopping = threading.Event()
+        self.ctx = DaemonContext(cfg, log or get_logger())
+        self.cfg, self.log, self.metrics, self.labels = cfg, self.ctx.log, self.ctx.metrics, self.ctx.labels
+        self.carry = self.ctx.carry
         self.stop_signal: str | None = None  # SIGTERM or SIGINT, once one arrived
         self.status = "starting"
-        self.fatal: str | None = None
+        self.brokers = BrokerWatch(self.ctx)
         self.paused = False  # backpressure: the consumer takes no records
-        self.labels = label_names(cfg)
-        self.carry = Carry(tuple(cfg["output"]["carry_headers"]), tuple(cfg["output"]["carry_fields"]),
-                           cfg["topics"]["max_message_bytes"] // 2)
         self.specs: dict[str, QuerySpec] = {}  # registered now, as the output thread has seen
         self.removed: set[str] = set()  # removed through the control topic (a restart must not re-add them)
         self.totals: dict[str, list[int]] = {}
@@ -85,39 +81,19 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self._done_at_commit: dict = {}  # the tracker's done prefix when the last commit started
         self._requests = None  # producer of admin requests (outside any transaction of the daemon's)
         self.cluster: ClusterMember | None = None  # [cluster] enabled: shards of the matching work
-        self._error_logged: dict[int, float] = {}  # Kafka error code -> when it was last logged
-        self.kafka_up: bool | None = None  # the input consumer's broker connection, as last seen
-        self.kafka_since = time.time()  # when kafka_up last changed
         self._lock = threading.Lock()
         self.started = time.time()
 
+    @property
+    def stopping(self) -> threading.Event:
+        return self.ctx.stopping
+
+    @property
+    def fatal(self) -> str | None:
+        return self.ctx.fatal
+
     def _conf(self) -> dict:
-        return client_config(self.cfg["kafka"]["bootstrap"], self.cfg["kafka"]["client"], self._kafka_error, self.log)
-
-    def _kafka_error(self, err) -> None:
-        """error_cb of every Kafka client: counted always, logged once a minute per kind (a broker
-        that is down reports the same error many times a second), fatal ones stop the daemon."""
-        self.metrics.inc("csmd_kafka_errors_total", code=err.name())
-        if err.fatal():
-            self._fail(f"Kafka client failed: {err.str()}")
-            return
-        now = time.monotonic()
-        if now - self._error_logged.get(err.code(), -1e9) >= 60:
-            self._error_logged[err.code()] = now
-            self.log.warning("kafka client error (librdkafka retries)", code=err.name(), reason=err.str())
-
-    def _brokers(self, up: bool) -> None:
-        """The input consumer's statistics, each second (main thread): say when Kafka goes away and
-        comes back; /health, /stats and csmd_kafka_up show it. The daemon stays up meanwhile (a
-        restart would not bring the broker back) and takes up where it was."""
-        if up == self.kafka_up:
-            return
-        was, self.kafka_up, self.kafka_since = self.kafka_up, up, time.time()
-        self.metrics.set("csmd_kafka_up", int(up))
-        if not up:
-            self.log.warning("kafka unreachable: no broker connection is up", bootstrap=self.cfg["kafka"]["bootstrap"])
-        elif was is not None:
-            self.log.info("kafka reachable again")
+        return client_config(self.cfg["kafka"]["bootstrap"], self.cfg["kafka"]["client"], self.brokers.error, self.log)
 
     def run(self) -> int:
         t = self.cfg["topics"]
@@ -160,10 +136,10 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         warm += warm_output(self.pipe.vertices, t["max_message_bytes"])
         self.tracker = DeliveryTracker(on_done=lambda t0: self.metrics.latency.observe(time.monotonic() - np.asarray(t0)))
         k = self.cfg["kafka"]
-        self.sink = KafkaSink(conf, t["output"], t["max_message_bytes"], self._fail, self.cfg["delivery"]["timeout_s"],
+        self.sink = KafkaSink(conf, t["output"], t["max_message_bytes"], self.ctx.fail, self.cfg["delivery"]["timeout_s"],
                               k["transactional_id"] if k["transactions"] else None, k["producer"])
         self.source = KafkaSource(conf, t["input"], k["group"], start, k["offset_reset"], k["consumer"],
-                                  on_brokers=self._brokers)
+                                  on_brokers=self.brokers.seen)
         self.control = KafkaSource(conf, t["control"], k["group"] + ".control", {0: self.control_applied + 1},
                                    settings=k["consumer"])
         if self.cfg["cluster"]["enabled"]:  # each shard's progress replaces the input group's offsets
@@ -203,12 +179,6 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         server.start()
         return server
 
-    def _fail(self, reason: str) -> None:
-        if self.fatal is None:
-            self.fatal = reason
-            self.log.error("stopping: fatal error", reason=reason)
-        self.stopping.set()
-
     def _shutdown(self, out: threading.Thread) -> int:
         """Drain in-flight batches, flush, commit, checkpoint, close; 0 unless something failed."""
         self.status = "stopping"
@@ -225,7 +195,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
             self._commit_all()
             behind = self.cluster.uncommitted(self._next_offsets.get(0, 0)) if self.cluster is not None else []
             if behind:  # a clean stop leaves every owned shard's progress where its matching is
-                self._fail(f"shard progress not committed up to {self._next_offsets.get(0, 0)} for shards "
+                self.ctx.fail(f"shard progress not committed up to {self._next_offsets.get(0, 0)} for shards "
                            f"{behind} (the broker refused or did not answer): their next owner re-matches from "
                            f"the last committed progress")
             if self.cfg["checkpoint"]["dir"] and self._checkpoint_due():  # the pipeline's graph is the final one
@@ -250,10 +220,7 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         return state.live_graph(), state.seq
 
     def kafka_state(self) -> dict:
-        """The broker connection, for /health and /stats: up, down or unknown (no statistics yet),
-        and for how long."""
-        state = {None: "unknown", True: "up", False: "down"}[self.kafka_up]
-        return {"kafka": state, "kafka_for_s": round(time.time() - self.kafka_since, 1)}
+        return self.brokers.state()
 
     def stats(self) -> dict:
         lat = self.metrics.latency

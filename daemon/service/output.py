@@ -82,7 +82,7 @@ class Output:
             self.pipe.run(self._items(), self._on_result)
         except BaseException as exc:  # an engine failure: stop the daemon, commit nothing more
             self.log.exception("pipeline failed")
-            self._fail(f"pipeline failed: {exc!r}")
+            self.ctx.fail(f"pipeline failed: {exc!r}")
 
     def _on_result(self, result) -> None:
         if isinstance(result, Marker):
