@@ -40,7 +40,7 @@ from csmd.pipeline.sequencer import IGNORED_REASONS
 from csmd.pipeline.stages import BatchResult, Pipeline
 from csmd.service.brokers import BrokerWatch
 from csmd.service.checkpointing import Checkpointing, content
-from csmd.service.cluster import ClusterMember
+from csmd.service.cluster import ClusterMember, DaemonLinks
 from csmd.service.consume import ConsumeLoop
 from csmd.service.context import DaemonContext
 from csmd.service.control import ControlPlane, QueryChange, QuerySpec
@@ -143,7 +143,12 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self.control = KafkaSource(conf, t["control"], k["group"] + ".control", {0: self.control_applied + 1},
                                    settings=k["consumer"])
         if self.cfg["cluster"]["enabled"]:  # each shard's progress replaces the input group's offsets
-            self.cluster = ClusterMember(self, conf, start.get(0, 0), st.ends.get(0, 0))
+            links = DaemonLinks(position=lambda: self._next_offsets.get(0, 0),
+                                done=lambda: self.tracker.committable().get((t["input"], 0)),
+                                hand_on=self._enqueue_marker, publish=self._publish, kafka_error=self.brokers.error)
+            self.cluster = ClusterMember(self.ctx, conf, start.get(0, 0), st.ends.get(0, 0),
+                                         partitions=self.source.partitions, pipe=self.pipe, sink=self.sink,
+                                         specs=self.specs.values(), links=links)
             st.committed = {}
         self._committed = dict(st.committed)
         self._suppress = {p: o for p, o in st.committed.items() if o > start.get(p, 0)}
