@@ -40,7 +40,7 @@ from csmd.pipeline.shards import ShardWork
 from csmd.pipeline.stages import Pipeline
 from csmd.service.cluster import ClusterMember
 from csmd.service.consume import ConsumeLoop
-from csmd.service.output import Output
+from csmd.service.output import Publisher
 
 try:  # the GPU engine's searches too, where CuPy is installed
     from csmd.gpu.engine import GpuEngine
@@ -56,7 +56,7 @@ STAGES = {  # stage -> the methods whose time is its time
     "match": [(CompiledEngine, "submit"), (CpuEngine, "submit"), (_Search, "result"), *GPU_MATCH],
     "search": [(CompiledEngine, "_match")],  # a chunk of a search, on the engine's threads
     "canonical": [(Pipeline, "_deltas")],
-    "publish": [(Output, "_publish")],
+    "publish": [(Publisher, "publish")],
     "acks": [(KafkaSink, "poll")],
     "select": [(ShardWork, "select")],
     "sync": [(ClusterMember, "sync")],

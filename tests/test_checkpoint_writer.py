@@ -56,7 +56,7 @@ def test_a_slow_writer_runs_alone_and_an_idle_daemon_writes_nothing_new(tmp_path
             t.produce(t.input, [f"e {i} {i + 1}"])
             time.sleep(0.05)
         deadline = time.monotonic() + 30
-        while d.status != "running" or d._next_offsets.get(0) != 40 or d.tracker.pending():
+        while d.status != "running" or d.next_offsets.get(0) != 40 or d.tracker.pending():
             assert time.monotonic() < deadline, "the daemon did not take the stream in"
             time.sleep(0.05)
         time.sleep(1.0)  # the last checkpoint of the stream, then idle intervals

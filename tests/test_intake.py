@@ -14,8 +14,12 @@ from csmd.connectors import records as records_module
 from csmd.connectors.records import BadRecord, Polled, Record, RecordBlock, decode_updates, plain_runs
 from csmd.model.formats import UpdateBlock
 from csmd.service.config import load_config
-from csmd.service.daemon import Daemon
+from csmd.service.consume import ConsumeLoop
+from csmd.service.context import DaemonContext, Intake
+from csmd.service.control import ControlPlane, Queries
 from csmd.service.delivery import DeliveryTracker
+from csmd.service.logs import get_logger
+from csmd.service.output import DeadLetters
 
 from test_stream_reader import ODD, PLAIN
 
@@ -156,13 +160,19 @@ class _Sink:
         self.dead.append((int(headers["csmd-offset"]), headers["csmd-error"].decode()))
 
 
-def _daemon() -> Daemon:
+def _daemon() -> ConsumeLoop:
+    """The daemon's consume loop over fakes of the input and the sink, with its own control plane and dead letters."""
     cfg = load_config(None)
     cfg["topics"]["input"] = "in"  # the records' input: their dead letters are tracked
-    d = Daemon(cfg)
-    d.source, d.sink, d.tracker, d._str_ids = _Source(), _Sink(), DeliveryTracker(), False
-    d._inq.put = lambda item, put=d._inq.put: (d.handed.append(item), put(item))
-    d.handed = []
+    ctx, sink, tracker, intake, offsets, queries = DaemonContext(cfg, get_logger()), _Sink(), DeliveryTracker(), \
+        Intake(), {}, Queries()
+    handed = []
+    intake.put = lambda item, put=intake.put: (handed.append(item), put(item))
+    dead = DeadLetters(ctx, sink, tracker, {}).send
+    control = ControlPlane(ctx, None, sink, queries, intake, offsets, dead, {}, in_cluster=False)
+    d = ConsumeLoop(ctx, _Source(), sink, tracker, intake, None, queries, offsets, {}, None, control, None, dead, None,
+                    str_ids=False)
+    d.handed = handed
     return d
 
 
@@ -189,13 +199,13 @@ def test_a_poll_is_handed_on_in_order_one_block_per_run_and_every_record_is_pend
     assert sum(len(b) for b in blocks) > len(d.handed) - len(blocks)  # most updates went in blocks
     # backpressure counts records, however they were handed on: every one is pending until done
     assert d.tracker.pending() == len(every)
-    assert d._next_offsets == {0: off}
+    assert d.next_offsets == {0: off}
 
 
 def test_while_replayed_changes_wait_every_record_goes_alone():
     d = _daemon()
-    d._scheduled = [object()]  # a replayed control change not yet due
-    d._release_scheduled = lambda rec: None
+    d.control.scheduled = [object()]  # a replayed control change not yet due
+    d.control.release_scheduled = lambda rec: None
     recs = random_records(random.Random(7), 40)
     d._take(polled(recs))
     assert not any(isinstance(it, RecordBlock) for it in d.handed)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from csmd.pipeline.stages import Marker, Pipeline
 from csmd.service.checkpoint import write_checkpoint
+from csmd.service.context import DaemonContext, Intake
+from csmd.service.control import Queries
 
 
 class CheckpointMarker(Marker):
@@ -33,50 +36,67 @@ def content(state: dict) -> dict:
     return {k: v for k, v in state.items() if k not in ("seq", "written", "format")}
 
 
-class Checkpointing:
-    """The Daemon's part that writes checkpoints."""
+class Checkpointer:
+    """Takes checkpoints of the daemon's state: the graph the markers copy, the input offsets,
+    `queries` (what the control log has done), in the folder [checkpoint] dir. `last`: the newest
+    checkpoint's content (content()), None without one; `lowest()`: in a cluster, the lowest progress
+    of any shard (the newest checkpoint at or below it is kept too)."""
 
-    def _checkpoint_state(self, graph, offsets: dict[int, int]) -> dict:
-        return {"seq": graph.seq, **self._checkpoint_content(offsets), "written": time.time()}
+    def __init__(self, ctx: DaemonContext, queries: Queries, intake: Intake, last: dict | None,
+                 lowest: Callable[[], int] | None = None):
+        self.ctx, self.queries, self.intake, self.lowest = ctx, queries, intake, lowest
+        self._writer: threading.Thread | None = None  # the checkpoint being written, in the background
+        self._marker = False  # a checkpoint marker is in the pipeline
+        self._last = last  # the newest checkpoint's content
 
-    def _checkpoint_content(self, offsets: dict[int, int]) -> dict:
+    def state(self, graph, offsets: dict[int, int]) -> dict:
+        return {"seq": graph.seq, **self._content(offsets), "written": time.time()}
+
+    def _content(self, offsets: dict[int, int]) -> dict:
         """What a checkpoint at these input offsets holds besides the graph, which the offsets fix:
         equal contents are equal checkpoints."""
-        return {"offsets": {str(p): o for p, o in offsets.items()}, "control_applied": self.control_applied,
-                "removed": sorted(self.removed), "queries": [dict(vars(s)) for s in self.specs.values()],
-                "input": self.cfg["topics"]["input"], "control": self.cfg["topics"]["control"]}
+        q, t = self.queries, self.ctx.cfg["topics"]
+        return {"offsets": {str(p): o for p, o in offsets.items()}, "control_applied": q.control_applied,
+                "removed": sorted(q.removed), "queries": [dict(vars(s)) for s in q.specs.values()],
+                "input": t["input"], "control": t["control"]}
 
-    def _checkpoint_due(self) -> bool:
-        """Whether to take a checkpoint now: none is on its way (a marker in the pipeline or a
-        writer at work: one at a time, so a slow disk skips intervals; two writers of one sequence
-        number would share its folder) and the last written holds something else (an idle daemon
-        rewrote an identical one every interval)."""
-        busy = self._checkpoint_marker or (self._writer is not None and self._writer.is_alive())
-        return not busy and self._checkpoint_content(self._next_offsets) != self._last_checkpoint
+    def due(self, offsets: dict[int, int]) -> bool:
+        """Whether to take a checkpoint at these offsets now: none is on its way (a marker in the
+        pipeline or a writer at work: one at a time, so a slow disk skips intervals; two writers of
+        one sequence number would share its folder) and the last written holds something else (an
+        idle daemon rewrote an identical one every interval)."""
+        busy = self._marker or (self._writer is not None and self._writer.is_alive())
+        return not busy and self._content(offsets) != self._last
 
-    def _take_checkpoint(self) -> None:
+    def take(self, offsets: dict[int, int]) -> None:
         """Send a checkpoint marker down the pipeline (the consume loop, when one is due)."""
-        self._checkpoint_marker = True
-        self._enqueue_marker(CheckpointMarker(self._next_offsets))
+        self._marker = True
+        self.intake.put_marker(CheckpointMarker(offsets))
 
-    def _write_in_background(self, marker: CheckpointMarker) -> None:
+    def write_in_background(self, marker: CheckpointMarker) -> None:
         """A checkpoint marker reached the output: write it without holding the pipeline."""
-        state = self._checkpoint_state(marker.graph, marker.offsets)
-        self._writer = threading.Thread(target=self._write_checkpoint, args=(marker.graph, state),
+        state = self.state(marker.graph, marker.offsets)
+        self._writer = threading.Thread(target=self.write, args=(marker.graph, state),
                                         name="csmd-checkpoint", daemon=True)
         self._writer.start()
-        self._checkpoint_marker = False  # the writer's thread says it is on its way from here
+        self._marker = False  # the writer's thread says it is on its way from here
 
-    def _write_checkpoint(self, graph, state: dict) -> None:
+    def wait(self) -> None:
+        """Until the checkpoint being written, if any, is written."""
+        if self._writer is not None:
+            self._writer.join()
+
+    def write(self, graph, state: dict) -> None:
         t0 = time.monotonic()
-        c = self.cfg["checkpoint"]
+        c = self.ctx.cfg["checkpoint"]
         try:
             path = write_checkpoint(c["dir"], graph, state, c["keep"],
-                                    self.cluster.lowest() if self.cluster is not None else None)
+                                    self.lowest() if self.lowest is not None else None)
         except OSError as exc:  # the previous checkpoint stays; the next interval tries again
-            self.log.error("checkpoint failed", dir=c["dir"], reason=exc.strerror or str(exc))
+            self.ctx.log.error("checkpoint failed", dir=c["dir"], reason=exc.strerror or str(exc))
             return
-        self._last_checkpoint = content(state)
-        self.metrics.inc("csmd_checkpoints_total")
-        self.metrics.set("csmd_checkpoint_seq", state["seq"])
-        self.log.info("checkpoint written", path=str(path), seq=state["seq"], seconds=round(time.monotonic() - t0, 3))
+        self._last = content(state)
+        self.ctx.metrics.inc("csmd_checkpoints_total")
+        self.ctx.metrics.set("csmd_checkpoint_seq", state["seq"])
+        self.ctx.log.info("checkpoint written", path=str(path), seq=state["seq"],
+                          seconds=round(time.monotonic() - t0, 3))

@@ -30,13 +30,17 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from csmd.connectors.kafka import client, ensure_topics, librdkafka_settings, topic_partitions
+from csmd.connectors.kafka import KafkaSink, client, ensure_topics, librdkafka_settings, topic_partitions
 from csmd.errors import CsmdError
 from csmd.pipeline.shards import ShardChange, ShardWork
+from csmd.pipeline.stages import Marker, Pipeline
 from csmd.service import deployment
+from csmd.service.context import DaemonContext
 
 # a commit that races a rebalance: after it the shards still owned commit again
 _RACED = (KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS)
@@ -58,38 +62,51 @@ def lowest_progress(conf: dict, cfg: dict) -> int:
     return min(max(tp.offset, 0) if tp.error is None else 0 for tp in tps)
 
 
+@dataclass(frozen=True)
+class DaemonLinks:
+    """All a cluster member asks of the daemon it is part of, besides the context."""
+
+    position: Callable[[], int]  # the next input offset the consume loop submits
+    done: Callable[[], int | None]  # the done prefix of the input (records whose deltas are all delivered)
+    hand_on: Callable[[Marker], None]  # a marker into the pipeline, after the records submitted so far
+    publish: Callable  # publish(result, on_ack, on_send): a re-match's deltas, as the output publishes a batch's
+    kafka_error: Callable  # the error_cb of the daemon's Kafka clients
+
+
 class ClusterMember:
     """The daemon's membership: shards owned, progress committed, the kept window bounded.
 
     start_offset: where this instance's graph starts in the input (its checkpoint, or 0);
     join_at: the input offset to catch up to before joining (the end at start), so a new
-    instance takes shards only once it can match them at once.
+    instance takes shards only once it can match them at once. `partitions`: the input's;
+    `specs`: the queries registered at start; the pipeline's shard work and the sink's
+    headers are set here.
     """
 
-    def __init__(self, daemon, conf: dict, start_offset: int, join_at: int):
-        self.d = daemon
-        c, t = daemon.cfg["cluster"], daemon.cfg["topics"]
-        if daemon.source.partitions != [0]:
+    def __init__(self, ctx: DaemonContext, conf: dict, start_offset: int, join_at: int, *, partitions: list[int],
+                 pipe: Pipeline, sink: KafkaSink, specs, links: DaemonLinks):
+        self.ctx, self.links = ctx, links
+        c, t = ctx.cfg["cluster"], ctx.cfg["topics"]
+        if partitions != [0]:
             raise CsmdError(f"[cluster] enabled needs one input partition (every instance must apply the same "
-                            f"update order); topic {t['input']!r} has {len(daemon.source.partitions)}")
+                            f"update order); topic {t['input']!r} has {len(partitions)}")
         self.shards, self.topic = c["shards"], f"{c['group']}.shards"
         self.instance = c["instance"] or f"{socket.gethostname()}-{os.getpid()}"
         self.limit = c["max_retained_updates"]
         self.join_at = join_at
-        self.work = ShardWork(self.shards, daemon.pipe.next_seq, start_offset)
-        daemon.pipe.shards = self.work
-        daemon.sink.extra_headers = {"csmd-instance": self.instance.encode()}
+        self.work = ShardWork(self.shards, pipe.next_seq, start_offset)
+        pipe.shards = self.work
+        sink.extra_headers = {"csmd-instance": self.instance.encode()}
         if t["create"]:
             ensure_topics(conf, {self.topic: self.shards}, t["replication"])
         have = len(topic_partitions(conf, self.topic))
         if have != self.shards:
             raise CsmdError(f"coordination topic {self.topic!r} has {have} partitions but [cluster] shards = "
                             f"{self.shards}: the number of shards is fixed for the life of a deployment")
-        deployment.check(conf, self.topic, c["group"],
-                         deployment.describe(daemon.cfg, daemon.specs.values(), self.instance), daemon.log)
+        deployment.check(conf, self.topic, c["group"], deployment.describe(ctx.cfg, specs, self.instance), ctx.log)
         timeout = c["session_timeout_ms"]
         self.consumer = client(Consumer, {
-            **conf, **librdkafka_settings(daemon.cfg["kafka"]["consumer"]), "group.id": c["group"],
+            **conf, **librdkafka_settings(ctx.cfg["kafka"]["consumer"]), "group.id": c["group"],
             "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": timeout,
             "heartbeat.interval.ms": max(100, timeout // 10), "enable.auto.commit": False,
             "enable.auto.offset.store": False})
@@ -104,7 +121,7 @@ class ClusterMember:
         self.progress: dict[int, int] = {}  # the group's committed progress, as last read
         self.rebalances = 0
         self._paused_for: int | None = None  # the shard the input waits for (window full), once warned
-        m = daemon.metrics
+        m = ctx.metrics
         for s in range(self.shards):
             m.set("csmd_cluster_shard_lag", 0, shard=s)
         self.sync(None, None)  # the window starts at the lowest progress before the first batch
@@ -116,10 +133,10 @@ class ClusterMember:
             self.consumer.subscribe([self.topic], on_assign=self._assigned, on_revoke=self._revoked,
                                     on_lost=self._lost)
             self.joined = True
-            self.d.log.info("joining the cluster", instance=self.instance, topic=self.topic, at=position)
+            self.ctx.log.info("joining the cluster", instance=self.instance, topic=self.topic, at=position)
         msg = self.consumer.poll(0)
         if msg is not None and msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
-            self.d._kafka_error(msg.error())
+            self.links.kafka_error(msg.error())
         if self._gaining:
             self._take_up()
 
@@ -140,27 +157,27 @@ class ClusterMember:
             self._commit(done)
         except KafkaException as exc:
             if exc.args[0].code() in _RACED:  # the shards still owned after the rebalance commit next interval
-                self.d.log.info("shard progress commit raced a rebalance, will retry after it",
-                                code=exc.args[0].name())
+                self.ctx.log.info("shard progress commit raced a rebalance, will retry after it",
+                                  code=exc.args[0].name())
             else:  # the broker is away: the next interval tries again
-                self.d.log.warning("shard progress: read or commit failed, will retry", reason=str(exc))
+                self.ctx.log.warning("shard progress: read or commit failed, will retry", reason=str(exc))
             return
         slowest = self._slowest()
         self.work.set_floor(self.progress.get(slowest, 0))
-        m = self.d.metrics
+        m = self.ctx.metrics
         m.set("csmd_cluster_shards_owned", len(self.owned))
         m.set("csmd_cluster_retained_updates", self.work.retained)
         m.set("csmd_cluster_gc_holder", slowest)
         if end is not None:
             for s in range(self.shards):
                 m.set("csmd_cluster_shard_lag", end - self.progress.get(s, 0), shard=s)
-        if self.room(self.d._next_offsets.get(0, 0)) > 0:
+        if self.room(self.links.position()) > 0:
             self._paused_for = None
         elif self._paused_for != slowest:
             self._paused_for = slowest
-            self.d.log.warning("input paused: the slowest shard holds the kept window (and the GC) at its limit",
-                               shard=slowest, progress=self.progress.get(slowest, 0),
-                               retained_updates=self.work.retained, limit=self.limit)
+            self.ctx.log.warning("input paused: the slowest shard holds the kept window (and the GC) at its limit",
+                                 shard=slowest, progress=self.progress.get(slowest, 0),
+                                 retained_updates=self.work.retained, limit=self.limit)
 
     def uncommitted(self, done: int) -> list[int]:
         """The owned shards whose progress, as last committed or read, is below `done`."""
@@ -197,7 +214,7 @@ class ClusterMember:
         if gone:
             self._drop(gone, "lost and not handed back")
         if back:
-            self.d.log.info("shards handed back: matched here all along, no re-match", shards=sorted(back))
+            self.ctx.log.info("shards handed back: matched here all along, no re-match", shards=sorted(back))
         if gained - back:
             self._rebalanced()
             self._gaining |= gained - back
@@ -207,7 +224,7 @@ class ClusterMember:
         try:
             first = self._read(self._gaining)
         except KafkaException as exc:  # the broker is away: the next poll tries again
-            self.d.log.warning("shard progress not readable yet, will retry", reason=str(exc))
+            self.ctx.log.warning("shard progress not readable yet, will retry", reason=str(exc))
             return
         with self._lock:
             change = ShardChange({s: first.get(s, 0) for s in self._gaining if s in self.owned})
@@ -215,9 +232,9 @@ class ClusterMember:
         self._gaining.clear()
         if not change.gain:  # all of them were taken back meanwhile
             return
-        self.d._enqueue_marker(change)
-        self.d.log.info("shards gained", shards=sorted(change.gain), progress=change.gain,
-                        at=self.d._next_offsets.get(0, 0))
+        self.links.hand_on(change)
+        self.ctx.log.info("shards gained", shards=sorted(change.gain), progress=change.gain,
+                          at=self.links.position())
 
     def _revoked(self, _consumer, parts) -> None:
         """Kafka takes shards away in an orderly rebalance: their last progress first."""
@@ -226,9 +243,9 @@ class ClusterMember:
             return
         try:
             self.progress.update(self._read(lost))
-            self._commit(self._done())
+            self._commit(self.links.done())
         except KafkaException as exc:  # the new owner re-matches a little more: duplicates, not losses
-            self.d.log.warning("shard progress not committed before giving shards up", reason=str(exc))
+            self.ctx.log.warning("shard progress not committed before giving shards up", reason=str(exc))
         self._rebalanced()
         self._drop(lost, "revoked")
 
@@ -254,12 +271,12 @@ class ClusterMember:
             self.owned -= lost
             held = {s for s in lost if s in self._gains}  # in the pipeline's ShardWork, or on their way there
             self._held |= held
-        self.d.log.info("shards lost", shards=sorted(lost), matched_until_next_assignment=sorted(held))
+        self.ctx.log.info("shards lost", shards=sorted(lost), matched_until_next_assignment=sorted(held))
         self._drop(lost - held, None)
 
     def _rebalanced(self) -> None:
         self.rebalances += 1
-        self.d.metrics.inc("csmd_cluster_rebalances_total")
+        self.ctx.metrics.inc("csmd_cluster_rebalances_total")
 
     def _drop(self, lost, how: str | None) -> None:
         if not lost:
@@ -270,12 +287,9 @@ class ClusterMember:
             self.live.difference_update(lost)
             for s in lost:
                 self._gains.pop(s, None)
-        self.d._enqueue_marker(ShardChange({}, lost))
+        self.links.hand_on(ShardChange({}, lost))
         if how:
-            self.d.log.info(f"shards {how}", shards=sorted(lost))
-
-    def _done(self) -> int | None:
-        return self.d.tracker.committable().get((self.d.cfg["topics"]["input"], 0))
+            self.ctx.log.info(f"shards {how}", shards=sorted(lost))
 
     def close(self) -> None:
         """Leave the group, after the final commit (the consumer cannot read offsets while closing)."""
@@ -287,20 +301,20 @@ class ClusterMember:
         """A shard change passed the executor: publish the gained shards' re-match; they become
         live (committable) once the broker has all of it."""
         if change.gaps:  # never skipped: the shards stay uncommitted, and a restart rebuilds from below them
-            self.d.metrics.inc("csmd_cluster_gaps_total", len(change.gaps))
+            self.ctx.metrics.inc("csmd_cluster_gaps_total", len(change.gaps))
             s, oldest = min(change.gaps.items())
-            self.d._fail(f"gained shard {s}'s progress {change.gain[s]} is older than anything this instance kept "
+            self.ctx.fail(f"gained shard {s}'s progress {change.gain[s]} is older than anything this instance kept "
                          f"(from {oldest}): it cannot re-match the records in between, so it stops with that "
                          f"shard's progress uncommitted; a restart starts from a checkpoint at or below every "
                          f"shard's progress, or from [graph] initial")
             return
         if not change.gain:
             return
-        self.d.metrics.inc("csmd_cluster_rematched_updates_total", change.rematched)
+        self.ctx.metrics.inc("csmd_cluster_rematched_updates_total", change.rematched)
         with self._lock:
             self._unacked[change] = 1  # the change itself, until all of it is produced
         if change.result is not None:
-            self.d._publish(change.result, lambda _o: self._acked(change), lambda _o: self._sending(change))
+            self.links.publish(change.result, lambda _o: self._acked(change), lambda _o: self._sending(change))
         self._acked(change)
 
     def _sending(self, change: ShardChange) -> None:

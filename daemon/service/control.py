@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from csmd.connectors.kafka import client, producer_config
+from csmd.connectors.kafka import KafkaSink, KafkaSource, client, producer_config
 from csmd.connectors.records import Record
 from csmd.errors import CsmdError, InputError, NotYetApplied
 from csmd.model.formats import parse_query_text
 from csmd.model.labels import NO_NAMES, LabelNames
 from csmd.pipeline.stages import Marker, Pipeline
 from csmd.schemas import CONTENT_TYPE, JSON
+from csmd.service.context import DaemonContext, Intake
 from csmd.service.delivery import unwatched
 
 UNCLAIMED = 64  # results of applied admin requests kept for an admin call that starts waiting late
@@ -114,25 +116,55 @@ NOT_IN_CLUSTER = ("query changes at run time are not supported with [cluster] en
                   "queries through [queries] paths and restart the instances")
 
 
+@dataclass
+class Queries:
+    """The registered queries as the output thread has seen them, what a checkpoint keeps of the
+    control log, and each query's published delta counts."""
+
+    specs: dict[str, QuerySpec] = field(default_factory=dict)  # registered now, as the output thread has seen
+    removed: set[str] = field(default_factory=set)  # removed through the control topic (a restart must not re-add them)
+    control_applied: int = -1  # highest control request offset whose change has passed the output
+    totals: dict[str, list[int]] = field(default_factory=dict)  # query -> [positive, negative] deltas
+
+
 class ControlPlane:
-    """The Daemon's part that replays, polls and answers control requests."""
+    """Replays, polls and answers control requests: each becomes a marker handed on into the
+    pipeline (`intake`) at the input position `next_offsets` holds then (the consume loop's), and
+    is recorded in `queries` and announced once it passes the output."""
+
+    def __init__(self, ctx: DaemonContext, source: KafkaSource, sink: KafkaSink, queries: Queries, intake: Intake,
+                 next_offsets: dict[int, int], dead_letter: Callable[[Record, str], None], conf: dict,
+                 in_cluster: bool):
+        self.ctx, self.source, self.sink, self.queries, self.intake = ctx, source, sink, queries, intake
+        self.next_offsets, self.dead_letter, self.conf, self.in_cluster = next_offsets, dead_letter, conf, in_cluster
+        self.scheduled: list[QueryChange] = []  # replayed changes waiting for their input position
+        self._lock = threading.Lock()  # the admin's requests and waiters, the output thread's results
+        self._waiters: dict[int, tuple[threading.Event, dict]] = {}  # admin requests waiting for `applied`
+        # the last results nobody waited for yet: a request can take effect before its admin
+        # call hears the broker's acknowledgement and starts waiting
+        self._unclaimed: dict[int, dict] = {}
+        self._requests = None  # producer of admin requests (outside any transaction of the daemon's)
 
     def _refused_in_cluster(self, rec: Record, msg: dict) -> bool:
         """In a cluster, a request nobody applied yet is logged and left alone (by every instance alike)."""
-        if self.cluster is None:
+        if not self.in_cluster:
             return False
-        self.log.error("control request ignored", record=rec.source, name=msg["name"], reason=NOT_IN_CLUSTER)
+        self.ctx.log.error("control request ignored", record=rec.source, name=msg["name"], reason=NOT_IN_CLUSTER)
         return True
 
-    def _replay_control(self, start: dict[int, int]) -> None:
+    def _change_now(self, op: str, spec: QuerySpec, request: int) -> None:
+        """Hand a change on to take effect after the records submitted so far."""
+        self.intake.put_marker(QueryChange(op, spec, request, dict(self.next_offsets), True, self.ctx.labels))
+
+    def replay(self) -> None:
         """Requests logged since the checkpoint: replay those already applied at their recorded
         positions; apply the rest now."""
         requests, applied = {}, {}
-        for rec in self.control.read_to_end():
+        for rec in self.source.read_to_end():
             try:
-                msg = control_request(rec.value, rec.source, self.labels)
+                msg = control_request(rec.value, rec.source, self.ctx.labels)
             except InputError as exc:
-                self.log.warning("malformed control record skipped", record=rec.source, reason=exc.reason)
+                self.ctx.log.warning("malformed control record skipped", record=rec.source, reason=exc.reason)
                 continue
             if msg["op"] == "applied":
                 applied[msg["request"]] = msg
@@ -143,55 +175,52 @@ class ControlPlane:
             done = applied.get(offset)
             if done is not None:
                 at = {int(p): o for p, o in done["at"].items()}
-                self._scheduled.append(QueryChange(msg["op"], spec, offset, at, False, self.labels))
+                self.scheduled.append(QueryChange(msg["op"], spec, offset, at, False, self.ctx.labels))
             elif not self._refused_in_cluster(rec, msg):
-                self._enqueue_marker(QueryChange(msg["op"], spec, offset, dict(self._next_offsets), True, self.labels))
-        self._release_scheduled(None)
+                self._change_now(msg["op"], spec, offset)
+        self.release_scheduled(None)
 
-    def _release_scheduled(self, rec: Record | None) -> None:
+    def release_scheduled(self, rec: Record | None) -> None:
         """Enqueue replayed changes due before `rec` (all due at the start when rec is None)."""
-        while self._scheduled:
-            ch = self._scheduled[0]
-            due = all(self._next_offsets.get(p, 0) >= o for p, o in ch.at.items()) or \
+        while self.scheduled:
+            ch = self.scheduled[0]
+            due = all(self.next_offsets.get(p, 0) >= o for p, o in ch.at.items()) or \
                 (rec is not None and rec.offset >= ch.at.get(rec.partition, 1 << 62))
             if not due:
                 return
-            self._enqueue_marker(self._scheduled.pop(0))
+            self.intake.put_marker(self.scheduled.pop(0))
 
-    def _enqueue_marker(self, marker: Marker) -> None:
-        with self._lock:
-            self._markers_in_flight += 1
-        self._inq.put(marker)
-
-    def _poll_control(self) -> None:
-        for rec in self.control.poll(100, 0):
+    def poll(self) -> None:
+        """New requests on the control topic (the consume loop, before each poll of the input)."""
+        for rec in self.source.poll(100, 0):
             try:
-                msg = control_request(rec.value, rec.source, self.labels)
+                msg = control_request(rec.value, rec.source, self.ctx.labels)
             except InputError as exc:
-                self._dead_letter(rec, exc.reason)
+                self.dead_letter(rec, exc.reason)
                 continue
-            if msg["op"] == "applied" or rec.offset <= self.control_applied or self._refused_in_cluster(rec, msg):
+            if msg["op"] == "applied" or rec.offset <= self.queries.control_applied or \
+                    self._refused_in_cluster(rec, msg):
                 continue  # our own announcements, or requests replayed at start
-            spec = QuerySpec.from_message(msg)
-            self._enqueue_marker(QueryChange(msg["op"], spec, rec.offset, dict(self._next_offsets), True, self.labels))
+            self._change_now(msg["op"], QuerySpec.from_message(msg), rec.offset)
 
-    def _changed(self, ch: QueryChange) -> None:
+    def changed(self, ch: QueryChange) -> None:
         """A query change passed the output stage: record it, announce it, wake an admin waiting for it."""
+        q = self.queries
         if ch.error is None:
             if ch.action == "add":
-                self.specs[ch.spec.name] = ch.spec
-                self.totals[ch.spec.name] = [0, 0]
-                self.metrics.query(ch.spec.name)
-                self.removed.discard(ch.spec.name)
+                q.specs[ch.spec.name] = ch.spec
+                q.totals[ch.spec.name] = [0, 0]
+                self.ctx.metrics.query(ch.spec.name)
+                q.removed.discard(ch.spec.name)
             else:
-                self.specs.pop(ch.spec.name, None)
-                self.removed.add(ch.spec.name)
-        self.control_applied = max(self.control_applied, ch.request)
+                q.specs.pop(ch.spec.name, None)
+                q.removed.add(ch.spec.name)
+        q.control_applied = max(q.control_applied, ch.request)
         result = {"op": "applied", "request": ch.request, "name": ch.spec.name, "action": ch.action,
                   "at": {str(p): o for p, o in ch.at.items()}, "seq": ch.seq, "error": ch.error}
-        self.log.info("query change applied", **{k: v for k, v in result.items() if k != "op"})
+        self.ctx.log.info("query change applied", **{k: v for k, v in result.items() if k != "op"})
         if ch.announce:
-            self.sink.produce(self.cfg["topics"]["control"], json.dumps(result).encode(), ch.spec.name,
+            self.sink.produce(self.ctx.cfg["topics"]["control"], json.dumps(result).encode(), ch.spec.name,
                               {CONTENT_TYPE: JSON}, unwatched, ())
         with self._lock:
             waiter = self._waiters.pop(ch.request, None)
@@ -205,8 +234,9 @@ class ControlPlane:
 
     def request_change(self, msg: dict, timeout: float = 30.0) -> dict:
         """Write a control request (from the admin endpoint) and wait until it takes effect."""
-        control_request(json.dumps(msg).encode(), "request", self.labels)  # refuse bad requests before logging them
-        if self.cluster is not None:
+        cfg = self.ctx.cfg
+        control_request(json.dumps(msg).encode(), "request", self.ctx.labels)  # refuse bad requests before logging them
+        if self.in_cluster:
             raise CsmdError(NOT_IN_CLUSTER)
         done = threading.Event()
         offset: list = []
@@ -219,8 +249,8 @@ class ControlPlane:
 
         with self._lock:
             if self._requests is None:
-                self._requests = client(Producer, producer_config(self._conf(), self.cfg["kafka"]["producer"]))
-        self._requests.produce(self.cfg["topics"]["control"], json.dumps(msg).encode(), msg["name"],
+                self._requests = client(Producer, producer_config(self.conf, cfg["kafka"]["producer"]))
+        self._requests.produce(cfg["topics"]["control"], json.dumps(msg).encode(), msg["name"],
                                headers={CONTENT_TYPE: JSON}, on_delivery=delivered)
         self._requests.flush(timeout)
         if not done.wait(timeout) or not isinstance(offset[0], int):
@@ -233,3 +263,6 @@ class ControlPlane:
         if not event.wait(timeout):
             raise NotYetApplied("the request was logged but has not taken effect yet (the daemon is busy)")
         return result
+
+    def close(self) -> None:
+        self.source.close()

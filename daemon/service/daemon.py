@@ -1,12 +1,15 @@
 """`csmd run`: the daemon. Kafka in, the GU/EX/GC pipeline, Arrow deltas out.
 
-Threads: the main thread runs the consume loop (daemon/service/consume.py):
-input and control records in, offsets committed, checkpoints started; the
-pipeline runs GU and EX in its own threads and hands results, in stream order, to
-the output thread (daemon/service/output.py), which encodes deltas and produces
-them; checkpoints are written by their own thread (checkpointing.py); the admin
-endpoint serves HTTP. The control plane (control.py) turns control-topic requests
-into markers in the stream.
+Threads: the main thread runs the consume loop (ConsumeLoop, daemon/service/consume.py,
+with its Backpressure): input and control records in, offsets committed, checkpoints
+started; it hands updates and markers on through the Intake (context.py) to the
+pipeline, which runs GU and EX in its own threads and hands results, in stream order,
+to the output thread (Output, daemon/service/output.py), whose Publisher encodes deltas
+and produces them; checkpoints are written by their own thread (Checkpointer,
+checkpointing.py); the admin endpoint serves HTTP. The control plane (ControlPlane,
+control.py) turns control-topic requests into markers in the stream. Each part gets
+what it uses in its constructor, and a DaemonContext (context.py) for what all share;
+the Daemon below builds them and wires them together.
 
 Delivery is at-least-once: an input offset is committed only after every delta
 it caused is acknowledged (daemon/service/delivery.py). On start the daemon
@@ -20,7 +23,6 @@ delta ids.
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import sys
 import threading
@@ -28,119 +30,116 @@ import time
 
 import numpy as np
 
-from csmd.connectors.kafka import KafkaSink, KafkaSource, arrow_messages, client_config, ensure_topics
-from csmd.connectors.records import Carry, load_scanner
-from csmd.engine import QueryDeltas, UpdateBatch
+from csmd.connectors.kafka import KafkaSink, KafkaSource, client_config, ensure_topics
+from csmd.connectors.records import load_scanner
 from csmd.engines import continuous_engine, resolve_backend, warm_once
 from csmd.errors import CsmdError
-from csmd.model.formats import Update
 from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.sequencer import IGNORED_REASONS
-from csmd.pipeline.stages import BatchResult, Pipeline
-from csmd.service.checkpointing import Checkpointing, content
-from csmd.service.cluster import ClusterMember
-from csmd.service.config import label_names
-from csmd.service.consume import ConsumeLoop
-from csmd.service.control import ControlPlane, QueryChange, QuerySpec
+from csmd.pipeline.shards import ShardChange
+from csmd.pipeline.stages import Pipeline
+from csmd.service.brokers import BrokerWatch
+from csmd.service.checkpointing import CheckpointMarker, Checkpointer, content
+from csmd.service.cluster import ClusterMember, DaemonLinks
+from csmd.service.consume import Backpressure, ConsumeLoop
+from csmd.service.context import STOP, DaemonContext, Intake
+from csmd.service.control import ControlPlane, Queries, QueryChange
 from csmd.service.delivery import DeliveryTracker
 from csmd.service.logs import get_logger
-from csmd.service.metrics import Metrics
-from csmd.service.output import STOP, Output
+from csmd.service.output import DeadLetters, Output, Publisher, warm_output
 from csmd.service.restore import read_local, start_state
 
 
-class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
-    """One daemon: its state, start-up and shutdown; each part's methods live in its module."""
+class Daemon:
+    """One daemon: its parts, built from the restored state and wired together; their start and shutdown.
+    The admin endpoint reads it (status, stats, specs, live_graph) and asks it for query changes."""
 
     def __init__(self, cfg: dict, log=None):
-        self.cfg = cfg
-        self.log = log or get_logger()
-        self.metrics = Metrics()
-        self.stopping = threading.Event()
+        self.ctx = DaemonContext(cfg, log or get_logger())
+        self.cfg, self.log, self.metrics, self.labels = cfg, self.ctx.log, self.ctx.metrics, self.ctx.labels
         self.stop_signal: str | None = None  # SIGTERM or SIGINT, once one arrived
         self.status = "starting"
-        self.fatal: str | None = None
-        self.paused = False  # backpressure: the consumer takes no records
-        self.labels = label_names(cfg)
-        self.carry = Carry(tuple(cfg["output"]["carry_headers"]), tuple(cfg["output"]["carry_fields"]),
-                           cfg["topics"]["max_message_bytes"] // 2)
-        self.specs: dict[str, QuerySpec] = {}  # registered now, as the output thread has seen
-        self.removed: set[str] = set()  # removed through the control topic (a restart must not re-add them)
-        self.totals: dict[str, list[int]] = {}
-        self.control_applied = -1  # highest control request offset whose change has passed the output
-        self._inq: queue.Queue = queue.Queue()
-        self._markers_in_flight = 0
-        self._writer: threading.Thread | None = None  # the checkpoint being written, in the background
-        self._checkpoint_marker = False  # a checkpoint marker is in the pipeline
-        self._last_checkpoint: dict | None = None  # the newest checkpoint's content (_checkpoint_content)
-        self._scheduled: list[QueryChange] = []  # replayed changes waiting for their input position
-        self._waiters: dict[int, tuple[threading.Event, dict]] = {}  # admin requests waiting for `applied`
-        # the last results nobody waited for yet: a request can take effect before its admin
-        # call hears the broker's acknowledgement and starts waiting
-        self._unclaimed: dict[int, dict] = {}
-        self._next_offsets: dict[int, int] = {}  # input partition -> next offset to submit
-        self._suppress: dict[int, int] = {}  # input partition -> deltas below this offset were delivered
-        self._committed: dict[int, int] = {}
-        self._done_at_commit: dict = {}  # the tracker's done prefix when the last commit started
-        self._requests = None  # producer of admin requests (outside any transaction of the daemon's)
+        self.brokers = BrokerWatch(self.ctx)
+        self.queries = Queries()
         self.cluster: ClusterMember | None = None  # [cluster] enabled: shards of the matching work
-        self._error_logged: dict[int, float] = {}  # Kafka error code -> when it was last logged
-        self.kafka_up: bool | None = None  # the input consumer's broker connection, as last seen
-        self.kafka_since = time.time()  # when kafka_up last changed
-        self._lock = threading.Lock()
         self.started = time.time()
 
-    def _conf(self) -> dict:
-        return client_config(self.cfg["kafka"]["bootstrap"], self.cfg["kafka"]["client"], self._kafka_error, self.log)
+    # the parts, made by run() once the state is restored (_start_pipeline, _wire)
+    pipe: Pipeline
+    tracker: DeliveryTracker
+    sink: KafkaSink
+    source: KafkaSource
+    intake: Intake
+    next_offsets: dict[int, int]  # input partition -> next offset the consume loop hands on
+    publisher: Publisher
+    control: ControlPlane
+    checkpointer: Checkpointer
+    backpressure: Backpressure
+    consume: ConsumeLoop
 
-    def _kafka_error(self, err) -> None:
-        """error_cb of every Kafka client: counted always, logged once a minute per kind (a broker
-        that is down reports the same error many times a second), fatal ones stop the daemon."""
-        self.metrics.inc("csmd_kafka_errors_total", code=err.name())
-        if err.fatal():
-            self._fail(f"Kafka client failed: {err.str()}")
-            return
-        now = time.monotonic()
-        if now - self._error_logged.get(err.code(), -1e9) >= 60:
-            self._error_logged[err.code()] = now
-            self.log.warning("kafka client error (librdkafka retries)", code=err.name(), reason=err.str())
+    @property
+    def stopping(self) -> threading.Event:
+        return self.ctx.stopping
 
-    def _brokers(self, up: bool) -> None:
-        """The input consumer's statistics, each second (main thread): say when Kafka goes away and
-        comes back; /health, /stats and csmd_kafka_up show it. The daemon stays up meanwhile (a
-        restart would not bring the broker back) and takes up where it was."""
-        if up == self.kafka_up:
-            return
-        was, self.kafka_up, self.kafka_since = self.kafka_up, up, time.time()
-        self.metrics.set("csmd_kafka_up", int(up))
-        if not up:
-            self.log.warning("kafka unreachable: no broker connection is up", bootstrap=self.cfg["kafka"]["bootstrap"])
-        elif was is not None:
-            self.log.info("kafka reachable again")
+    @property
+    def fatal(self) -> str | None:
+        return self.ctx.fatal
+
+    @property
+    def specs(self) -> dict:
+        return self.queries.specs
 
     def run(self) -> int:
         t = self.cfg["topics"]
         local = read_local(self.cfg, self.log)  # local files first: their errors are not Kafka's
-        conf = self._conf()
+        conf = client_config(self.cfg["kafka"]["bootstrap"], self.cfg["kafka"]["client"], self.brokers.error, self.log)
         if t["create"]:
             ensure_topics(conf, {t["input"]: t["partitions"], t["output"]: t["partitions"], t["control"]: 1,
                                  t["dead_letter"]: 1}, t["replication"])
         st = start_state(self.cfg, conf, self.log, local)
-        g0, seq0, start, specs = st.graph, st.seq, st.offsets, st.specs
-        self.removed, self.control_applied = st.removed, st.control_applied
-        self._str_ids = g0.str_ids
+        started = self._start_pipeline(st)
+        if started is None:
+            return 1
+        engine, warm = started
+        warm += warm_output(self.pipe.vertices, t["max_message_bytes"])
+        output = self._wire(conf, st)
+        self.control.replay()
+        if self.publisher.suppress:
+            self.log.info("re-reading records whose deltas were delivered before", up_to=self.publisher.suppress)
+        self.consume.gauges()  # the gauges hold values before the first commit interval
+        for p, hi in st.ends.items():  # the consumer knows the ends only after its first fetch
+            self.metrics.set("csmd_consumer_lag", hi - st.offsets.get(p, 0), partition=p)
+        out = threading.Thread(target=output.run, name="csmd-out", daemon=True)
+        out.start()
+        admin = self._start_admin()
+        self.status = "running"
+        self.log.info("running", input=t["input"], output=t["output"], seq=st.seq,
+                      admin=self.cfg["admin"]["listen"] or None, engine=engine.name, warm_up_s=round(warm, 3))
+        try:
+            self.consume.run(out)
+        finally:
+            code = self._shutdown(out)
+            if admin is not None:
+                admin.shutdown()
+        return code
+
+    def _start_pipeline(self, st):
+        """The engine and the pipeline over the restored graph, its queries registered and warm
+        (self.pipe); the engine and the seconds the warm-up took, or None (logged) when the device
+        failed."""
         bs = self.cfg["pipeline"]
         # the first record does not wait for compiled code to load (numba's cache, the CUDA modules,
         # CuPy's own kernels): a throwaway engine runs a tiny stream before the live one is made,
         # so that on the GPU the device memory it freed stays in CuPy's pool for the live engine
         try:
             warm = warm_once(resolve_backend(bs["backend"], "[pipeline] backend")) + load_scanner()
-            engine = continuous_engine(bs["backend"], g0, "[pipeline] backend", threads=bs["threads"] or None)
-            self.pipe = Pipeline(g0, engine=engine, batch_size=bs["batch_size"], batch_wait=bs["batch_wait_ms"] / 1000,
-                                 queue_depth=bs["queue_depth"], max_batch=bs["max_batch"], first_seq=seq0,
+            engine = continuous_engine(bs["backend"], st.graph, "[pipeline] backend", threads=bs["threads"] or None)
+            self.pipe = Pipeline(st.graph, engine=engine, batch_size=bs["batch_size"],
+                                 batch_wait=bs["batch_wait_ms"] / 1000, queue_depth=bs["queue_depth"],
+                                 max_batch=bs["max_batch"], first_seq=st.seq,
                                  retired=st.retired)  # deleted vertices keep their ids
-            for s in specs:
+            for s in st.specs:
                 s.register(self.pipe, self.labels)
             self.pipe.warm()  # the queries' joined tables and the threads: not in the first record's latency
         except CsmdError:
@@ -148,51 +147,56 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         except Exception as exc:  # noqa: BLE001 - the device (out of memory, a CUDA error) before any record
             self.log.exception("engine failed at start")
             self.log.error("stopped after a fatal error; nothing was committed", reason=repr(exc))
-            return 1
-        self.specs = {s.name: s for s in specs}
-        for s in specs:
+            return None
+        return engine, warm
+
+    def _wire(self, conf: dict, st) -> Output:
+        """The parts, from the restored state `st`, each given what it uses; the output thread's to start."""
+        ctx, cfg, pipe, start = self.ctx, self.cfg, self.pipe, st.offsets
+        t, k = cfg["topics"], cfg["kafka"]
+        queries = self.queries = Queries({s.name: s for s in st.specs}, st.removed, st.control_applied,
+                                         {s.name: [0, 0] for s in st.specs})
+        for s in st.specs:
             self.metrics.query(s.name)
-        self.metrics.bind("csmd_ignored_updates_total",
-                          lambda: {(r,): self.pipe.ignored.get(r, 0) for r in IGNORED_REASONS})
-        self.metrics.bind("csmd_gc_released_total", lambda: {(): self.pipe.gc.released})
-        self.totals = {s.name: [0, 0] for s in specs}
-        self.encoder = DeltaEncoder(self.pipe.vertices, self.carry)
-        warm += warm_output(self.pipe.vertices, t["max_message_bytes"])
-        self.tracker = DeliveryTracker(on_done=lambda t0: self.metrics.latency.observe(time.monotonic() - np.asarray(t0)))
-        k = self.cfg["kafka"]
-        self.sink = KafkaSink(conf, t["output"], t["max_message_bytes"], self._fail, self.cfg["delivery"]["timeout_s"],
-                              k["transactional_id"] if k["transactions"] else None, k["producer"])
-        self.source = KafkaSource(conf, t["input"], k["group"], start, k["offset_reset"], k["consumer"],
-                                  on_brokers=self._brokers)
-        self.control = KafkaSource(conf, t["control"], k["group"] + ".control", {0: self.control_applied + 1},
-                                   settings=k["consumer"])
-        if self.cfg["cluster"]["enabled"]:  # each shard's progress replaces the input group's offsets
-            self.cluster = ClusterMember(self, conf, start.get(0, 0), st.ends.get(0, 0))
-            st.committed = {}
-        self._committed = dict(st.committed)
-        self._suppress = {p: o for p, o in st.committed.items() if o > start.get(p, 0)}
-        self._next_offsets = {p: start.get(p, 0) for p in self.source.partitions}
-        if st.checkpoint is not None:
-            self._last_checkpoint = content(st.checkpoint)
-        self._replay_control(start)
-        if self._suppress:
-            self.log.info("re-reading records whose deltas were delivered before", up_to=self._suppress)
-        self._gauges()  # the gauges hold values before the first commit interval
-        for p, hi in st.ends.items():  # the consumer knows the ends only after its first fetch
-            self.metrics.set("csmd_consumer_lag", hi - start.get(p, 0), partition=p)
-        out = threading.Thread(target=self._run_pipeline, name="csmd-out", daemon=True)
-        out.start()
-        admin = self._start_admin()
-        self.status = "running"
-        self.log.info("running", input=t["input"], output=t["output"], seq=seq0,
-                      admin=self.cfg["admin"]["listen"] or None, engine=engine.name, warm_up_s=round(warm, 3))
-        try:
-            self._loop(out)
-        finally:
-            code = self._shutdown(out)
-            if admin is not None:
-                admin.shutdown()
-        return code
+        self.metrics.bind("csmd_ignored_updates_total", lambda: {(r,): pipe.ignored.get(r, 0) for r in IGNORED_REASONS})
+        self.metrics.bind("csmd_gc_released_total", lambda: {(): pipe.gc.released})
+        tracker = self.tracker = DeliveryTracker(
+            on_done=lambda t0: self.metrics.latency.observe(time.monotonic() - np.asarray(t0)))
+        sink = self.sink = KafkaSink(conf, t["output"], t["max_message_bytes"], ctx.fail, cfg["delivery"]["timeout_s"],
+                                     k["transactional_id"] if k["transactions"] else None, k["producer"])
+        source = self.source = KafkaSource(conf, t["input"], k["group"], start, k["offset_reset"], k["consumer"],
+                                           on_brokers=self.brokers.seen)
+        control_source = KafkaSource(conf, t["control"], k["group"] + ".control", {0: st.control_applied + 1},
+                                     settings=k["consumer"])
+        # what several parts share besides the context: the queue into the pipeline, the input position
+        # the consume loop has handed on (partition -> next offset), and the records whose deltas were
+        # delivered before a restart (partition -> the committed offset, where above the input's start)
+        intake = self.intake = Intake()
+        offsets = self.next_offsets = {p: start.get(p, 0) for p in source.partitions}
+        # each shard's progress replaces the input group's offsets
+        committed = {} if cfg["cluster"]["enabled"] else dict(st.committed)
+        suppress = {p: o for p, o in committed.items() if o > start.get(p, 0)}
+        dead_letters = DeadLetters(ctx, sink, tracker, suppress)
+        publisher = self.publisher = Publisher(ctx, DeltaEncoder(pipe.vertices, ctx.carry), sink, queries, suppress)
+        if cfg["cluster"]["enabled"]:
+            links = DaemonLinks(position=lambda: offsets.get(0, 0),
+                                done=lambda: tracker.committable().get((t["input"], 0)), hand_on=intake.put_marker,
+                                publish=publisher.publish, kafka_error=self.brokers.error)
+            self.cluster = ClusterMember(ctx, conf, start.get(0, 0), st.ends.get(0, 0), partitions=source.partitions,
+                                         pipe=pipe, sink=sink, specs=queries.specs.values(), links=links)
+        cluster = self.cluster
+        control = self.control = ControlPlane(ctx, control_source, sink, queries, intake, offsets, dead_letters.send,
+                                              conf, in_cluster=cluster is not None)
+        checkpointer = self.checkpointer = Checkpointer(
+            ctx, queries, intake, content(st.checkpoint) if st.checkpoint is not None else None,
+            cluster.lowest if cluster is not None else None)
+        backpressure = self.backpressure = Backpressure(ctx, tracker, cfg["pipeline"]["max_pending_records"], cluster)
+        self.consume = ConsumeLoop(ctx, source, sink, tracker, intake, pipe, queries, offsets, committed, backpressure,
+                                   control, checkpointer, dead_letters.send, cluster, st.graph.str_ids)
+        markers = {QueryChange: control.changed, CheckpointMarker: checkpointer.write_in_background}
+        if cluster is not None:
+            markers[ShardChange] = cluster.changed
+        return Output(ctx, pipe, intake, tracker, publisher, markers)
 
     def _start_admin(self):
         if not self.cfg["admin"]["listen"]:
@@ -203,34 +207,27 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         server.start()
         return server
 
-    def _fail(self, reason: str) -> None:
-        if self.fatal is None:
-            self.fatal = reason
-            self.log.error("stopping: fatal error", reason=reason)
-        self.stopping.set()
-
     def _shutdown(self, out: threading.Thread) -> int:
         """Drain in-flight batches, flush, commit, checkpoint, close; 0 unless something failed."""
         self.status = "stopping"
         self.log.info("draining", signal=self.stop_signal)
-        self._inq.put(STOP)
+        self.intake.put(STOP)
         while out.is_alive():
             self.sink.poll(0.01)
             out.join(0.01)
         if self.fatal is None:
-            self._drain()
-        if self._writer is not None:
-            self._writer.join()
+            self.consume.drain()
+        self.checkpointer.wait()
         if self.fatal is None:
-            self._commit_all()
-            behind = self.cluster.uncommitted(self._next_offsets.get(0, 0)) if self.cluster is not None else []
+            self.consume.commit_all()
+            behind = self.cluster.uncommitted(self.next_offsets.get(0, 0)) if self.cluster is not None else []
             if behind:  # a clean stop leaves every owned shard's progress where its matching is
-                self._fail(f"shard progress not committed up to {self._next_offsets.get(0, 0)} for shards "
-                           f"{behind} (the broker refused or did not answer): their next owner re-matches from "
-                           f"the last committed progress")
-            if self.cfg["checkpoint"]["dir"] and self._checkpoint_due():  # the pipeline's graph is the final one
-                graph = self.pipe.graph_state()
-                self._write_checkpoint(graph, self._checkpoint_state(graph, self._next_offsets))
+                self.ctx.fail(f"shard progress not committed up to {self.next_offsets.get(0, 0)} for shards "
+                              f"{behind} (the broker refused or did not answer): their next owner re-matches from "
+                              f"the last committed progress")
+            if self.cfg["checkpoint"]["dir"] and self.checkpointer.due(self.next_offsets):
+                graph = self.pipe.graph_state()  # the pipeline's graph is the final one
+                self.checkpointer.write(graph, self.checkpointer.state(graph, self.next_offsets))
         self.sink.close()
         self.status = "stopped"
         if self.fatal is not None:  # the consumers are left open: see run_daemon
@@ -241,8 +238,12 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         self.control.close()
         if self.cluster is not None:
             self.cluster.close()
-        self.log.info("stopped cleanly", seq=self.pipe.next_seq, committed=self._next_offsets)
+        self.log.info("stopped cleanly", seq=self.pipe.next_seq, committed=self.next_offsets)
         return 0
+
+    def request_change(self, msg: dict, timeout: float = 30.0) -> dict:
+        """Write a control request (from the admin endpoint) and wait until it takes effect."""
+        return self.control.request_change(msg, timeout)
 
     def live_graph(self) -> tuple[Graph, int]:
         """The graph now, at a batch boundary, and its timestamp (updates before it are in)."""
@@ -250,48 +251,31 @@ class Daemon(ControlPlane, ConsumeLoop, Output, Checkpointing):
         return state.live_graph(), state.seq
 
     def kafka_state(self) -> dict:
-        """The broker connection, for /health and /stats: up, down or unknown (no statistics yet),
-        and for how long."""
-        state = {None: "unknown", True: "up", False: "down"}[self.kafka_up]
-        return {"kafka": state, "kafka_for_s": round(time.time() - self.kafka_since, 1)}
+        return self.brokers.state()
 
     def stats(self) -> dict:
-        lat = self.metrics.latency
+        lat, pipe, tracker, queries = self.metrics.latency, self.pipe, self.tracker, self.queries
         return {
             "status": self.status, "uptime_s": round(time.time() - self.started, 3), **self.kafka_state(),
-            "seq": self.pipe.next_seq, "vertices": len(self.pipe.vertices.index),
+            "seq": pipe.next_seq, "vertices": len(pipe.vertices.index),
             "records": self.metrics.get("csmd_records_total"), "updates": self.metrics.get("csmd_updates_total"),
             "updates_per_s": round(self.metrics.updates_rate.per_second(), 3),
             "deltas_per_s": round(self.metrics.deltas_rate.per_second(), 3),
             "latency_p50_s": lat.quantile(0.5), "latency_p99_s": lat.quantile(0.99),
-            "pending_records": self.tracker.pending(), "paused": self.paused,
-            "batches": self.pipe.stats.batches, "largest_batch": self.pipe.stats.largest,  # grown when behind
-            "inline_batches": self.pipe.stats.inline,  # all stages on one thread: the stream was quiet
+            "pending_records": tracker.pending(), "paused": self.backpressure.paused,
+            "batches": pipe.stats.batches, "largest_batch": pipe.stats.largest,  # grown when behind
+            "inline_batches": pipe.stats.inline,  # all stages on one thread: the stream was quiet
             "dead_letters": self.metrics.get("csmd_dead_letters_total"),
             "lag": self.metrics.series("csmd_consumer_lag"),
-            "ignored": dict(self.pipe.ignored), "gc_live_versions": self.pipe.engine_stats()["live_versions"],
-            "offsets": dict(self._next_offsets),  # handed to the pipeline
+            "ignored": dict(pipe.ignored), "gc_live_versions": pipe.engine_stats()["live_versions"],
+            "offsets": dict(self.next_offsets),  # handed to the pipeline
             # records done (executed, deltas acknowledged), as the next offset of the done prefix
-            "acknowledged": {p: o for (topic, p), o in self.tracker.committable().items()
+            "acknowledged": {p: o for (topic, p), o in tracker.committable().items()
                              if topic == self.cfg["topics"]["input"]},
-            "queries": {n: {"positive": t[0], "negative": t[1]} for n, t in self.totals.items() if n in self.specs},
+            "queries": {n: {"positive": t[0], "negative": t[1]} for n, t in queries.totals.items()
+                        if n in queries.specs},
             "cluster": self.cluster.stats() if self.cluster is not None else None,
         }
-
-
-def warm_output(vertices, max_bytes: int) -> float:
-    """Encode one count delta with a throwaway encoder and serialize it as the output does: what
-    the first batch's publish would load on first use loads now (pyarrow's lazy imports pull in
-    pandas where it is installed: 0.5 s of the first batch's latency on the device host, on every
-    instance of a cluster). Returns the seconds it took."""
-    t0 = time.monotonic()
-    z = np.zeros(0, np.int64)
-    batch = UpdateBatch(0, 1, z, z, z, z, z, z, z, z, np.zeros(0, np.int32), 0, {0: Update("e", 0, 1)}, np.array([t0]), 1)
-    delta = QueryDeltas("warm-up", np.zeros(1, np.int64), np.ones(1, np.int8), None, 1, 0, np.ones(1, np.int64))
-    for _query, record_batch, _origins in DeltaEncoder(vertices).encode(BatchResult(batch, [delta], t0)):
-        record_batch.column("sign").to_numpy()
-        arrow_messages(record_batch, max_bytes)
-    return time.monotonic() - t0
 
 
 def on_stop_signal(daemon: Daemon, signum: int) -> None:
