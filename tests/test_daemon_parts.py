@@ -373,7 +373,9 @@ def test_every_reason_the_sequencer_ignores_an_update_for_is_exported():
            Update("v", 1, -1, label_of_1), Update("-v", 10**9)]
     pipe = Pipeline(g, threaded=False)
     pipe.run(iter(ups), lambda r: None)
-    assert set(pipe.ignored) == set(IGNORED_REASONS)
+    arcs = Pipeline(read_graph(HUMAN / "data.graph", directed=True), threaded=False)  # a label its codes cannot hold
+    arcs.run(iter([Update("e", 1, 2, 1 << 14)]), lambda r: None)
+    assert set(pipe.ignored) | set(arcs.ignored) == set(IGNORED_REASONS)
     m = Metrics()
     assert {dict(labels)["reason"] for (name, labels), v in samples(m.prometheus()).items()
             if name == "csmd_ignored_updates_total" and v == 0} == set(IGNORED_REASONS)
