@@ -59,7 +59,7 @@ def _compiled():
         from csmd.cpu import compiled
     except ImportError as exc:
         if not _numba_missing:
-            from csmd.service.logs import get_logger  # structlog: imported where a log line is made
+            from csmd.logs import get_logger  # structlog: imported where a log line is made
 
             _numba_missing = True
             get_logger().warning("numba cannot be imported: the CPU backend runs the numpy engine", error=str(exc))

@@ -13,7 +13,7 @@ import csmd.service.checkpointing as checkpointing
 from csmd.service.checkpoint import read_checkpoint
 from csmd.service.config import load_config
 from csmd.service.daemon import Daemon
-from csmd.service.logs import get_logger
+from csmd.logs import get_logger
 
 from kafka_harness import Topics
 

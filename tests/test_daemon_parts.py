@@ -15,8 +15,9 @@ from csmd.service.config import DEFAULTS, load_config
 from csmd.connectors.records import BadRecord, Record, decode_updates
 from csmd.service.delivery import DeliveryTracker
 from csmd.errors import CsmdError
+from csmd.latency import LatencyHistogram
 from csmd.model.formats import Update, read_graph, read_updates
-from csmd.service.metrics import LatencyHistogram, Metrics
+from csmd.service.metrics import Metrics
 from csmd.pipeline.sequencer import IGNORED_REASONS
 from csmd.pipeline.stages import Pipeline
 

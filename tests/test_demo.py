@@ -12,7 +12,7 @@ import threading
 import structlog
 
 from csmd.cli.live import Window, query_table, status_line
-from csmd.service.logs import get_logger, setup_logging
+from csmd.logs import get_logger, setup_logging
 
 from kafka_harness import REPO
 

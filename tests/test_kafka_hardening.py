@@ -198,7 +198,7 @@ def test_a_checkpoint_beyond_the_end_of_the_topic_is_refused_with_the_setting_th
 
 
 def test_an_uncaught_exception_is_a_log_record_in_the_log_format():
-    code = ("from csmd.service.logs import setup_logging\nsetup_logging('json')\n"
+    code = ("from csmd.logs import setup_logging\nsetup_logging('json')\n"
             "import threading\nt = threading.Thread(target=lambda: 1 / 0)\nt.start()\nt.join()\nraise RuntimeError('boom')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     records = [json.loads(line) for line in out.stderr.splitlines()]

@@ -188,7 +188,7 @@ def cmd_replay(args) -> int:
 
 def cmd_run(args) -> int:
     from csmd.service.config import load_config
-    from csmd.service.logs import setup_logging
+    from csmd.logs import setup_logging
     from csmd.service.daemon import run_daemon
 
     cfg = load_config(args.config)

@@ -44,12 +44,12 @@ from typing import NamedTuple
 import numpy as np
 
 from csmd.engine import ContinuousEngine, QueryDeltas, UpdateBatch
+from csmd.latency import LatencyHistogram
 from csmd.model.formats import Update, UpdateBlock
 from csmd.model.graph import Graph, id_array
 from csmd.pipeline.gc import GarbageCollector
 from csmd.pipeline.queries import canonical, continuous_query, vertex_matches
 from csmd.pipeline.sequencer import Sequencer, Vertices
-from csmd.service.latency import LatencyHistogram
 
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_BATCH_WAIT = 0.000125  # seconds: 0.125 ms

@@ -44,7 +44,7 @@ from csmd.service.config import label_names
 from csmd.service.consume import ConsumeLoop
 from csmd.service.control import ControlPlane, QueryChange, QuerySpec
 from csmd.service.delivery import DeliveryTracker
-from csmd.service.logs import get_logger
+from csmd.logs import get_logger
 from csmd.service.metrics import Metrics
 from csmd.service.output import STOP, Output
 from csmd.service.restore import read_local, start_state
