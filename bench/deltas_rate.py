@@ -31,7 +31,7 @@ MODES = ("count-only", "materialised", "materialised + --output")
 
 def one(args) -> None:
     """A child: the runs of one mode, a JSON line with their seconds, rows, file size and peak RSS."""
-    from csmd.cli.replay import read_stream, replay
+    from csmd.jobs.replay import read_stream, replay
     from csmd.model.formats import read_graph, read_query
 
     root = args.datasets / "yeast"

@@ -40,7 +40,7 @@ import numpy as np
 from cluster import human_workload, in_rounds, queries_of, yeast_workload
 
 from csmd.cpu.compiled import CompiledEngine
-from csmd.cli.replay import read_stream
+from csmd.jobs.replay import read_stream
 from csmd.model.formats import UpdateBlock, read_graph, read_query
 from csmd.pipeline.queries import continuous_query
 from csmd.pipeline.sequencer import Sequencer, Vertices

@@ -23,9 +23,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from csmd.cli.replay import replay
 from csmd.connectors.broker import free_port
 from csmd.connectors.kafka import ensure_topics
+from csmd.jobs.replay import replay
 from csmd.model.formats import read_graph, read_query
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ import pyarrow.ipc as ipc
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from csmd.cli.replay import replay
+from csmd.jobs.replay import replay
 from csmd.model.formats import read_graph, read_query
 
 from kafka_harness import HUMAN, QUIET, DaemonProcess, human_lines, kill_leftovers, metric

@@ -20,11 +20,11 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from csmd.cli.replay import decoded_updates, replay
 from csmd.connectors.files import FileSource
 from csmd.connectors.kafka import ensure_topics
 from csmd.engines import continuous_engine
 from csmd.errors import CsmdError
+from csmd.jobs.replay import decoded_updates, replay
 from csmd.model.formats import read_graph, read_query
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.shards import ShardChange, ShardWork, query_shift, record_hash, shard_of

@@ -90,8 +90,8 @@ def test_after_the_gpu_warm_up_a_stream_compiles_no_cupy_kernel():
     code = f"""
 import os, sys
 from pathlib import Path
-from csmd.cli.replay import replay
 from csmd.engines import warm_once
+from csmd.jobs.replay import replay
 from csmd.model.formats import query_files, read_graph, read_query
 cache = Path(os.environ["CUPY_CACHE_DIR"])
 warm_once("gpu")

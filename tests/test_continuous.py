@@ -14,11 +14,11 @@ import pyarrow.ipc as ipc
 import pytest
 
 from brute import embeddings
-from csmd.model.formats import read_graph, read_query
-import csmd.cli.replay as replay_module
-from csmd.cli.replay import decoded_updates, replay
 from csmd.cpu import compiled
 from csmd.engines import continuous_engine
+import csmd.jobs.replay as replay_module
+from csmd.jobs.replay import decoded_updates, replay
+from csmd.model.formats import read_graph, read_query
 from csmd.pipeline.stages import Pipeline, _Frozen, heap_frozen
 
 

@@ -11,10 +11,10 @@ import pyarrow.ipc as ipc
 import pytest
 
 from test_continuous import assert_brute_force, make_case
-import csmd.pipeline.deltas as deltas
-from csmd.cli.replay import read_stream, replay
 from csmd.connectors.files import FileSink
+from csmd.jobs.replay import read_stream, replay
 from csmd.model.formats import read_graph, read_query
+import csmd.pipeline.deltas as deltas
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.stages import Pipeline
 

@@ -21,8 +21,8 @@ import pyarrow.ipc as ipc
 import pytest
 
 from brute import embeddings
-from csmd.cli.replay import decoded_updates, replay
 from csmd.engines import continuous_engine
+from csmd.jobs.replay import decoded_updates, replay
 from csmd.model.formats import read_graph, read_query
 from csmd.pipeline.sequencer import record_positions
 from csmd.pipeline.stages import Pipeline

@@ -19,8 +19,8 @@ import pytest
 from brute import embeddings
 from conftest import dataset, read_expected
 from csmd.cli import main
-from csmd.engines import gpu_unavailable_reason
-from csmd.cli.estimate import make_sampler, run_estimate
+from csmd.engines import gpu_unavailable_reason, make_sampler
+from csmd.jobs.estimate import run_estimate
 from csmd.model.formats import read_graph, read_query
 from csmd.model.graph import Graph
 from csmd.model.labels import NO_NAMES

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from conftest import dataset
-from csmd.engines import gpu_unavailable_reason
+from csmd.engines import gpu_unavailable_reason, make_sampler
 from csmd.errors import CsmdError
-from csmd.cli.estimate import make_sampler, run_estimate
+from csmd.jobs.estimate import run_estimate
 from csmd.model.estimate import CandidateGraph
 from csmd.model.formats import read_graph, read_query
 from csmd.model.graph import Graph

@@ -3,8 +3,8 @@
 import pytest
 
 from conftest import dataset, read_expected
+from csmd.jobs.replay import replay
 from csmd.model.formats import read_graph, read_query
-from csmd.cli.replay import replay
 
 
 @pytest.mark.parametrize("batch_size", [64])

@@ -325,9 +325,9 @@ def test_admin_match_stats_and_backpressure(tmp_path, kafka_bootstrap, capsys):
     """A one-shot query against the live graph equals `csmd match` on the same graph as a file;
     a tiny pending limit pauses the consumer, is never passed, and loses nothing."""
     from csmd.cli import main as csmd
-    from csmd.service.admin import call
+    from csmd.jobs.match import run_query
     from csmd.model.graph import Graph
-    from csmd.cli.match import run_query
+    from csmd.service.admin import call
 
     t, cfg, port = start(tmp_path, kafka_bootstrap, queries=["Q_1"],
                          pipeline={"max_pending_records": 40, "batch_size": 16})

@@ -203,7 +203,7 @@ def test_the_daemon_reads_names_in_its_graph_queries_records_and_admin_requests(
 
 
 def _json_rows_of_replay(root) -> dict:
-    from csmd.cli.replay import replay
+    from csmd.jobs.replay import replay
     from csmd.model.formats import read_graph, read_query
 
     names = LabelNames.load(root / "labels.toml")
