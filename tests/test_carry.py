@@ -14,6 +14,7 @@ import pytest
 from confluent_kafka import Producer
 
 from csmd.connectors.records import Carry, BadRecord, Polled, Record, RecordBlock, decode_updates, plain_runs
+from csmd.cpu.engine import CpuEngine
 from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.stages import Pipeline
@@ -113,7 +114,8 @@ def _graph() -> Graph:
 
 
 def _deltas(items, carry: Carry, batch_size: int) -> pa.Table:
-    pipe = Pipeline(_graph(), batch_size=batch_size, threaded=False)
+    g0 = _graph()
+    pipe = Pipeline(g0, engine=CpuEngine(g0), batch_size=batch_size, threaded=False)
     pipe.add_query("q", EDGE)
     encoder = DeltaEncoder(pipe.vertices, carry)
     out = []

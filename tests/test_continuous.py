@@ -229,7 +229,8 @@ def test_each_update_keeps_its_arrival_time_across_batch_cuts(monkeypatch):
     z = np.zeros(6, np.int64)
     block = UpdateBlock("s.txt", np.arange(6), z.astype(np.int8), z, z + 1, z)
     one = Update("e", 0, 1, 0, "s.txt:9", ("s.txt", 0, 9))
-    pipe = Pipeline(Graph.from_edges([0, 0], [], []), batch_size=4)
+    g0 = Graph.from_edges([0, 0], [], [])
+    pipe = Pipeline(g0, engine=continuous_engine("numpy", g0), batch_size=4)
     got = [(len(batch), times.tolist()) for batch, times, _ in pipe._batches([one, block, one, one, block])]
     # arrivals: the record at 1, the block at 2, the records at 3 and 4, the block at 5
     want = [2.0] * 6 + [5.0] * 6

@@ -13,6 +13,7 @@ import pytest
 from csmd.service.checkpoint import read_checkpoint, write_checkpoint
 from csmd.service.config import DEFAULTS, load_config
 from csmd.connectors.records import BadRecord, Record, decode_updates
+from csmd.cpu.engine import CpuEngine
 from csmd.service.delivery import DeliveryTracker
 from csmd.errors import CsmdError
 from csmd.latency import LatencyHistogram
@@ -372,7 +373,7 @@ def test_every_reason_the_sequencer_ignores_an_update_for_is_exported():
     label_of_1 = int(g.labels[list(g.ext_ids).index(1)])  # the same label again: a duplicate, not a relabel
     ups = [Update("e", 1, 1), Update("e", 1, 2), Update("e", 1, 2), Update("-e", 10**9, 10**9 + 1),
            Update("v", 1, -1, label_of_1), Update("-v", 10**9)]
-    pipe = Pipeline(g, threaded=False)
+    pipe = Pipeline(g, engine=CpuEngine(g), threaded=False)
     pipe.run(iter(ups), lambda r: None)
     assert set(pipe.ignored) == set(IGNORED_REASONS)
     m = Metrics()
@@ -385,7 +386,7 @@ def test_every_reason_the_sequencer_ignores_an_update_for_is_exported():
 # ---- checkpoints ------------------------------------------------------------------------------------------
 def test_checkpoint_round_trip_keeps_ids_and_falls_back_when_damaged(tmp_path):
     g0 = read_graph(HUMAN / "data.graph")
-    pipe = Pipeline(g0, threaded=False)
+    pipe = Pipeline(g0, engine=CpuEngine(g0), threaded=False)
     ups = list(read_updates(HUMAN / "insertion.graph"))[:500]
     ups += [Update("-v", ups[0].u), Update("e", 10**9, ups[1].v, 2), Update("v", ups[0].u, 5)]
     pipe.run(iter(ups), lambda r: None)
@@ -393,7 +394,8 @@ def test_checkpoint_round_trip_keeps_ids_and_falls_back_when_damaged(tmp_path):
     second = write_checkpoint(tmp_path, pipe.graph_state(), {"seq": pipe.next_seq, "offsets": {"0": 503}})
     ck = read_checkpoint(tmp_path)
     assert ck.state["seq"] == pipe.next_seq and ck.state["offsets"] == {"0": 503}
-    restored = Pipeline(ck.graph, threaded=False, first_seq=ck.state["seq"], retired=ck.retired).graph_state()
+    restored = Pipeline(ck.graph, engine=CpuEngine(ck.graph), threaded=False, first_seq=ck.state["seq"],
+                        retired=ck.retired).graph_state()
     before = pipe.graph_state()
     assert list(restored.ext_ids) == list(before.ext_ids)
     assert np.array_equal(restored.labels, before.labels)

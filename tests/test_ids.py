@@ -22,6 +22,7 @@ import pytest
 
 from csmd.cli import main
 from csmd.connectors.records import BadRecord, Record, decode_updates
+from csmd.cpu.engine import CpuEngine
 from csmd.model.formats import MAX_ID_BYTES, read_graph, read_query
 from csmd.model.graph import Graph
 from csmd.pipeline.stages import Pipeline
@@ -366,11 +367,11 @@ def test_a_checkpoint_keeps_string_ids_whole_and_an_empty_graphs_kind(tmp_path):
 
     g0 = initial_graph("", "string")
     assert g0.str_ids and g0.n == 0
-    pipe = Pipeline(g0, threaded=False)
+    pipe = Pipeline(g0, engine=CpuEngine(g0), threaded=False)
     long = "\u20ac" * 85  # 255 bytes
     pipe.run(iter(decode_updates(Record("in", 0, 0, f"e a {long}\ne {long} b".encode()), "text", True)),
              lambda result: None)
-    for state in (Pipeline(g0, threaded=False).graph_state(), pipe.graph_state()):
+    for state in (Pipeline(g0, engine=CpuEngine(g0), threaded=False).graph_state(), pipe.graph_state()):
         folder = write_checkpoint(tmp_path / str(len(state.ext_ids)), state, {"seq": state.seq})
         g = read_checkpoint(folder.parent).graph
         assert g.str_ids and g.ext_ids.tolist() == state.ext_ids and g.ext_ids.dtype == object
