@@ -78,6 +78,23 @@ def test_version_and_the_replay_table():
     assert "warning" not in out.stderr
 
 
+def test_version_from_a_source_tree_that_was_never_installed(monkeypatch, capsys):
+    """Run from a source tree on PYTHONPATH, importlib.metadata knows no csmd: --version says the
+    package's own version, marked +source, instead of a traceback (issue 39.6)."""
+    import importlib.metadata
+
+    import csmd.cli as cli
+    from csmd import __version__
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"csmd {__version__}+source\n"
+
+
 def test_a_static_graph_given_as_the_stream_is_warned_about():
     out = csmd("replay", "--data", DATA, "--query", Q1, "--stream", DATA)
     assert out.returncode == 0 and "every update of" in out.stderr and "data graph rather than an update stream" \

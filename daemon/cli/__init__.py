@@ -312,12 +312,19 @@ def _estimate_options(p: argparse.ArgumentParser) -> None:
 
 class _Version(argparse.Action):
     """--version, reading the installed version only when asked: importlib.metadata costs every
-    other command some 20 ms of start-up."""
+    other command some 20 ms of start-up. Run from a source tree that was never installed
+    (PYTHONPATH), there is no installed version: the package's own, marked +source."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from importlib.metadata import version
+        from importlib.metadata import PackageNotFoundError, version
 
-        print(f"csmd {version('csmd')}")  # on stdout, as argparse's own version action prints
+        try:
+            text = version("csmd")
+        except PackageNotFoundError:
+            from csmd import __version__
+
+            text = f"{__version__}+source"
+        print(f"csmd {text}")  # on stdout, as argparse's own version action prints
         parser.exit()
 
 
