@@ -24,7 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from replay_yeast import QUERIES, make_stream
+from replay_yeast import QUERIES
+
+from csmd.testing.streams import make_stream
 
 MODES = ("count-only", "materialised", "materialised + --output")
 

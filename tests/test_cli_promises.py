@@ -2,15 +2,11 @@
 (issue 12 items 10, 11 and 14)."""
 
 import subprocess
-import sys
 
 import pytest
 
 from csmd.connectors.broker import free_port
-
-from kafka_harness import HUMAN
-
-CSMD = [sys.executable, "-m", "csmd"]
+from csmd.testing.kafka import CSMD, HUMAN
 DATA, Q1, STREAM = HUMAN / "data.graph", HUMAN / "queries" / "Q_1.graph", HUMAN / "insertion.graph"
 
 

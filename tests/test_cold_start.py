@@ -13,8 +13,7 @@ import time
 import pytest
 
 from csmd.engines import gpu_unavailable_reason
-
-from kafka_harness import HUMAN
+from csmd.testing.kafka import HUMAN
 
 DATA, STREAM, QUERIES = HUMAN / "data.graph", HUMAN / "insertion.graph", HUMAN / "queries"
 SLOW = 0.4  # seconds a monkeypatched set-up step sleeps

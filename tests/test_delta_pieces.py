@@ -10,7 +10,6 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from test_continuous import assert_brute_force, make_case
 from csmd.connectors.files import FileSink
 from csmd.cpu.engine import CpuEngine
 from csmd.jobs.replay import read_stream, replay
@@ -18,6 +17,8 @@ from csmd.model.formats import read_graph, read_query
 import csmd.pipeline.deltas as deltas
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.stages import Pipeline
+
+from continuous_cases import assert_brute_force, make_case
 
 
 def reference_batch(result, ext_ids, names: list[str], numbered: Counter, schema: pa.Schema) -> pa.RecordBatch:

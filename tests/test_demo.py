@@ -13,8 +13,7 @@ import structlog
 
 from csmd.cli.live import Window, query_table, status_line
 from csmd.logs import get_logger, setup_logging
-
-from kafka_harness import REPO
+from csmd.testing.kafka import REPO
 
 CSMD = [sys.executable, "-m", "csmd"]
 

@@ -28,19 +28,12 @@ from csmd.model.graph import Graph
 from csmd.pipeline.stages import Pipeline
 from csmd.service.checkpoint import read_checkpoint, write_checkpoint
 from csmd.service.config import load_config
+from csmd.testing.kafka import DaemonProcess, Topics, config_text, dedup, new_admin_port
 
-from kafka_harness import DaemonProcess, Topics, config_text, kill_leftovers, new_admin_port
-from test_continuous import Model, make_case
-from test_kafka_daemon import dedup
+from continuous_cases import Model, make_case
 
 FILL = ["\U0001d11e", "\u20ac", "\u00e9", "x"]  # 4, 3, 2 and 1 UTF-8 bytes
 LETTERS = string.ascii_letters + string.digits
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_daemons():
-    yield
-    kill_leftovers()
 
 
 def spelled(k: int, size: int) -> str:

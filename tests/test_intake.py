@@ -17,7 +17,7 @@ from csmd.service.config import load_config
 from csmd.service.daemon import Daemon
 from csmd.service.delivery import DeliveryTracker
 
-from test_stream_reader import ODD, PLAIN
+from helpers import ODD, PLAIN
 
 # records a stream file never has: one plain line with line breaks or blanks around it (one update, named
 # by its record, as decode_updates names a record's only update), several lines, JSON, declared types
