@@ -19,8 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-from csmd.cli.replay import read_stream
 from csmd.engines import continuous_engine
+from csmd.jobs.replay import read_stream
 from csmd.model.formats import read_graph, read_query
 from csmd.pipeline.stages import Pipeline
 

@@ -71,7 +71,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import signal
 import statistics
 import subprocess
@@ -82,12 +81,11 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from replay_yeast import QUERIES as YEAST_QUERIES
 
-from kafka_harness import CSMD, Cluster, kill_leftovers  # noqa: E402
-from replay_yeast import QUERIES as YEAST_QUERIES, make_stream  # noqa: E402
-
-from csmd.connectors.broker import EmbeddedBroker  # noqa: E402
+from csmd.connectors.broker import EmbeddedBroker
+from csmd.testing.kafka import CSMD, Cluster, kill_leftovers
+from csmd.testing.streams import in_rounds, make_stream
 
 SHARDS = 12
 STAGE_TIMERS = [sys.executable, str(Path(__file__).resolve().parent / "stage_timers.py")]
@@ -113,19 +111,6 @@ def yeast_workload(datasets: Path, root: Path, rounds: int) -> Workload:
     g0, stream, _ins, _dels = make_stream(yeast / "data.graph", root, seed=1)
     lines = [ln for ln in stream.read_text().splitlines() if ln]
     return Workload("yeast", g0, [yeast / "queries" / f"{q}.graph" for q in YEAST_QUERIES], in_rounds(lines, rounds))
-
-
-def in_rounds(lines: list[str], rounds: int) -> list[str]:
-    """`lines` (edge insertions and deletions, each edge at most once), then its undoing, then
-    itself again, ..., `rounds` rounds in all; every round after the first in a shuffled order
-    (seeded by its number), so that each update is matched against a graph it changes."""
-    undo = [ln[1:] if ln.startswith("-") else "-" + ln for ln in lines]
-    out = list(lines)
-    for r in range(1, rounds):
-        this = list(undo if r % 2 else lines)
-        random.Random(r).shuffle(this)
-        out += this
-    return out
 
 
 def replay_command(w: Workload, root: Path, backend: str = "cpu") -> list[str]:

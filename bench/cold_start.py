@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from csmd.cli.replay import replay
 from csmd.engines import gpu_unavailable_reason
+from csmd.jobs.replay import replay
 from csmd.model.formats import read_graph, read_query
 
 

@@ -24,14 +24,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from replay_yeast import QUERIES, make_stream
+from replay_yeast import QUERIES
+
+from csmd.testing.streams import make_stream
 
 MODES = ("count-only", "materialised", "materialised + --output")
 
 
 def one(args) -> None:
     """A child: the runs of one mode, a JSON line with their seconds, rows, file size and peak RSS."""
-    from csmd.cli.replay import read_stream, replay
+    from csmd.jobs.replay import read_stream, replay
     from csmd.model.formats import read_graph, read_query
 
     root = args.datasets / "yeast"

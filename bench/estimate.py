@@ -46,8 +46,9 @@ import sys
 import time
 from pathlib import Path
 
-from csmd.cli.estimate import make_sampler, run_estimate
 from csmd.cpu.matcher import search
+from csmd.engines import make_sampler
+from csmd.jobs.estimate import run_estimate
 from csmd.model.estimate import CandidateGraph, run_rounds
 from csmd.model.formats import read_graph, read_query
 from csmd.model.plan import plan_query

@@ -11,20 +11,18 @@ given]; "default": the executor's own). Count-only queries.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from replay_gpu import decoded  # noqa: E402
+from replay_gpu import decoded
 
-from csmd.engines import continuous_engine  # noqa: E402
-from csmd.gpu.matcher import Tuning  # noqa: E402
-from csmd.gpu.module import kernel  # noqa: E402
-from csmd.model.formats import read_graph, read_query  # noqa: E402
-from csmd.pipeline.stages import Pipeline  # noqa: E402
+from csmd.engines import continuous_engine
+from csmd.gpu.matcher import Tuning
+from csmd.gpu.module import kernel
+from csmd.model.formats import read_graph, read_query
+from csmd.pipeline.stages import Pipeline
 
 
 def run(g0, upd, queries, b: int, tuning: Tuning | None):

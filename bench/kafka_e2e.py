@@ -10,7 +10,7 @@ per input record in one run:
       by the broker (its latency histogram, every record; `csmd admin stats`).
 (a) holds two hops of (b) and (c): a daemon that adds nothing of its own has a <= c + 2b.
 
-Burst: --rounds rounds of the human stream (each undoing the last, bench/cluster.py in_rounds),
+Burst: --rounds rounds of the human stream (each undoing the last, csmd.testing.streams.in_rounds),
 --per-record updates a record, produced at once; updates/s from the first record produced to
 every record done (its deltas acknowledged). Median of --runs runs. Prints a table.
 """
@@ -28,14 +28,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.ipc as ipc
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from confluent_kafka import Consumer, Producer, TopicPartition
 
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
-from cluster import in_rounds  # noqa: E402
-from kafka_harness import DaemonProcess, Topics, config_text, human_lines, kill_leftovers, new_admin_port  # noqa: E402
-
-from csmd.connectors.broker import EmbeddedBroker  # noqa: E402
+from csmd.connectors.broker import EmbeddedBroker
+from csmd.testing.kafka import DaemonProcess, Topics, config_text, human_lines, kill_leftovers, new_admin_port
+from csmd.testing.streams import in_rounds
 
 QUIET = {"log_level": 0}
 CONSUMER = {"fetch.wait.max.ms": 5, **QUIET}  # what the daemon's input consumer uses (connectors/kafka.py)

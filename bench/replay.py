@@ -29,9 +29,9 @@ from pathlib import Path
 
 from first_use import first_use
 
-from csmd.cli import COUNT_ONLY_REPLAY_BATCH
-from csmd.cli.replay import read_stream, replay
 from csmd.cpu.workers import thread_count
+from csmd.jobs import COUNT_ONLY_REPLAY_BATCH
+from csmd.jobs.replay import read_stream, replay
 from csmd.model.formats import read_graph, read_query
 from csmd.model.graph import Graph
 

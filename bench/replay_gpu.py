@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from csmd.cli import COUNT_ONLY_REPLAY_BATCH
-from csmd.cli.replay import decoded_updates, read_stream, replay
 from csmd.engines import continuous_engine
+from csmd.jobs import COUNT_ONLY_REPLAY_BATCH
+from csmd.jobs.replay import decoded_updates, read_stream, replay
 from csmd.model.formats import UpdateBlock, read_graph, read_query
 from csmd.model.graph import Graph
 from csmd.pipeline.stages import Pipeline

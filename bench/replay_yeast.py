@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import tempfile
 from pathlib import Path
 
@@ -22,29 +21,12 @@ from replay import measure
 
 from csmd.cpu.workers import thread_count
 from csmd.model.formats import read_graph, read_query
+from csmd.testing.streams import make_stream
 
 # 17 queries: the first of yeast's small classes (4, 8 and 16 vertices, dense and sparse)
 QUERIES = ([f"query_dense_4_{i}" for i in range(1, 6)] + [f"query_{c}_8_{i}" for c in ("dense", "sparse")
                                                           for i in range(1, 5)]
            + [f"query_{c}_16_{i}" for c in ("dense", "sparse") for i in range(1, 3)])
-
-
-def make_stream(data: Path, out: Path, seed: int) -> tuple[Path, Path, int, int]:
-    """(g0 file, stream file, insertions, deletions) in `out`."""
-    lines = data.read_text().splitlines()
-    vertices = [line for line in lines if line.startswith("v ")]
-    edges = [line for line in lines if line.startswith("e ")]
-    rng = random.Random(seed)
-    rng.shuffle(edges)
-    held = len(edges) * 8 // 100
-    inserts, kept = edges[:held], edges[held:]
-    deletes = rng.sample(kept, len(kept) * 4 // 100)
-    stream = [line for line in inserts] + ["-" + line for line in deletes]
-    rng.shuffle(stream)
-    g0, st = out / "g0.graph", out / "stream.txt"
-    g0.write_text("\n".join(vertices + kept) + "\n")
-    st.write_text("\n".join(stream) + "\n")
-    return g0, st, len(inserts), len(deletes)
 
 
 def main() -> None:

@@ -37,14 +37,15 @@ from pathlib import Path
 
 import numpy as np
 
-from cluster import human_workload, in_rounds, queries_of, yeast_workload
+from cluster import human_workload, queries_of, yeast_workload
 
 from csmd.cpu.compiled import CompiledEngine
-from csmd.cli.replay import read_stream
+from csmd.jobs.replay import read_stream
 from csmd.model.formats import UpdateBlock, read_graph, read_query
 from csmd.pipeline.queries import continuous_query
 from csmd.pipeline.sequencer import Sequencer, Vertices
 from csmd.pipeline.shards import ShardWork
+from csmd.testing.streams import in_rounds
 
 BATCH = 16384
 SHARDS = 12

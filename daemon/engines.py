@@ -1,4 +1,5 @@
-"""Choosing an engine (`--backend cpu|numpy|gpu|auto`, `[pipeline] backend`): the one place that does.
+"""Choosing an engine (`--backend cpu|numpy|gpu|auto`, `[pipeline] backend`), and the sampler of
+`csmd estimate`: the one place that does.
 
 CuPy is optional: the GPU engine is imported only when it is chosen. `cpu` is the
 compiled CPU engine (numba); where numba cannot be imported it is the numpy engine,
@@ -15,6 +16,7 @@ import numpy as np
 from csmd.engine import ContinuousEngine, StaticMatcher
 from csmd.errors import CsmdError
 from csmd.model.graph import Graph
+from csmd.model.plan import Plan
 
 BACKENDS = ("cpu", "numpy", "gpu", "auto")
 
@@ -59,7 +61,7 @@ def _compiled():
         from csmd.cpu import compiled
     except ImportError as exc:
         if not _numba_missing:
-            from csmd.service.logs import get_logger  # structlog: imported where a log line is made
+            from csmd.logs import get_logger  # structlog: imported where a log line is made
 
             _numba_missing = True
             get_logger().warning("numba cannot be imported: the CPU backend runs the numpy engine", error=str(exc))
@@ -95,6 +97,25 @@ def continuous_engine(backend: str, g0: Graph, setting: str = "--backend", threa
     from csmd.cpu.engine import CpuEngine
 
     return CpuEngine(g0)
+
+
+def sampler_backend(name: str, directed: bool = False) -> str:
+    """The sampler for `--backend name`: "cpu" or "gpu" (auto: the GPU where CuPy sees one; for a
+    directed graph the CPU sampler: the GPU's does not read one yet)."""
+    return "gpu" if not directed and resolve_backend(name) == "gpu" else "cpu"
+
+
+def make_sampler(backend: str, g: Graph, plan: Plan, method: str, seed: int, trawl: int = 0):
+    """The CpuSampler or GpuSampler ("cpu" / "gpu") of one planned query, with its candidate graph
+    (the GPU's built on the device or uploaded, whichever is faster for this graph and plan)."""
+    if backend == "gpu":
+        from csmd.gpu.sampler import GpuSampler, candidates
+
+        return GpuSampler(plan, candidates(g, plan), method, seed, trawl=trawl)
+    from csmd.cpu.sampler import CpuSampler
+    from csmd.model.estimate import CandidateGraph
+
+    return CpuSampler(g, CandidateGraph(g, plan), method, seed, trawl)
 
 
 _warmed: set[str] = set()

@@ -1,4 +1,6 @@
-"""Independent truth for the tests: brute-force embedding enumeration, sharing no code with csmd."""
+"""Independent truth for the tests: brute-force embedding enumeration, sharing no code with csmd
+(embeddings: of a query Graph; brute_force: of a query given as adjacency lists, as the random
+static cases are)."""
 
 
 def embeddings(adj, labels, q):
@@ -85,3 +87,59 @@ def assert_deltas_equal(table, results, truth, seed):
     for res in results:
         assert res["positive"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s > 0)
         assert res["negative"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s < 0)
+
+
+class TooMany(Exception):
+    pass
+
+
+def brute_force(gadj, glab, qadj, qlab, max_count=None):
+    """All embeddings of q in g as tuples (column u = data vertex of query vertex u).
+
+    gadj / qadj: list of dict neighbor -> edge label; glab / qlab: vertex labels.
+    Query vertices are placed in BFS order; the candidates of a vertex are the data
+    neighbors of one placed query neighbor's image, the one with the fewest (all data
+    vertices for the root), and every candidate is checked for label, injectivity and
+    every query edge back to the vertices already placed (with its edge label).
+    """
+    nq = len(qlab)
+    order, seen = [0], {0}
+    for u in order:
+        for w in sorted(qadj[u]):
+            if w not in seen:
+                seen.add(w)
+                order.append(w)
+    assert len(order) == nq, "query must be connected"
+    back = [[(w, el) for w, el in qadj[u].items() if w in order[:i]] for i, u in enumerate(order)]
+    f = [-1] * nq
+    used = set()
+    out = set()
+
+    def rec(i):
+        if i == nq:
+            out.add(tuple(f))
+            if max_count is not None and len(out) > max_count:
+                raise TooMany
+            return
+        u = order[i]
+        pool = min((gadj[f[w]] for w, _ in back[i]), key=len) if i else range(len(glab))
+        for v in pool:
+            if v in used or glab[v] != qlab[u]:
+                continue
+            if all(gadj[v].get(f[w]) == el for w, el in back[i]):
+                f[u] = v
+                used.add(v)
+                rec(i + 1)
+                used.discard(v)
+        f[u] = -1
+
+    rec(0)
+    return out
+
+
+def adjacency(n, edges):
+    adj = [dict() for _ in range(n)]
+    for a, b, el in edges:
+        adj[a][b] = el
+        adj[b][a] = el
+    return adj

@@ -1,39 +1,18 @@
+"""The fixtures every test module may use; the helper functions are in helpers.py, brute.py,
+static_cases.py, continuous_cases.py and csmd.testing (the daemon run against a broker)."""
+
 import os
-from pathlib import Path
 
 import pytest
 
-from csmd.engines import gpu_unavailable_reason
-
-REPO = Path(__file__).resolve().parents[1]
-DATASETS = Path(os.environ.get("CSMD_DATASETS", REPO.parent / "shared" / "datasets"))
-
-
-# the continuous engines that test_continuous runs every case on: compiled (numba), numpy, GPU
-ENGINES = ["cpu", "numpy", pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))])]
+from csmd.model.formats import read_graph, read_query
+from csmd.testing.kafka import QUERIES, kill_leftovers, replay_rows
+from helpers import ENGINES, dataset, read_expected
 
 
 @pytest.fixture(params=ENGINES)
 def backend(request) -> str:
     return request.param
-
-
-def dataset(name: str) -> Path:
-    path = DATASETS / name
-    if not path.exists():
-        pytest.skip(f"dataset {path} not present (set CSMD_DATASETS)")
-    return path
-
-
-def read_expected(path: Path) -> dict[str, int]:
-    """`name:count` or `name: count` lines."""
-    out = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            name, count = line.split(":")
-            out[name.strip()] = int(count)
-    return out
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +28,25 @@ def kafka_bootstrap(tmp_path_factory):
         yield broker.bootstrap
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Replay's deltas of the human stream for the daemon tests' QUERIES."""
+    return replay_rows(QUERIES, tmp_path_factory.mktemp("ref"))
+
+
+@pytest.fixture(scope="module")
+def hprd_queries():
+    """HPRD and its queries with their expected counts: (graph, {name: (query, count)})."""
+    root = dataset("hprd")
+    g = read_graph(root / "data.graph")
+    expected = read_expected(root / "expected_counts.txt")
+    return g, {name: (read_query(root / "queries" / f"{name}.graph"), count) for name, count in expected.items()}
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_daemons():
+    """Daemons a test started (DaemonProcess) are killed after it, whether it passed or not."""
+    yield
+    kill_leftovers()

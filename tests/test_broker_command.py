@@ -7,11 +7,9 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 
-from kafka_harness import HUMAN, DaemonProcess, Topics, config_text, human_lines, kill_leftovers, new_admin_port
-
-CSMD = [sys.executable, "-m", "csmd"]
+from csmd.testing.kafka import (CSMD, HUMAN, DaemonProcess, Topics, config_text, human_lines, kill_leftovers,
+                                new_admin_port)
 
 
 def test_csmd_broker_prints_its_address_serves_run_and_admin_and_stops_on_sigterm(tmp_path):

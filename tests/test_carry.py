@@ -14,20 +14,15 @@ import pytest
 from confluent_kafka import Producer
 
 from csmd.connectors.records import Carry, BadRecord, Polled, Record, RecordBlock, decode_updates, plain_runs
+from csmd.cpu.engine import CpuEngine
 from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.stages import Pipeline
+from csmd.testing.kafka import QUIET, DaemonProcess, Topics, config_text, new_admin_port
 
-from test_daemon_parts import _arrow
-from kafka_harness import QUIET, DaemonProcess, Topics, config_text, kill_leftovers, new_admin_port
+from helpers import arrow_message
 
 CARRY = Carry(headers=("trace", "tenant"), fields=("txn", "amount"))
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_daemons():
-    yield
-    kill_leftovers()
 
 
 def _plain(updates) -> list[tuple]:
@@ -37,7 +32,7 @@ def _plain(updates) -> list[tuple]:
 # ---- decoding ------------------------------------------------------------------------------------------------
 def test_extra_fields_and_columns_are_accepted_and_ignored_unless_carried():
     js = json.dumps([{"op": "e", "u": 1, "v": 2, "amount": 12.5, "note": {"a": [1]}}, {"op": "-v", "u": 3, "ts": None}])
-    arrow = _arrow(op=["e", "-v"], u=[1, 3], v=[2, None], amount=[12.5, None], note=[b"x", b"y"])
+    arrow = arrow_message(dict(op=["e", "-v"], u=[1, 3], v=[2, None], amount=[12.5, None], note=[b"x", b"y"]))
     for value in (js.encode(), arrow):
         got = decode_updates(Record("in", 0, 5, value))
         assert _plain(got) == [("e", 1, 2, 0), ("-v", 3, -1, 0)]
@@ -56,9 +51,10 @@ def test_what_is_wrong_stays_refused_with_extra_fields():
              (b'{"op": "e", "u": "1", "v": 2, "txn": "a"}', "vertex id '1' is not an integer"),
              (b'{"op": "e", "u": 1, "v": 2, "label": "x", "txn": "a"}', "label 'x'"),
              (b'{"op": "-v", "u": 1, "v": 2, "txn": "a"}', "takes no v"),
-             (_arrow(op=["e"], u=[1.5], v=[2], txn=["a"]), "column 'u' is double"),
-             (_arrow(op=["e"], u=[1], v=[2], label=[0.5], txn=["a"]), "column 'label' is double"),
-             (_arrow(op=["e"], u=[1], v=[2], txn=["a"], **{"u ": [1]}), None)]  # another column named like u: fine
+             (arrow_message(dict(op=["e"], u=[1.5], v=[2], txn=["a"])), "column 'u' is double"),
+             (arrow_message(dict(op=["e"], u=[1], v=[2], label=[0.5], txn=["a"])), "column 'label' is double"),
+             # another column named like u: fine
+             (arrow_message(dict(op=["e"], u=[1], v=[2], txn=["a"], **{"u ": [1]})), None)]
     for value, reason in cases:
         if reason is None:
             assert _plain(decode_updates(Record("in", 0, 1, value), carry=CARRY)) == [("e", 1, 2, 0)]
@@ -113,7 +109,8 @@ def _graph() -> Graph:
 
 
 def _deltas(items, carry: Carry, batch_size: int) -> pa.Table:
-    pipe = Pipeline(_graph(), batch_size=batch_size, threaded=False)
+    g0 = _graph()
+    pipe = Pipeline(g0, engine=CpuEngine(g0), batch_size=batch_size, threaded=False)
     pipe.add_query("q", EDGE)
     encoder = DeltaEncoder(pipe.vertices, carry)
     out = []
@@ -128,7 +125,7 @@ def _records() -> list[Record]:
         Record("in", 0, 2, json.dumps([{"op": "e", "u": 4, "v": 5, "txn": "t2a", "amount": 3},
                                        {"op": "e", "u": 5, "v": 6, "txn": "t2b"},  # no delta
                                        {"op": "e", "u": 1, "v": 5, "amount": [1, 2]}]).encode(), key=b"k2"),
-        Record("in", 0, 3, _arrow(op=["e", "e"], u=[2, 3], v=[3, 5], txn=["t3a", None], other=[1, 2]),
+        Record("in", 0, 3, arrow_message(dict(op=["e", "e"], u=[2, 3], v=[3, 5], txn=["t3a", None], other=[1, 2])),
                [("tenant", b"x3")]),
         Record("in", 0, 4, b"e 3 4", key=b"k4"),  # exists already: no delta
         Record("in", 0, 5, b'{"op": "-v", "u": 3, "txn": "t5"}', [("trace", b"r5")], key=b"k5"),  # 3 edges go

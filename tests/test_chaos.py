@@ -24,11 +24,11 @@ import pyarrow.ipc as ipc
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from csmd.cli.replay import replay
+from csmd.jobs.replay import replay
 from csmd.model.formats import read_graph, read_query
+from csmd.testing.kafka import HUMAN, QUIET, DaemonProcess, daemon_config, dedup, human_lines, metric, rows_of
 
-from kafka_harness import HUMAN, QUIET, DaemonProcess, human_lines, kill_leftovers, metric
-from test_kafka_daemon import _arrow, dedup, rows_of, start
+from helpers import arrow_message
 
 CONFIGURED = ["Q_1", "Q_3"]
 CONTROLLED = "Q_5"  # registered through the control topic mid-stream
@@ -44,16 +44,10 @@ MALFORMED = [
     json.dumps({"op": "e", "u": 1}).encode(),
     json.dumps([{"op": "e", "u": 1, "v": 2}, {"op": "q", "u": 1, "v": 2}]).encode(),  # refused whole
     b"{not json",
-    _arrow({"op": pa.array(["e"]), "u": pa.array([1], pa.uint64()), "v": pa.array([BIG], pa.uint64())}),
-    _arrow({"op": pa.array(["e"]), "u": pa.array([1])}),
+    arrow_message({"op": pa.array(["e"]), "u": pa.array([1], pa.uint64()), "v": pa.array([BIG], pa.uint64())}),
+    arrow_message({"op": pa.array(["e"]), "u": pa.array([1])}),
     b"ARROW1 but not an Arrow file",
 ]
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_daemons():
-    yield
-    kill_leftovers()
 
 
 def good_stream(rng: random.Random, tmp_path: Path, inserts: int) -> list[tuple[str, int, int]]:
@@ -82,7 +76,7 @@ def encode(rng: random.Random, ups: list[tuple[str, int, int]]) -> bytes:
     if kind == "json":
         objs = [{"op": op, "u": u, "v": v} for op, u, v in ups]
         return json.dumps(objs if len(objs) > 1 or rng.random() < 0.5 else objs[0]).encode()
-    return _arrow({"op": pa.array([x[0] for x in ups]), "u": pa.array([x[1] for x in ups], pa.int64()),
+    return arrow_message({"op": pa.array([x[0] for x in ups]), "u": pa.array([x[1] for x in ups], pa.int64()),
                    "v": pa.array([x[2] for x in ups], pa.int64())})
 
 
@@ -175,7 +169,7 @@ def run_chaos(tmp_path, kafka_bootstrap, seed: int, inserts: int, phases: int, c
     ups = good_stream(rng, tmp_path, inserts)
     recs = records(rng, ups)
     want_all = reference(tmp_path / "good", ups)
-    t, cfg, port = start(tmp_path, kafka_bootstrap, CONFIGURED, checkpoint=checkpoint,
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, CONFIGURED, checkpoint=checkpoint,
                          delivery={"commit_interval_ms": 50})
     group = f"g-{t.input}"
     cuts = sorted(rng.sample(range(1, len(recs)), phases - 1)) + [len(recs)]

@@ -9,13 +9,12 @@ import time
 
 import pytest
 
-import csmd.service.checkpointing as checkpointing
+from csmd.logs import get_logger
 from csmd.service.checkpoint import read_checkpoint
+import csmd.service.checkpointing as checkpointing
 from csmd.service.config import load_config
 from csmd.service.daemon import Daemon
-from csmd.service.logs import get_logger
-
-from kafka_harness import Topics
+from csmd.testing.kafka import Topics
 
 
 @pytest.fixture

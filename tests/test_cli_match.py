@@ -3,8 +3,9 @@
 import json
 import time
 
-from conftest import dataset, read_expected
 from csmd.cli import main
+
+from helpers import dataset, read_expected
 
 
 def clique_file(path, n):

@@ -2,15 +2,11 @@
 (issue 12 items 10, 11 and 14)."""
 
 import subprocess
-import sys
 
 import pytest
 
 from csmd.connectors.broker import free_port
-
-from kafka_harness import HUMAN
-
-CSMD = [sys.executable, "-m", "csmd"]
+from csmd.testing.kafka import CSMD, HUMAN
 DATA, Q1, STREAM = HUMAN / "data.graph", HUMAN / "queries" / "Q_1.graph", HUMAN / "insertion.graph"
 
 
@@ -76,6 +72,23 @@ def test_version_and_the_replay_table():
     assert header.split() == ["query", "positive", "negative", "updates", "records", "ignored", "seconds"]
     assert row.split()[3:6] == ["4314", "4314", "0"]
     assert "warning" not in out.stderr
+
+
+def test_version_from_a_source_tree_that_was_never_installed(monkeypatch, capsys):
+    """Run from a source tree on PYTHONPATH, importlib.metadata knows no csmd: --version says the
+    package's own version, marked +source, instead of a traceback (issue 39.6)."""
+    import importlib.metadata
+
+    import csmd.cli as cli
+    from csmd import __version__
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"csmd {__version__}+source\n"
 
 
 def test_a_static_graph_given_as_the_stream_is_warned_about():

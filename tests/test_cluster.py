@@ -20,22 +20,22 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from csmd.cli.replay import decoded_updates, replay
 from csmd.connectors.files import FileSource
 from csmd.connectors.kafka import ensure_topics
 from csmd.engines import continuous_engine
 from csmd.errors import CsmdError
+from csmd.jobs.replay import decoded_updates, replay
 from csmd.model.formats import read_graph, read_query
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.shards import ShardChange, ShardWork, query_shift, record_hash, shard_of
 from csmd.pipeline.stages import Pipeline
 from csmd.service.config import load_config
+from csmd.testing.kafka import (QUERIES, REPO, Cluster, ProgressWatch, Topics, Trickle, config_text, dedup, human_lines,
+                                metric, new_admin_port, rows_of)
+from csmd.testing.streams import in_rounds, make_stream
 
-from conftest import ENGINES
-from kafka_harness import (REPO, Cluster, ProgressWatch, Topics, Trickle, config_text, dedup, human_lines,
-                           kill_leftovers, metric, new_admin_port, rows_of)
-from test_continuous import make_case, run_replay
-from test_kafka_daemon import QUERIES, reference  # noqa: F401 (reference is a fixture)
+from continuous_cases import make_case, run_replay
+from helpers import ENGINES
 
 ID = ("query", "seq", "sign", "vertices", "input", "partition", "offset", "index", "count")
 
@@ -227,12 +227,6 @@ def test_the_benchmarks_longer_streams_change_the_graph_with_every_update(tmp_pa
     """bench/cluster.py --rounds: the mixed stream, its undoing, the stream again, ...: each update
     inserts an edge that is absent or deletes one that is present (none is ignored), and the
     graph is back where it started after every second round."""
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        from cluster import in_rounds
-        from replay_yeast import make_stream
-    finally:
-        sys.path.remove(str(REPO / "bench"))
     g0, stream, ins, dels = make_stream(REPO / "samples" / "human" / "data.graph", tmp_path, seed=3)
     lines = [ln for ln in stream.read_text().splitlines() if ln]
     edges = {frozenset(ln.split()[1:3]) for ln in g0.read_text().splitlines() if ln.startswith("e ")}
@@ -267,12 +261,6 @@ def test_the_kept_window_follows_the_floor():
 
 # ---- several daemons on one broker ------------------------------------------------------------
 SHARDS = 6
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_daemons():
-    yield
-    kill_leftovers()
 
 
 def shards_of(table: pa.Table) -> list[int]:

@@ -20,16 +20,9 @@ import time
 
 import pytest
 
-from kafka_harness import (QUERIES, Cluster, ProgressWatch, Trickle, dedup, human_lines, kill_leftovers, metric,
-                           reference, rows_of)  # noqa: F401 (reference is a fixture)
+from csmd.testing.kafka import QUERIES, Cluster, ProgressWatch, Trickle, dedup, human_lines, metric, rows_of
 
 SHARDS = 6
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_daemons():
-    yield
-    kill_leftovers()
 
 
 def kill_when(c: Cluster, name: str, ready, delay: float = 0.0, timeout: float = 60.0) -> None:

@@ -13,8 +13,7 @@ import time
 import pytest
 
 from csmd.engines import gpu_unavailable_reason
-
-from kafka_harness import HUMAN
+from csmd.testing.kafka import HUMAN
 
 DATA, STREAM, QUERIES = HUMAN / "data.graph", HUMAN / "insertion.graph", HUMAN / "queries"
 SLOW = 0.4  # seconds a monkeypatched set-up step sleeps
@@ -90,8 +89,8 @@ def test_after_the_gpu_warm_up_a_stream_compiles_no_cupy_kernel():
     code = f"""
 import os, sys
 from pathlib import Path
-from csmd.cli.replay import replay
 from csmd.engines import warm_once
+from csmd.jobs.replay import replay
 from csmd.model.formats import query_files, read_graph, read_query
 cache = Path(os.environ["CUPY_CACHE_DIR"])
 warm_once("gpu")

@@ -13,14 +13,17 @@ import pytest
 from csmd.service.checkpoint import read_checkpoint, write_checkpoint
 from csmd.service.config import DEFAULTS, load_config
 from csmd.connectors.records import BadRecord, Record, decode_updates
+from csmd.cpu.engine import CpuEngine
 from csmd.service.delivery import DeliveryTracker
 from csmd.errors import CsmdError
+from csmd.latency import LatencyHistogram
 from csmd.model.formats import Update, read_graph, read_updates
-from csmd.service.metrics import LatencyHistogram, Metrics
+from csmd.service.metrics import Metrics
 from csmd.pipeline.sequencer import IGNORED_REASONS
 from csmd.pipeline.stages import Pipeline
+from csmd.testing.kafka import HUMAN, metric, samples
 
-from kafka_harness import HUMAN, metric, samples
+from helpers import arrow_message
 
 
 # ---- config ------------------------------------------------------------------------------------------
@@ -78,20 +81,13 @@ def _rec(value: bytes, headers=None) -> Record:
     return Record("in", 0, 7, value, list((headers or {}).items()))
 
 
-def _arrow(**cols) -> bytes:
-    sink = pa.BufferOutputStream()
-    batch = pa.record_batch({k: pa.array(v) for k, v in cols.items()})
-    with ipc.new_stream(sink, batch.schema) as w:
-        w.write_batch(batch)
-    return sink.getvalue().to_pybytes()
-
-
 def test_the_three_formats_decode_to_the_same_updates():
     want = [Update("e", 1, 2, 3), Update("-e", 1, 2, 0), Update("v", 9, -1, 4), Update("-v", 9, -1, 0)]
     text = b"e 1 2 3\n-e 1 2\nv 9 4\n-v 9\n"
     js = json.dumps([{"op": "e", "u": 1, "v": 2, "label": 3}, {"op": "-e", "u": 1, "v": 2},
                      {"op": "v", "u": 9, "label": 4}, {"op": "-v", "u": 9}]).encode()
-    arrow = _arrow(op=["e", "-e", "v", "-v"], u=[1, 1, 9, 9], v=[2, 2, None, None], label=[3, None, 4, None])
+    arrow = arrow_message(dict(op=["e", "-e", "v", "-v"], u=[1, 1, 9, 9], v=[2, 2, None, None],
+                               label=[3, None, 4, None]))
     for value in (text, js, arrow):
         for fmt in ("auto", {text: "text", js: "json", arrow: "arrow"}[value]):
             got = decode_updates(_rec(value), fmt)
@@ -139,16 +135,16 @@ def test_bad_records_are_refused_with_a_reason(value, fmt, headers, reason):
 
 
 def test_bad_arrow_records():
-    cases = [(_arrow(src=[1], dst=[2]), "missing column 'op'"),
-             (_arrow(op=["e"], u=["a"], v=["b"]), "column 'u' is string, expected integer"),
-             (_arrow(op=[1], u=[1], v=[2]), "column 'op' is int64, expected string"),
-             (_arrow(op=["e", "x"], u=[1, 1], v=[2, 3]), "row 1: unknown op 'x'"),
-             (_arrow(op=["e"], u=[1], v=[None]), "row 0: op 'e' needs u and v")]
+    cases = [(arrow_message(dict(src=[1], dst=[2])), "missing column 'op'"),
+             (arrow_message(dict(op=["e"], u=["a"], v=["b"])), "column 'u' is string, expected integer"),
+             (arrow_message(dict(op=[1], u=[1], v=[2])), "column 'op' is int64, expected string"),
+             (arrow_message(dict(op=["e", "x"], u=[1, 1], v=[2, 3])), "row 1: unknown op 'x'"),
+             (arrow_message(dict(op=["e"], u=[1], v=[None])), "row 0: op 'e' needs u and v")]
     for value, reason in cases:
         with pytest.raises(BadRecord) as exc:
             decode_updates(_rec(value))
         assert reason in str(exc.value)
-    assert decode_updates(_rec(_arrow(op=["e"], u=["a"], v=["b"])), str_ids=True)[0].u == "a"
+    assert decode_updates(_rec(arrow_message(dict(op=["e"], u=["a"], v=["b"]))), str_ids=True)[0].u == "a"
 
 
 def test_a_graph_keyed_by_strings_reads_the_ids_of_every_format_as_strings():
@@ -156,7 +152,7 @@ def test_a_graph_keyed_by_strings_reads_the_ids_of_every_format_as_strings():
     want = [("e", "a", "7", 2), ("-v", "x", -1, 0)]
     for value in (b"e a 7 2\n-v x", json.dumps([{"op": "e", "u": "a", "v": "7", "label": 2},
                                                  {"op": "-v", "u": "x"}]).encode(),
-                  _arrow(op=["e", "-v"], u=["a", "x"], v=["7", None], label=[2, None])):
+                  arrow_message(dict(op=["e", "-v"], u=["a", "x"], v=["7", None], label=[2, None]))):
         assert [(u.op, u.u, u.v, u.label) for u in decode_updates(_rec(value), str_ids=True)] == want
     with pytest.raises(BadRecord, match="bad integer 'a'"):
         decode_updates(_rec(b"e a 7"))
@@ -172,7 +168,7 @@ def _arrow_batch(batch: pa.RecordBatch) -> bytes:
 def test_records_that_make_the_parsers_fail_are_refused_not_fatal():
     """What a chaos test found: each of these raised past the decoder (the daemon exited, and again
     on every restart, the record still uncommitted) or crashed the process (unchecked offsets)."""
-    good = _arrow(op=["e"], u=[1], v=[2])
+    good = arrow_message(dict(op=["e"], u=[1], v=[2]))
     flipped = bytearray(good)
     at = flipped.index(b"\x00\x00\x00\x00\x01\x00\x00\x00e")
     flipped[at + 7] = 14  # the op column's offsets [0, 1] -> [0, 0x0E000001]: past its data
@@ -371,9 +367,10 @@ def test_every_reason_the_sequencer_ignores_an_update_for_is_exported():
     label_of_1 = int(g.labels[list(g.ext_ids).index(1)])  # the same label again: a duplicate, not a relabel
     ups = [Update("e", 1, 1), Update("e", 1, 2), Update("e", 1, 2), Update("-e", 10**9, 10**9 + 1),
            Update("v", 1, -1, label_of_1), Update("-v", 10**9)]
-    pipe = Pipeline(g, threaded=False)
+    pipe = Pipeline(g, engine=CpuEngine(g), threaded=False)
     pipe.run(iter(ups), lambda r: None)
-    arcs = Pipeline(read_graph(HUMAN / "data.graph", directed=True), threaded=False)  # a label its codes cannot hold
+    g1 = read_graph(HUMAN / "data.graph", directed=True)
+    arcs = Pipeline(g1, engine=CpuEngine(g1), threaded=False)  # and a directed graph: a label its codes cannot hold
     arcs.run(iter([Update("e", 1, 2, 1 << 14)]), lambda r: None)
     assert set(pipe.ignored) | set(arcs.ignored) == set(IGNORED_REASONS)
     m = Metrics()
@@ -386,7 +383,7 @@ def test_every_reason_the_sequencer_ignores_an_update_for_is_exported():
 # ---- checkpoints ------------------------------------------------------------------------------------------
 def test_checkpoint_round_trip_keeps_ids_and_falls_back_when_damaged(tmp_path):
     g0 = read_graph(HUMAN / "data.graph")
-    pipe = Pipeline(g0, threaded=False)
+    pipe = Pipeline(g0, engine=CpuEngine(g0), threaded=False)
     ups = list(read_updates(HUMAN / "insertion.graph"))[:500]
     ups += [Update("-v", ups[0].u), Update("e", 10**9, ups[1].v, 2), Update("v", ups[0].u, 5)]
     pipe.run(iter(ups), lambda r: None)
@@ -394,7 +391,8 @@ def test_checkpoint_round_trip_keeps_ids_and_falls_back_when_damaged(tmp_path):
     second = write_checkpoint(tmp_path, pipe.graph_state(), {"seq": pipe.next_seq, "offsets": {"0": 503}})
     ck = read_checkpoint(tmp_path)
     assert ck.state["seq"] == pipe.next_seq and ck.state["offsets"] == {"0": 503}
-    restored = Pipeline(ck.graph, threaded=False, first_seq=ck.state["seq"], retired=ck.retired).graph_state()
+    restored = Pipeline(ck.graph, engine=CpuEngine(ck.graph), threaded=False, first_seq=ck.state["seq"],
+                        retired=ck.retired).graph_state()
     before = pipe.graph_state()
     assert list(restored.ext_ids) == list(before.ext_ids)
     assert np.array_equal(restored.labels, before.labels)

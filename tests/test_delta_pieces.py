@@ -10,13 +10,15 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from test_continuous import assert_brute_force, make_case
-import csmd.pipeline.deltas as deltas
-from csmd.cli.replay import read_stream, replay
 from csmd.connectors.files import FileSink
+from csmd.cpu.engine import CpuEngine
+from csmd.jobs.replay import read_stream, replay
 from csmd.model.formats import read_graph, read_query
+import csmd.pipeline.deltas as deltas
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.stages import Pipeline
+
+from continuous_cases import assert_brute_force, make_case
 
 
 def reference_batch(result, ext_ids, names: list[str], numbered: Counter, schema: pa.Schema) -> pa.RecordBatch:
@@ -50,7 +52,8 @@ def test_the_file_is_the_bytes_of_a_row_by_row_encoding(tmp_path, seed, batch_si
     Python object per row; the reference itself checked against brute force."""
     qpaths, truth = make_case(tmp_path, seed, steps=60)
     names = [p.stem for p in qpaths]
-    pipe = Pipeline(read_graph(tmp_path / "g0.graph"), batch_size=batch_size, threaded=False)
+    g0 = read_graph(tmp_path / "g0.graph")
+    pipe = Pipeline(g0, engine=CpuEngine(g0), batch_size=batch_size, threaded=False)
     for p in qpaths:
         pipe.add_query(p.stem, read_query(p), False)
     encoder, numbered = DeltaEncoder(pipe.vertices), Counter()
@@ -101,7 +104,7 @@ def test_a_batch_whose_ids_outgrow_one_list_array_is_split_not_a_crash(tmp_path,
     assert [b.num_rows for b in batches[:-1]] == [250] * (len(batches) - 1) and 0 < batches[-1].num_rows <= 250
     assert split.read_all().equals(whole.read_all())
 
-    pipe = Pipeline(g0, batch_size=64, threaded=False)  # the output topic's items: per query
+    pipe = Pipeline(g0, engine=CpuEngine(g0), batch_size=64, threaded=False)  # the output topic's items: per query
     pipe.add_query(*queries[0], False)
     encoder, items = DeltaEncoder(pipe.vertices), []
     pipe.run(iter(read_stream(tmp_path / "stream.txt")), lambda r: items.extend(encoder.encode(r)))

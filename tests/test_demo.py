@@ -12,9 +12,8 @@ import threading
 import structlog
 
 from csmd.cli.live import Window, query_table, status_line
-from csmd.service.logs import get_logger, setup_logging
-
-from kafka_harness import REPO
+from csmd.logs import get_logger, setup_logging
+from csmd.testing.kafka import REPO
 
 CSMD = [sys.executable, "-m", "csmd"]
 

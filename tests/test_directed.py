@@ -13,7 +13,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from brute import assert_deltas_equal, directed_embeddings
-from csmd.cli.replay import replay
+from csmd.jobs.replay import replay
 from csmd.engines import static_matcher
 from csmd.errors import CsmdError, InputError
 from csmd.model.formats import parse_query_text, read_graph, read_query
@@ -326,13 +326,14 @@ def test_the_readme_money_flow_example_prints_the_brute_force_counts():
 
 def test_a_checkpoint_keeps_the_arcs_and_a_restart_of_the_other_direction_stops(tmp_path):
     from csmd.connectors.records import Record, decode_updates
+    from csmd.cpu.engine import CpuEngine
     from csmd.pipeline.stages import Pipeline
     from csmd.service.checkpoint import read_checkpoint, write_checkpoint
     from csmd.service.config import load_config
     from csmd.service.restore import read_local
 
     g0 = read_graph_text("v 1 0\nv 2 0\nv 3 0\ne 1 2 3\ne 2 3 0\n")
-    pipe = Pipeline(g0, threaded=False)
+    pipe = Pipeline(g0, engine=CpuEngine(g0), threaded=False)
     pipe.run(iter(decode_updates(Record("in", 0, 0, b"e 2 1 5\n-e 2 3\ne 3 2 1"), "text")), lambda result: None)
     state = pipe.graph_state()
     folder = write_checkpoint(tmp_path, state, {"seq": state.seq, "offsets": {}})

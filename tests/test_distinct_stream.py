@@ -20,15 +20,15 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pytest
 
-from brute import embeddings
-from csmd.cli.replay import decoded_updates, replay
 from csmd.engines import continuous_engine
+from csmd.jobs.replay import decoded_updates, replay
 from csmd.model.formats import read_graph, read_query
 from csmd.pipeline.sequencer import record_positions
 from csmd.pipeline.stages import Pipeline
-from kafka_harness import DaemonProcess, Topics, config_text, kill_leftovers, new_admin_port
-from test_continuous import Model
-from test_kafka_daemon import dedup, rows_of
+from csmd.testing.kafka import DaemonProcess, Topics, config_text, dedup, kill_leftovers, new_admin_port, rows_of
+
+from brute import embeddings
+from continuous_cases import Model
 
 SHAPES = {  # symmetric shapes (|Aut| of the unlabelled one): what distinct queries are for
     "triangle": [(0, 1), (1, 2), (2, 0)],  # 6

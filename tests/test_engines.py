@@ -9,11 +9,12 @@ import tempfile
 
 import numpy as np
 import pytest
-from conftest import ENGINES
 
 from csmd.engines import continuous_engine, gpu_unavailable_reason, warm_up
 from csmd.errors import CsmdError
 from csmd.model.graph import Graph
+
+from helpers import ENGINES
 
 G = Graph.from_edges(np.array([0, 0, 1], np.int32), [0, 1], [1, 2])
 

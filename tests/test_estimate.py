@@ -10,22 +10,22 @@ intervals) that a correct estimator passes them for all but a vanishing share of
 from __future__ import annotations
 
 import json
-import random
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from brute import embeddings
-from conftest import dataset, read_expected
 from csmd.cli import main
-from csmd.engines import gpu_unavailable_reason
-from csmd.cli.estimate import make_sampler, run_estimate
-from csmd.model.formats import read_graph, read_query
+from csmd.engines import gpu_unavailable_reason, make_sampler
+from csmd.jobs.estimate import run_estimate
 from csmd.model.graph import Graph
 from csmd.model.labels import NO_NAMES
 from csmd.model.plan import plan_query
 from csmd.service.admin import _estimate
+
+from brute import embeddings
+from helpers import host
+from static_cases import random_case
 
 RUNS = 40  # seeded runs per case for the unbiasedness check
 TOLERANCE_SE = 4.0
@@ -33,49 +33,6 @@ GPU_MARKS = [pytest.mark.gpu, pytest.mark.skipif(gpu_unavailable_reason() is not
                                                  reason=str(gpu_unavailable_reason()))]
 GPU = pytest.param("gpu", marks=GPU_MARKS)
 BACKENDS = ["cpu", GPU]
-
-
-def host(weights) -> np.ndarray:
-    return weights.get() if hasattr(weights, "get") else weights
-
-
-def random_case(seed: int):
-    """A small labelled random graph, a connected query cut out of it (so it has matches, and
-    cycles where the graph has them), and the adjacency the brute-force matcher reads."""
-    rnd = random.Random(seed)
-    n = rnd.randint(18, 30)
-    labels = [rnd.randrange(2) for _ in range(n)]
-    elabeled = seed % 2 == 1
-    edges = {}
-    for a in range(n):
-        for b in range(a + 1, n):
-            if rnd.random() < 0.22:
-                edges[(a, b)] = rnd.randrange(2) if elabeled else 0
-    g = Graph.from_edges(labels, [a for a, _ in edges], [b for _, b in edges], list(edges.values()))
-    adj = [dict() for _ in range(n)]
-    for (a, b), el in edges.items():
-        adj[a][b] = adj[b][a] = el
-    # grow a connected vertex set from a random vertex, keep each edge inside it with probability 3/4
-    # (a spanning tree's edges always), so queries have both tree and non-tree edges
-    k = rnd.randint(4, 6)
-    picked = [rnd.choice([v for v in range(n) if adj[v]])]
-    tree = []
-    while len(picked) < k:
-        frontier = [(v, w) for v in picked for w in adj[v] if w not in picked]
-        if not frontier:
-            break
-        v, w = rnd.choice(frontier)
-        tree.append((v, w))
-        picked.append(w)
-    pos = {v: i for i, v in enumerate(picked)}
-    qe = {(pos[v], pos[w]): adj[v][w] for v, w in tree}
-    for v in picked:
-        for w in adj[v]:
-            if w in pos and pos[v] < pos[w] and (pos[v], pos[w]) not in qe and (pos[w], pos[v]) not in qe \
-                    and rnd.random() < 0.75:
-                qe[(pos[v], pos[w])] = adj[v][w]
-    q = Graph.from_edges([labels[v] for v in picked], [a for a, _ in qe], [b for _, b in qe], list(qe.values()))
-    return g, q, adj, labels
 
 
 def gpu_case(method, trawl=0, stream=None):
@@ -131,20 +88,12 @@ def test_triangles_in_a_dense_graph(backend, stream, monkeypatch):
     assert abs(runs.mean() - exact) <= TOLERANCE_SE * se, (runs.mean(), se, exact)
 
 
-@pytest.fixture(scope="module")
-def hprd():
-    root = dataset("hprd")
-    g = read_graph(root / "data.graph")
-    expected = read_expected(root / "expected_counts.txt")
-    return g, {name: (read_query(root / "queries" / f"{name}.graph"), count) for name, count in expected.items()}
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("method", ["wj", "alley"])
-def test_intervals_cover_hprd_expected_counts(hprd, method, backend):
+def test_intervals_cover_hprd_expected_counts(hprd_queries, method, backend):
     """All 200 HPRD queries, 8,192 samples each (32 blocks); each query its own seed, so the
     200 coverage events are independent."""
-    g, queries = hprd
+    g, queries = hprd_queries
     covered = 0
     for seed, (name, (q, exact)) in enumerate(sorted(queries.items())):
         res = run_estimate(g, q, name, method=method, samples=8192, seed=seed, backend=backend)
@@ -153,8 +102,8 @@ def test_intervals_cover_hprd_expected_counts(hprd, method, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_same_seed_same_estimate(hprd, backend):
-    g, queries = hprd
+def test_same_seed_same_estimate(hprd_queries, backend):
+    g, queries = hprd_queries
     q, _ = queries["query_dense_16_11"]  # one whose walks have different weights
     runs = [run_estimate(g, q, "q", method="wj", samples=4096, seed=s, backend=backend) for s in (7, 7, 8)]
     for r in runs:
@@ -189,8 +138,8 @@ def test_filter_proof_of_no_match_is_exact_zero():
     assert res["samples"] == 0
 
 
-def test_rel_error_stop_reaches_its_target(hprd):
-    g, queries = hprd
+def test_rel_error_stop_reaches_its_target(hprd_queries):
+    g, queries = hprd_queries
     q, exact = queries["query_dense_16_160"]
     res = run_estimate(g, q, "q", rel_error=0.01, time_limit=30)
     assert (res["ci_high"] - res["estimate"]) / res["estimate"] <= 0.01

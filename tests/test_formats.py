@@ -5,9 +5,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import dataset
 from csmd.model.formats import read_graph, write_graph_tables
 from csmd.model.graph import Graph
+
+from helpers import dataset
 
 
 def write_ve_format(g: Graph, path, ext=None):

@@ -16,18 +16,10 @@ from csmd.engines import gpu_unavailable_reason
 from csmd.model.formats import read_graph, read_query
 from csmd.model.graph import Graph
 from csmd.service.admin import call
-
-from kafka_harness import CSMD, HUMAN, DaemonProcess, human_lines, kill_leftovers
-from test_kafka_daemon import dedup, reference, rows_of, start  # noqa: F401 (reference is a fixture)
+from csmd.testing.kafka import CSMD, HUMAN, DaemonProcess, daemon_config, dedup, human_lines, rows_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))]
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_daemons():
-    yield
-    kill_leftovers()
 
 
 def _final_graph(lines) -> Graph:
@@ -41,7 +33,7 @@ def _final_graph(lines) -> Graph:
 
 
 def test_auto_runs_the_daemon_on_the_gpu_and_its_deltas_equal_the_cpu_replay(tmp_path, kafka_bootstrap, reference):
-    t, cfg, port = start(tmp_path, kafka_bootstrap, pipeline={"backend": "auto"})
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, pipeline={"backend": "auto"})
     d = DaemonProcess(cfg, tmp_path / "d.log", port)
     lines = human_lines()
     t.produce(t.input, lines)
@@ -69,7 +61,7 @@ def test_device_out_of_memory_stops_the_daemon_without_a_commit_and_a_restart_de
     import os
     import subprocess
 
-    t, cfg, port = start(tmp_path, kafka_bootstrap, pipeline={"backend": "gpu"})
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, pipeline={"backend": "gpu"})
     lines = human_lines()
     t.produce(t.input, lines)
     with open(tmp_path / "d1.log", "ab") as log:  # not DaemonProcess: it may never be healthy

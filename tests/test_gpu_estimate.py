@@ -12,15 +12,16 @@ import re
 import numpy as np
 import pytest
 
-from conftest import dataset
-from csmd.engines import gpu_unavailable_reason
+from csmd.engines import gpu_unavailable_reason, make_sampler
 from csmd.errors import CsmdError
-from csmd.cli.estimate import make_sampler, run_estimate
+from csmd.jobs.estimate import run_estimate
 from csmd.model.estimate import CandidateGraph
 from csmd.model.formats import read_graph, read_query
 from csmd.model.graph import Graph
 from csmd.model.plan import plan_query
-from test_estimate import hprd, host, random_case  # noqa: F401 (hprd: a fixture)
+
+from helpers import dataset, host
+from static_cases import random_case
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))]
@@ -55,8 +56,8 @@ def test_gpu_weights_are_the_cpu_samplers_on_random_graphs(case, method, trawl):
 
 
 @pytest.mark.parametrize("method, trawl", [("wj", 0), ("alley", 0), ("alley", 2)])
-def test_gpu_weights_are_the_cpu_samplers_on_hprd(hprd, method, trawl):
-    g, queries = hprd
+def test_gpu_weights_are_the_cpu_samplers_on_hprd(hprd_queries, method, trawl):
+    g, queries = hprd_queries
     for name in sorted(queries)[:20 if not trawl else 5]:
         same_weights(g, queries[name][0], method, seed=2**100 + 5, lanes=8192 if not trawl else 1024, trawl=trawl)
 
@@ -77,8 +78,8 @@ def test_device_candidate_graph_is_the_hosts_on_random_graphs(case):
     same_candidates(g, q)
 
 
-def test_device_candidate_graph_is_the_hosts_on_hprd_and_github(hprd):
-    g, queries = hprd
+def test_device_candidate_graph_is_the_hosts_on_hprd_and_github(hprd_queries):
+    g, queries = hprd_queries
     for name in sorted(queries)[::10]:
         same_candidates(g, queries[name][0])
     root = dataset("github")
@@ -87,13 +88,13 @@ def test_device_candidate_graph_is_the_hosts_on_hprd_and_github(hprd):
         same_candidates(g, read_query(root / "queries" / f"Q_{i}.graph"))
 
 
-def test_warp_streaming_counts_as_one_lane_and_keeps_its_seed(hprd):
+def test_warp_streaming_counts_as_one_lane_and_keeps_its_seed(hprd_queries):
     """With streaming from 1 entry on, a query of one edge still gets the CPU sampler's weights
     (its weight is the refine set's size, whichever member the warp picks); a longer one gets
     other walks (the path is taken), the same for the same seed."""
     from csmd.gpu.sampler import GpuSampler, upload
 
-    g, queries = hprd
+    g, queries = hprd_queries
     q = queries["query_dense_16_11"][0]
     edge = Graph.from_edges([int(q.labels[0]), int(q.labels[q.neighbors(0)[0]])], [0], [1])  # one of q's edges
     for query, same in ((edge, True), (q, False)):

@@ -1,6 +1,6 @@
 """The GPU static matcher against published counts, brute force and the CPU engine.
 
-Skipped without CUDA. The random cases are the CPU engine's (test_random_static), plus
+Skipped without CUDA. The random cases are the CPU engine's (static_cases.py, test_random_static), plus
 larger hub-heavy graphs (hubs of degree in the thousands) with queries of 2 to 16
 vertices, where the CPU engine (itself checked against brute force) is the reference.
 Batches (many queries in one search) are checked the same ways.
@@ -14,13 +14,15 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from conftest import dataset, read_expected
-from csmd.engines import gpu_unavailable_reason
 from csmd.cpu.matcher import search
+from csmd.engines import gpu_unavailable_reason
 from csmd.model.formats import read_graph, read_query
 from csmd.model.plan import plan_query, symmetry_constraints
-from test_random_static import (adjacency, brute_force, extracted_query, make_case, random_connected_query, run_cli,
-                                to_graph, write_graph_file, write_query_file)
+
+from brute import adjacency, brute_force
+from helpers import dataset, read_expected
+from static_cases import (extracted_query, make_case, random_connected_query, run_cli, to_graph, write_graph_file,
+                          write_query_file)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))]

@@ -2,10 +2,11 @@
 
 import pytest
 
-from conftest import dataset, read_expected
+from csmd.cpu import compiled, matcher
 from csmd.model.formats import read_graph, read_query
 from csmd.model.plan import plan_query
-from csmd.cpu import compiled, matcher
+
+from helpers import dataset, read_expected
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,10 @@
 
 import pytest
 
-from conftest import dataset, read_expected
+from csmd.jobs.replay import replay
 from csmd.model.formats import read_graph, read_query
-from csmd.cli.replay import replay
+
+from helpers import dataset, read_expected
 
 
 @pytest.mark.parametrize("batch_size", [64])

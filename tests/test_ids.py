@@ -22,24 +22,18 @@ import pytest
 
 from csmd.cli import main
 from csmd.connectors.records import BadRecord, Record, decode_updates
+from csmd.cpu.engine import CpuEngine
 from csmd.model.formats import MAX_ID_BYTES, read_graph, read_query
 from csmd.model.graph import Graph
 from csmd.pipeline.stages import Pipeline
 from csmd.service.checkpoint import read_checkpoint, write_checkpoint
 from csmd.service.config import load_config
+from csmd.testing.kafka import DaemonProcess, Topics, config_text, dedup, new_admin_port
 
-from kafka_harness import DaemonProcess, Topics, config_text, kill_leftovers, new_admin_port
-from test_continuous import Model, make_case
-from test_kafka_daemon import dedup
+from continuous_cases import Model, make_case
 
 FILL = ["\U0001d11e", "\u20ac", "\u00e9", "x"]  # 4, 3, 2 and 1 UTF-8 bytes
 LETTERS = string.ascii_letters + string.digits
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_daemons():
-    yield
-    kill_leftovers()
 
 
 def spelled(k: int, size: int) -> str:
@@ -366,11 +360,11 @@ def test_a_checkpoint_keeps_string_ids_whole_and_an_empty_graphs_kind(tmp_path):
 
     g0 = initial_graph("", "string")
     assert g0.str_ids and g0.n == 0
-    pipe = Pipeline(g0, threaded=False)
+    pipe = Pipeline(g0, engine=CpuEngine(g0), threaded=False)
     long = "\u20ac" * 85  # 255 bytes
     pipe.run(iter(decode_updates(Record("in", 0, 0, f"e a {long}\ne {long} b".encode()), "text", True)),
              lambda result: None)
-    for state in (Pipeline(g0, threaded=False).graph_state(), pipe.graph_state()):
+    for state in (Pipeline(g0, engine=CpuEngine(g0), threaded=False).graph_state(), pipe.graph_state()):
         folder = write_checkpoint(tmp_path / str(len(state.ext_ids)), state, {"seq": state.seq})
         g = read_checkpoint(folder.parent).graph
         assert g.str_ids and g.ext_ids.tolist() == state.ext_ids and g.ext_ids.dtype == object

@@ -18,10 +18,10 @@ from csmd.service.consume import ConsumeLoop
 from csmd.service.context import DaemonContext, Intake
 from csmd.service.control import ControlPlane, Queries
 from csmd.service.delivery import DeliveryTracker
-from csmd.service.logs import get_logger
+from csmd.logs import get_logger
 from csmd.service.output import DeadLetters
 
-from test_stream_reader import ODD, PLAIN
+from helpers import ODD, PLAIN
 
 # records a stream file never has: one plain line with line breaks or blanks around it (one update, named
 # by its record, as decode_updates names a record's only update), several lines, JSON, declared types

@@ -18,28 +18,14 @@ import pytest
 
 from csmd.errors import CsmdError
 from csmd.model.formats import read_graph, read_query
+from csmd.testing.kafka import (HUMAN, QUERIES, DaemonProcess, Topics, daemon_config, dedup, expected_totals,
+                                human_lines, metric, rows_of)
 
-from kafka_harness import (HUMAN, QUERIES, DaemonProcess, Topics, config_text, dedup, expected_totals, human_lines,
-                           kill_leftovers, metric, new_admin_port, reference, rows_of)  # noqa: F401 (a fixture)
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_daemons():
-    yield
-    kill_leftovers()
-
-
-def start(tmp_path, kafka_bootstrap, queries=QUERIES, *, checkpoint=False, **overrides):
-    t = Topics(kafka_bootstrap)
-    port = new_admin_port()
-    cfg = tmp_path / "d.toml"
-    cfg.write_text(config_text(t, queries, admin_port=port, checkpoint_dir=tmp_path / "ckpt" if checkpoint else None,
-                               **overrides))
-    return t, cfg, port
+from helpers import arrow_message
 
 
 def test_end_to_end_totals_match_expected_counts(tmp_path, kafka_bootstrap, reference):
-    t, cfg, port = start(tmp_path, kafka_bootstrap, topics={"max_message_bytes": 20000})
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, topics={"max_message_bytes": 20000})
     d = DaemonProcess(cfg, tmp_path / "d.log", port)
     lines = human_lines()
     t.produce(t.input, lines)
@@ -73,7 +59,7 @@ def test_records_of_several_lines_give_the_same_deltas_and_ids_by_record_and_lin
     it) and numbers the query's deltas of that record in update order (index)."""
     import random
 
-    t, cfg, port = start(tmp_path, kafka_bootstrap)
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap)
     d = DaemonProcess(cfg, tmp_path / "d.log", port)
     rng = random.Random(3)
     lines, records, where = human_lines(), [], []  # where[seq]: (record offset, its line in the record)
@@ -108,7 +94,7 @@ def test_records_of_several_lines_give_the_same_deltas_and_ids_by_record_and_lin
 
 @pytest.mark.parametrize("checkpoint", [True, False], ids=["checkpoint", "no-checkpoint"])
 def test_kill_9_mid_stream_loses_nothing(tmp_path, kafka_bootstrap, reference, checkpoint):
-    t, cfg, port = start(tmp_path, kafka_bootstrap, checkpoint=checkpoint)
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, checkpoint=checkpoint)
     lines = human_lines()
     d = DaemonProcess(cfg, tmp_path / "d1.log", port)
     t.produce(t.input, lines[:1500])
@@ -132,7 +118,7 @@ def test_kill_9_mid_stream_loses_nothing(tmp_path, kafka_bootstrap, reference, c
 
 
 def test_sigterm_drains_and_a_restart_sends_no_duplicates(tmp_path, kafka_bootstrap, reference):
-    t, cfg, port = start(tmp_path, kafka_bootstrap)
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap)
     lines = human_lines()
     d = DaemonProcess(cfg, tmp_path / "d1.log", port)
     t.produce(t.input, lines[:2000])
@@ -150,11 +136,11 @@ def test_sigterm_drains_and_a_restart_sends_no_duplicates(tmp_path, kafka_bootst
 
 
 def test_bad_records_go_to_the_dead_letter_topic(tmp_path, kafka_bootstrap, reference):
-    t, cfg, port = start(tmp_path, kafka_bootstrap, topics={"max_message_bytes": 200_000})
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, topics={"max_message_bytes": 200_000})
     d = DaemonProcess(cfg, tmp_path / "d.log", port)
     lines = human_lines()
-    bad_arrow = _arrow({"src": pa.array([1]), "dst": pa.array([2])})
-    flipped = bytearray(_arrow({"op": pa.array(["e"]), "u": pa.array([1]), "v": pa.array([2])}))
+    bad_arrow = arrow_message({"src": pa.array([1]), "dst": pa.array([2])})
+    flipped = bytearray(arrow_message({"op": pa.array(["e"]), "u": pa.array([1]), "v": pa.array([2])}))
     flipped[flipped.index(b"\x00\x00\x00\x00\x01\x00\x00\x00e") + 7] = 14  # offsets past the data: a crash if read
     huge = b"x" * 300_000  # its reason quotes it; it and its bytes are cut to fit the dead-letter topic
     bad = {
@@ -202,24 +188,16 @@ def _json_update(line: str) -> dict:
     return {"op": op, "u": int(u), "v": int(v), "label": int(lab[0]) if lab else 0}
 
 
-def _arrow(columns: dict) -> bytes:
-    sink = pa.BufferOutputStream()
-    batch = pa.record_batch(columns)
-    with ipc.new_stream(sink, batch.schema) as w:
-        w.write_batch(batch)
-    return sink.getvalue().to_pybytes()
-
-
 def _arrow_updates(lines) -> bytes:
     ups = [_json_update(ln) for ln in lines]
-    return _arrow({k: pa.array([u[k] for u in ups]) for k in ("op", "u", "v", "label")})
+    return arrow_message({k: pa.array([u[k] for u in ups]) for k in ("op", "u", "v", "label")})
 
 
 def test_control_changes_take_effect_at_a_well_defined_update_and_survive_restarts(tmp_path, kafka_bootstrap,
                                                                                      reference):
     from csmd.cli import main as csmd
 
-    t, cfg, port = start(tmp_path, kafka_bootstrap, queries=["Q_1"])
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, queries=["Q_1"])
     lines = human_lines()
     d = DaemonProcess(cfg, tmp_path / "d1.log", port)
     t.produce(t.input, lines[:1200])
@@ -297,7 +275,7 @@ def test_a_control_topic_not_the_checkpoints_is_read_from_its_start(tmp_path, ka
     admin call waited for its request in vain)."""
     from csmd.cli import main as csmd
 
-    t, cfg, port = start(tmp_path, kafka_bootstrap, queries=["Q_1"], checkpoint=True)
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, queries=["Q_1"], checkpoint=True)
     d = DaemonProcess(cfg, tmp_path / "d1.log", port)
     for q in ("Q_2", "Q_3"):  # offsets 0 to 3 of the first control topic: two requests, two applied records
         assert csmd(["admin", "--url", d.url, "add", "--query", str(HUMAN / "queries" / f"{q}.graph")]) == 0
@@ -325,11 +303,11 @@ def test_admin_match_stats_and_backpressure(tmp_path, kafka_bootstrap, capsys):
     """A one-shot query against the live graph equals `csmd match` on the same graph as a file;
     a tiny pending limit pauses the consumer, is never passed, and loses nothing."""
     from csmd.cli import main as csmd
-    from csmd.service.admin import call
+    from csmd.jobs.match import run_query
     from csmd.model.graph import Graph
-    from csmd.cli.match import run_query
+    from csmd.service.admin import call
 
-    t, cfg, port = start(tmp_path, kafka_bootstrap, queries=["Q_1"],
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, queries=["Q_1"],
                          pipeline={"max_pending_records": 40, "batch_size": 16})
     d = DaemonProcess(cfg, tmp_path / "d.log", port)
     lines = human_lines()
@@ -377,7 +355,7 @@ def test_admin_match_stats_and_backpressure(tmp_path, kafka_bootstrap, capsys):
 
 def test_transactions_publish_exactly_the_deltas(tmp_path, kafka_bootstrap, reference):
     """Deltas and offsets commit together; a stop and restart in the middle publishes no duplicates."""
-    t, cfg, port = start(tmp_path, kafka_bootstrap, delivery={"commit_interval_ms": 100},
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, delivery={"commit_interval_ms": 100},
                          kafka={"transactions": True, "transactional_id": f"tx-{time.time_ns()}"})
     lines = human_lines()
     d = DaemonProcess(cfg, tmp_path / "d1.log", port)

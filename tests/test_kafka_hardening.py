@@ -16,22 +16,16 @@ import time
 from collections import Counter
 
 import pyarrow as pa
-import pytest
 
 from csmd.connectors.broker import EmbeddedBroker, free_port
+from csmd.testing.kafka import (REPO, DaemonProcess, Proxy, Topics, daemon_config, dedup, human_lines, metric, rows_of,
+                                samples)
 
-from kafka_harness import REPO, DaemonProcess, Proxy, Topics, human_lines, kill_leftovers, metric, samples
-from test_kafka_daemon import _arrow, dedup, reference, rows_of, start  # noqa: F401 (reference is a fixture)
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_daemons():
-    yield
-    kill_leftovers()
+from helpers import arrow_message
 
 
 def test_an_idle_bad_record_and_ids_beyond_int64_are_dead_lettered_and_never_sent_twice(tmp_path, kafka_bootstrap):
-    t, cfg, port = start(tmp_path, kafka_bootstrap, checkpoint=True)
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, checkpoint=True)
     d = DaemonProcess(cfg, tmp_path / "d1.log", port)
     t.produce(t.input, ["x 1 2 0"])  # the first record after the start, read while nothing else is pending
     d.wait_offset(1)
@@ -40,7 +34,7 @@ def test_an_idle_bad_record_and_ids_beyond_int64_are_dead_lettered_and_never_sen
         b"x 1 2 0": "unknown op 'x'",
         f"e 1 {big}".encode(): "out of range",
         json.dumps({"op": "e", "u": 1, "v": big}).encode(): "out of range",
-        _arrow({"op": pa.array(["e"]), "u": pa.array([1], pa.uint64()), "v": pa.array([big], pa.uint64())}):
+        arrow_message({"op": pa.array(["e"]), "u": pa.array([1], pa.uint64()), "v": pa.array([big], pa.uint64())}):
             "out of range",
     }
     lines = human_lines()[:1000] + ["e -5 -6", "e -6 -7 1"]  # negative ids are int64 ids like any other
@@ -69,7 +63,7 @@ def test_an_idle_bad_record_and_ids_beyond_int64_are_dead_lettered_and_never_sen
 
 def test_committed_offsets_never_go_back_after_a_restart_from_an_older_checkpoint(tmp_path, kafka_bootstrap,
                                                                                   reference):  # noqa: F811
-    t, cfg, port = start(tmp_path, kafka_bootstrap, checkpoint=True)
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, checkpoint=True)
     cfg.write_text(cfg.read_text().replace("interval_s = 0.5", "interval_s = 3600"))  # at shutdown only
     group = f"g-{t.input}"
     lines = human_lines()
@@ -109,7 +103,7 @@ def test_a_failed_delivery_stops_the_daemon_in_bounded_time_and_a_restart_delive
     port = free_port()
     with EmbeddedBroker(log_path=tmp_path / "broker.log", advertise=port) as broker:
         proxy = Proxy(port, broker.port).start()
-        t, cfg, admin = start(tmp_path, f"127.0.0.1:{port}", delivery={"timeout_s": 2.0})
+        t, cfg, admin = daemon_config(tmp_path, f"127.0.0.1:{port}", delivery={"timeout_s": 2.0})
         lines = human_lines()
         t.produce(t.input, lines)
         d = DaemonProcess(cfg, tmp_path / "d1.log", admin)
@@ -143,7 +137,7 @@ def test_health_says_when_the_broker_is_unreachable_and_when_it_is_back(tmp_path
     port = free_port()
     with EmbeddedBroker(log_path=tmp_path / "broker.log", advertise=port) as broker:
         proxy = Proxy(port, broker.port).start()
-        t, cfg, admin = start(tmp_path, f"127.0.0.1:{port}")
+        t, cfg, admin = daemon_config(tmp_path, f"127.0.0.1:{port}")
         lines = human_lines()
         d = DaemonProcess(cfg, tmp_path / "d.log", admin)
 
@@ -176,7 +170,7 @@ def test_health_says_when_the_broker_is_unreachable_and_when_it_is_back(tmp_path
 
 def test_a_checkpoint_beyond_the_end_of_the_topic_is_refused_with_the_setting_that_resolves_it(
         tmp_path, kafka_bootstrap):
-    t, cfg, port = start(tmp_path, kafka_bootstrap, queries=["Q_1"], checkpoint=True)
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, queries=["Q_1"], checkpoint=True)
     lines = human_lines()
     d = DaemonProcess(cfg, tmp_path / "d1.log", port)
     t.produce(t.input, lines[:200])
@@ -198,7 +192,7 @@ def test_a_checkpoint_beyond_the_end_of_the_topic_is_refused_with_the_setting_th
 
 
 def test_an_uncaught_exception_is_a_log_record_in_the_log_format():
-    code = ("from csmd.service.logs import setup_logging\nsetup_logging('json')\n"
+    code = ("from csmd.logs import setup_logging\nsetup_logging('json')\n"
             "import threading\nt = threading.Thread(target=lambda: 1 / 0)\nt.start()\nt.join()\nraise RuntimeError('boom')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     records = [json.loads(line) for line in out.stderr.splitlines()]
@@ -209,7 +203,7 @@ def test_an_uncaught_exception_is_a_log_record_in_the_log_format():
 def test_every_metric_the_readme_lists_is_on_metrics_from_the_start(tmp_path, kafka_bootstrap):
     """Item 12: prometheus-client metrics; each listed series exists before the first record,
     counters at 0, with the process metrics beside them."""
-    t, cfg, port = start(tmp_path, kafka_bootstrap, queries=["Q_1", "Q_2"])
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, queries=["Q_1", "Q_2"])
     d = DaemonProcess(cfg, tmp_path / "d.log", port)
     text = d.get("/metrics")
     readme = (REPO / "docs" / "daemon.md").read_text()

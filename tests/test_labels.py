@@ -19,18 +19,12 @@ from csmd.model.labels import LabelNames
 from csmd.service.admin import call
 from csmd.service.config import load_config
 from csmd.service.control import control_request
+from csmd.testing.kafka import HUMAN, DaemonProcess, Topics, config_text, new_admin_port
 
-from test_daemon_parts import _arrow
-from kafka_harness import HUMAN, DaemonProcess, Topics, config_text, kill_leftovers, new_admin_port
+from helpers import arrow_message
 
 NAMES = LabelNames({"account": 0, "device": 1, "card": 2}, {"transfer": 0, "login": 1})
 QUERIES = ["Q_1", "Q_5", "Q_8"]
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_daemons():
-    yield
-    kill_leftovers()
 
 
 def _named(text: str, vertex: dict, edge: dict) -> str:
@@ -147,14 +141,16 @@ def test_records_and_control_queries_take_names():
     text = b"v 5 device\ne 5 6 login\n-e 5 6 transfer\ne 5 7 3\n"
     js = json.dumps([{"op": "v", "u": 5, "label": "device"}, {"op": "e", "u": 5, "v": 6, "label": "login"},
                      {"op": "-e", "u": 5, "v": 6, "label": "transfer"}, {"op": "e", "u": 5, "v": 7, "label": 3}])
-    arrow = _arrow(op=["v", "e", "-e", "e"], u=[5, 5, 5, 5], v=[None, 6, 6, 7], label=["device", "login", "transfer", "3"])
+    arrow = arrow_message(dict(op=["v", "e", "-e", "e"], u=[5, 5, 5, 5], v=[None, 6, 6, 7],
+                               label=["device", "login", "transfer", "3"]))
     for value in (text, js.encode(), arrow):
         got = decode_updates(Record("in", 0, 1, value), labels=NAMES) if value is not arrow else None
         if value is arrow:  # a string column is names only: "3" is not one
             with pytest.raises(BadRecord, match="row 3: unknown edge label '3'"):
                 decode_updates(Record("in", 0, 1, value), labels=NAMES)
-            got = decode_updates(Record("in", 0, 1, _arrow(op=["v", "e", "-e"], u=[5, 5, 5], v=[None, 6, 6],
-                                                          label=["device", "login", "transfer"])), labels=NAMES)
+            three = arrow_message(dict(op=["v", "e", "-e"], u=[5, 5, 5], v=[None, 6, 6],
+                                       label=["device", "login", "transfer"]))
+            got = decode_updates(Record("in", 0, 1, three), labels=NAMES)
             assert [(u.op, u.u, u.v, u.label) for u in got] == want[:3]
             continue
         assert [(u.op, u.u, u.v, u.label) for u in got] == want
@@ -203,7 +199,7 @@ def test_the_daemon_reads_names_in_its_graph_queries_records_and_admin_requests(
 
 
 def _json_rows_of_replay(root) -> dict:
-    from csmd.cli.replay import replay
+    from csmd.jobs.replay import replay
     from csmd.model.formats import read_graph, read_query
 
     names = LabelNames.load(root / "labels.toml")

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from csmd.model.plan import anchor_order, greedy_orders, order_from_sizes, query_adjacency, two_core
-from test_random_static import random_connected_query, to_graph
+
+from static_cases import random_connected_query, to_graph
 
 
 def random_query(seed: int):

@@ -1,17 +1,16 @@
 """Randomized tests of the static CPU matcher against independent truth.
 
 Truth comes from two places that share no code with csmd:
-  * `brute_force` below: plain Python backtracking over injective maps with
+  * `brute_force` (brute.py): plain Python backtracking over injective maps with
     vertex-label and edge-label checks (non-induced; automorphic embeddings are
     separate matches, GUIDE section 1);
   * networkx's GraphMatcher monomorphism enumeration.
 
-Every case is seeded: a failure names the seed, and `make_case(seed)` rebuilds it.
+Every case is seeded (static_cases.py): a failure names the seed, and `make_case(seed)` rebuilds it.
 """
 
 from __future__ import annotations
 
-import json
 import random
 
 import networkx as nx
@@ -20,73 +19,17 @@ import pyarrow.ipc as ipc
 import pytest
 from networkx.algorithms.isomorphism import GraphMatcher
 
-from csmd import cli
 from csmd.cpu import compiled, matcher
-from csmd.model.graph import Graph
 from csmd.model.plan import plan_query, symmetry_constraints
 
+from brute import adjacency, brute_force
+from static_cases import ext_of, make_case, run_cli, to_graph, write_graph_file, write_query_file
+
 NUM_CASES = 300
-MAX_TRUTH = 20_000  # cases whose embedding count exceeds this are redrawn (brute force stays fast)
 NX_MAX = 4_000  # networkx cross-check only below this many embeddings (it is the slowest part)
 
 
 # ---- independent truth ---------------------------------------------------------------
-class TooMany(Exception):
-    pass
-
-
-def brute_force(gadj, glab, qadj, qlab, max_count=None):
-    """All embeddings of q in g as tuples (column u = data vertex of query vertex u).
-
-    gadj / qadj: list of dict neighbor -> edge label; glab / qlab: vertex labels.
-    Query vertices are placed in BFS order; the candidates of a vertex are the data
-    neighbors of one placed query neighbor's image, the one with the fewest (all data
-    vertices for the root), and every candidate is checked for label, injectivity and
-    every query edge back to the vertices already placed (with its edge label).
-    """
-    nq = len(qlab)
-    order, seen = [0], {0}
-    for u in order:
-        for w in sorted(qadj[u]):
-            if w not in seen:
-                seen.add(w)
-                order.append(w)
-    assert len(order) == nq, "query must be connected"
-    back = [[(w, el) for w, el in qadj[u].items() if w in order[:i]] for i, u in enumerate(order)]
-    f = [-1] * nq
-    used = set()
-    out = set()
-
-    def rec(i):
-        if i == nq:
-            out.add(tuple(f))
-            if max_count is not None and len(out) > max_count:
-                raise TooMany
-            return
-        u = order[i]
-        pool = min((gadj[f[w]] for w, _ in back[i]), key=len) if i else range(len(glab))
-        for v in pool:
-            if v in used or glab[v] != qlab[u]:
-                continue
-            if all(gadj[v].get(f[w]) == el for w, el in back[i]):
-                f[u] = v
-                used.add(v)
-                rec(i + 1)
-                used.discard(v)
-        f[u] = -1
-
-    rec(0)
-    return out
-
-
-def adjacency(n, edges):
-    adj = [dict() for _ in range(n)]
-    for a, b, el in edges:
-        adj[a][b] = el
-        adj[b][a] = el
-    return adj
-
-
 def networkx_embeddings(gadj, glab, qadj, qlab):
     def build(adj, lab):
         G = nx.Graph()
@@ -111,112 +54,6 @@ def networkx_embeddings(gadj, glab, qadj, qlab):
 
 
 # ---- random cases ------------------------------------------------------------------
-def random_graph(rng: random.Random, kind: str):
-    n = rng.randint(8, 40)
-    nlabels = rng.randint(1, 4)
-    nelabels = 2 if kind == "elabel" or rng.random() < 0.2 else 1
-    labels = [rng.randrange(nlabels) for _ in range(n)]
-    p = {"sparse": rng.uniform(0.05, 0.15), "dense": rng.uniform(0.3, 0.6)}.get(kind, rng.uniform(0.08, 0.3))
-    edges = {}
-    for a in range(n):
-        for b in range(a + 1, n):
-            if rng.random() < p:
-                edges[(a, b)] = rng.randrange(nelabels)
-    if kind == "hub":
-        for h in rng.sample(range(n), rng.randint(1, 3)):
-            for v in range(n):
-                if v != h and rng.random() < 0.9:
-                    edges.setdefault((min(h, v), max(h, v)), rng.randrange(nelabels))
-    return labels, [(a, b, el) for (a, b), el in edges.items()], nlabels, nelabels
-
-
-def random_connected_query(rng: random.Random, k: int, nlabels: int, nelabels: int):
-    labels = [rng.randrange(nlabels + (1 if rng.random() < 0.1 else 0)) for _ in range(k)]
-    edges = {}
-    for v in range(1, k):  # random tree, then extra edges
-        edges[(rng.randrange(v), v)] = rng.randrange(nelabels)
-    for a in range(k):
-        for b in range(a + 1, k):
-            if (a, b) not in edges and rng.random() < 0.25:
-                edges[(a, b)] = rng.randrange(nelabels)
-    return labels, [(a, b, el) for (a, b), el in edges.items()]
-
-
-def extracted_query(rng: random.Random, k: int, glabels, gadj):
-    """A connected subgraph of the data graph (so the count is at least 1), relabelled 0..k-1."""
-    start = rng.randrange(len(glabels))
-    if not gadj[start]:
-        return None
-    chosen, tree = [start], []
-    while len(chosen) < k:
-        frontier = [(a, b) for a in chosen for b in gadj[a] if b not in chosen]
-        if not frontier:
-            break
-        a, b = rng.choice(frontier)
-        chosen.append(b)
-        tree.append((a, b))
-    if len(chosen) < 2:
-        return None
-    pos = {v: i for i, v in enumerate(chosen)}
-    keep = {frozenset(e) for e in tree}
-    for a in chosen:  # some of the other edges inside the chosen set
-        for b in gadj[a]:
-            if b in pos and pos[a] < pos[b] and rng.random() < 0.5:
-                keep.add(frozenset((a, b)))
-    # shuffle the query's vertex numbering so query vertex 0 is not always the seed
-    perm = list(range(len(chosen)))
-    rng.shuffle(perm)
-    labels = [0] * len(chosen)
-    for v, i in pos.items():
-        labels[perm[i]] = glabels[v]
-    edges = []
-    for e in keep:
-        a, b = tuple(e)
-        edges.append((perm[pos[a]], perm[pos[b]], gadj[a][b]))
-    return labels, edges
-
-
-KINDS = ["sparse", "medium", "dense", "hub", "elabel"]
-
-
-def make_case(seed: int):
-    """(graph labels, graph edges, query labels, query edges, truth set), deterministic in seed."""
-    rng = random.Random(seed)
-    kind = KINDS[seed % len(KINDS)]
-    while True:
-        glabels, gedges, nlabels, nelabels = random_graph(rng, kind)
-        gadj = adjacency(len(glabels), gedges)
-        k = rng.randint(2, 7)
-        q = extracted_query(rng, k, glabels, gadj) if rng.random() < 0.65 else None
-        if q is None:
-            q = random_connected_query(rng, k, nlabels, nelabels)
-        qlabels, qedges = q
-        qadj = adjacency(len(qlabels), qedges)
-        try:
-            truth = brute_force(gadj, glabels, qadj, qlabels, MAX_TRUTH)
-        except TooMany:
-            continue
-        return kind, glabels, gedges, qlabels, qedges, truth
-
-
-def to_graph(labels, edges, rng=None, ext_ids=None) -> Graph:
-    src = [a for a, _, _ in edges]
-    dst = [b for _, b, _ in edges]
-    els = [el for _, _, el in edges]
-    if rng is not None:
-        # orientation must not matter; add self-loops (ignored) and repeats after
-        # the first occurrence (first wins) to exercise from_edges' cleanup
-        for i in range(len(src)):
-            if rng.random() < 0.5:
-                src[i], dst[i] = dst[i], src[i]
-        for _ in range(rng.randint(0, 3)):
-            v = rng.randrange(len(labels))
-            src.append(v), dst.append(v), els.append(1)
-        for i in rng.sample(range(len(edges)), min(3, len(edges))):
-            src.append(dst[i]), dst.append(src[i]), els.append(els[i] + 5)
-    return Graph.from_edges(labels, src, dst, els if edges else None, ext_ids)
-
-
 # the static searches of the compiled and the numpy CPU engine, each against the truth
 SEARCHES = {"cpu": compiled.search, "numpy": matcher.search}
 
@@ -365,44 +202,6 @@ def test_hub_ranges_split(name, search):
 
 
 # ---- end to end through the CLI ------------------------------------------------------------
-def ext_of(i: int) -> int:
-    return 100 + 3 * i
-
-
-def write_graph_file(path, labels, edges, rng, ext=ext_of):
-    """`t N M` format, vertices in shuffled order with external ids ext(i)."""
-    order = list(range(len(labels)))
-    rng.shuffle(order)
-    deg = [0] * len(labels)
-    for a, b, _ in edges:
-        deg[a] += 1
-        deg[b] += 1
-    lines = [f"t {len(labels)} {len(edges)}"]
-    lines += [f"v {ext(v)} {labels[v]} {deg[v]}" for v in order]
-    lines += [f"e {ext(a)} {ext(b)} {el}" if el or rng.random() < 0.5 else f"e {ext(b)} {ext(a)}"
-              for a, b, el in edges]
-    path.write_text("\n".join(lines) + "\n")
-
-
-def write_query_file(path, labels, edges):
-    deg = [0] * len(labels)
-    for a, b, _ in edges:
-        deg[a] += 1
-        deg[b] += 1
-    lines = [f"t {len(labels)} {len(edges)}"]
-    lines += [f"v {u} {labels[u]} {deg[u]}" for u in range(len(labels))]
-    lines += [f"e {a} {b} {el}" for a, b, el in edges]
-    path.write_text("\n".join(lines) + "\n")
-
-
-def run_cli(capsys, argv):
-    capsys.readouterr()
-    rc = cli.main(argv)
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
-
-
 def read_matches(path):
     table = ipc.open_file(str(path)).read_all()
     assert table.column_names == ["query", "index", "vertices"]

@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from kafka_harness import REPO, DaemonProcess, Topics, kill_leftovers, new_admin_port
+from csmd.testing.kafka import REPO, DaemonProcess, Topics, kill_leftovers, new_admin_port
 
 
 def test_the_readme_example_prints_one_alert_naming_the_transaction_that_closed_the_ring(tmp_path, kafka_bootstrap):

@@ -13,13 +13,7 @@ from csmd.connectors.files import FileSource
 from csmd.connectors.records import BadRecord, decode_updates
 from csmd.model.formats import UpdateBlock
 
-PLAIN = ["e {a} {b}", "e {a} {b} {l}", "-e {a} {b}", "-e {a} {b} {l}", "v {a} {l}", "-v {a}", "\te\t{a}  {b}\t{l} ",
-         "e {a} {b} {l}\r", "  ", "", "# a comment", "   #e 1 2", "v {a} -0", "e 000{a} -0 00{l}"]
-ODD = ["e {a}", "e {a} {b} {l} 7", "x {a} {b}", "e +{a} {b}", "e {a} {b} -{l}", "e {a} {b} 2147483648",
-       "e 9223372036854775807 {b}", "e -9223372036854775808 {b}", "e 9223372036854775808 {b}",
-       "e 1234567890123456789 {b}", "v {a}", "-v {a} {b}", "e {a}\x0c{b}", "e {a} {b}\x85", "e {a} ½",
-       "{{\"op\": \"e\"}}", "e- {a} {b}", "ev {a} {b}", "e {a} - {b}", "e {a} {b} 0x1", "e {a}_1 {b}", "-",
-       "e\x0b{a} {b}", "e {a} {b}\udcff"]  # \udcff: the byte 0xff, not UTF-8
+from helpers import ODD, PLAIN
 
 
 def random_file(path, rng: random.Random, lines: int) -> None:

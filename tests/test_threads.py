@@ -15,9 +15,10 @@ from csmd.errors import CsmdError
 from csmd.model.formats import read_graph, read_query
 from csmd.model.plan import plan_query
 from csmd.service.config import load_config
-from test_continuous import delta_file, make_case
-from test_random_static import make_case as static_case
-from test_random_static import to_graph
+
+from continuous_cases import delta_file, make_case
+from static_cases import make_case as static_case
+from static_cases import to_graph
 
 
 @pytest.mark.parametrize("seed", range(400, 408))

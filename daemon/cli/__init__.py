@@ -12,14 +12,10 @@ from pathlib import Path
 from csmd import STARTED
 from csmd.engines import BACKENDS, resolve_backend
 from csmd.errors import CsmdError, InputError, missing
+from csmd.jobs import COUNT_ONLY_REPLAY_BATCH
 from csmd.model.formats import ID_KINDS, MAX_ID_BYTES
 from csmd.pipeline.stages import DEFAULT_BATCH_SIZE
 
-
-# A count-only replay holds no rows per batch, so it takes large batches: the deltas are the same
-# whatever the batch size, and the per-batch costs (copy-on-write versions, Python) fall with fewer
-# batches (human stream, compiled engine: 9 -> 1.1 us per update from 64 to 4096)
-COUNT_ONLY_REPLAY_BATCH = 4096
 ADD_ESTIMATE_SECONDS = 2.0  # `admin add --estimate`: an indication, not a measurement to wait for
 NOTE_AFTER_SECONDS = 5.0  # `admin match`: a wait this long gets a line saying why it may last
 
@@ -89,9 +85,9 @@ def _labels_option(p: argparse.ArgumentParser) -> None:
 
 def cmd_match(args) -> int:
     from csmd.model.arrow_writer import MatchFile
+    from csmd.jobs.match import run_queries
+    from csmd.jobs.progress import Progress
     from csmd.model.formats import initial_graph, query_files, read_query
-    from csmd.cli.progress import Progress
-    from csmd.cli.match import run_queries
 
     backend = resolve_backend(args.backend)
     _check_output(args.output)
@@ -125,8 +121,9 @@ def cmd_match(args) -> int:
 
 
 def cmd_estimate(args) -> int:
+    from csmd.engines import sampler_backend
+    from csmd.jobs.estimate import run_estimate
     from csmd.model.formats import query_files, read_graph, read_query
-    from csmd.cli.estimate import run_estimate, sampler_backend
 
     if args.directed and args.backend == "gpu":
         raise CsmdError("--backend gpu: the GPU sampler does not estimate directed graphs yet; use --backend cpu or auto")
@@ -159,8 +156,8 @@ def _interval_text(res: dict) -> str:
 
 
 def cmd_replay(args) -> int:
+    from csmd.jobs.replay import replay
     from csmd.model.formats import initial_graph, query_files, read_query
-    from csmd.cli.replay import replay
 
     if args.count_only and args.output:
         raise CsmdError("--output writes the matches of each delta; it cannot be combined with --count-only")
@@ -194,7 +191,7 @@ def cmd_replay(args) -> int:
 
 def cmd_run(args) -> int:
     from csmd.service.config import load_config
-    from csmd.service.logs import setup_logging
+    from csmd.logs import setup_logging
     from csmd.service.daemon import run_daemon
 
     cfg = load_config(args.config)
@@ -236,7 +233,7 @@ def cmd_admin(args) -> int:
                            "search kernels first (numba, about 20 s, once)"):
             res = call(url, "POST", "/match", body, timeout=(args.time_limit or 3600) + 30)
     elif args.action == "estimate":
-        from csmd.cli.estimate import DEFAULT_TIME_LIMIT
+        from csmd.jobs.estimate import DEFAULT_TIME_LIMIT
 
         body = {"name": args.query.stem, "query": _read_text(args.query), "method": args.method,
                 "samples": args.samples, "rel_error": args.rel_error, "time_limit": args.time_limit, "seed": args.seed,
@@ -321,12 +318,19 @@ def _estimate_options(p: argparse.ArgumentParser) -> None:
 
 class _Version(argparse.Action):
     """--version, reading the installed version only when asked: importlib.metadata costs every
-    other command some 20 ms of start-up."""
+    other command some 20 ms of start-up. Run from a source tree that was never installed
+    (PYTHONPATH), there is no installed version: the package's own, marked +source."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from importlib.metadata import version
+        from importlib.metadata import PackageNotFoundError, version
 
-        print(f"csmd {version('csmd')}")  # on stdout, as argparse's own version action prints
+        try:
+            text = version("csmd")
+        except PackageNotFoundError:
+            from csmd import __version__
+
+            text = f"{__version__}+source"
+        print(f"csmd {text}")  # on stdout, as argparse's own version action prints
         parser.exit()
 
 

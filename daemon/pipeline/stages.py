@@ -44,13 +44,13 @@ from typing import NamedTuple
 import numpy as np
 
 from csmd.engine import ContinuousEngine, QueryDeltas, UpdateBatch
+from csmd.latency import LatencyHistogram
 from csmd.model.direction import arcs_of
 from csmd.model.formats import Update, UpdateBlock
 from csmd.model.graph import Graph, id_array
 from csmd.pipeline.gc import GarbageCollector
 from csmd.pipeline.queries import canonical, continuous_query, vertex_matches
 from csmd.pipeline.sequencer import Sequencer, Vertices
-from csmd.service.latency import LatencyHistogram
 
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_BATCH_WAIT = 0.000125  # seconds: 0.125 ms
@@ -174,7 +174,7 @@ def _joined(parts: list, blocks: int) -> list[Update] | UpdateBlock:
 class Pipeline:
     """GU/EX/GC of one engine's multi-version graph, for the queries registered on it.
 
-    engine: a ContinuousEngine holding g0 (default: the CPU engine). retired marks the
+    engine: a ContinuousEngine holding g0 (engines.py chooses it). retired marks the
     vertices of g0 that were deleted (a restored checkpoint). executor_lag holds the
     executor back until that many later batches were applied (a test switch that forces
     GU/EX overlap; queue_depth must exceed it).
@@ -187,14 +187,10 @@ class Pipeline:
     batches stay at batch_size and a record waits for no other.
     """
 
-    def __init__(self, g0: Graph, *, engine: ContinuousEngine | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+    def __init__(self, g0: Graph, *, engine: ContinuousEngine, batch_size: int = DEFAULT_BATCH_SIZE,
                  batch_wait: float = DEFAULT_BATCH_WAIT, queue_depth: int = 4, threaded: bool = True,
                  first_seq: int = 0, retired: np.ndarray | None = None, executor_lag: int = 0,
                  max_batch: int | None = None):
-        if engine is None:
-            from csmd.cpu.engine import CpuEngine
-
-            engine = CpuEngine(g0)
         self.engine = engine
         self.vertices = Vertices(g0, retired)
         self.directed = g0.directed

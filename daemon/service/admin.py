@@ -159,7 +159,7 @@ def _query(body: dict, labels):
 
 
 def _match(daemon, body: dict) -> dict:
-    from csmd.cli.match import run_query
+    from csmd.jobs.match import run_query
 
     name, q = _query(body, daemon.labels)
     g, seq = daemon.live_graph()
@@ -171,7 +171,8 @@ def _match(daemon, body: dict) -> dict:
 def _estimate(daemon, body: dict) -> dict:
     """The sampler runs where the daemon's engine runs, on the host copy of the live graph at `seq`
     (on the GPU engine, its candidate graph built on the device or uploaded, whichever is faster)."""
-    from csmd.cli.estimate import run_estimate, sampler_backend
+    from csmd.engines import sampler_backend
+    from csmd.jobs.estimate import run_estimate
 
     name, q = _query(body, daemon.labels)
     if body.get("samples") is not None and body.get("rel_error") is not None:

@@ -34,6 +34,7 @@ from csmd.connectors.kafka import KafkaSink, KafkaSource, client_config, ensure_
 from csmd.connectors.records import load_scanner
 from csmd.engines import continuous_engine, resolve_backend, warm_once
 from csmd.errors import CsmdError
+from csmd.logs import get_logger
 from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.sequencer import IGNORED_REASONS
@@ -46,7 +47,6 @@ from csmd.service.consume import Backpressure, ConsumeLoop
 from csmd.service.context import STOP, DaemonContext, Intake
 from csmd.service.control import ControlPlane, Queries, QueryChange
 from csmd.service.delivery import DeliveryTracker
-from csmd.service.logs import get_logger
 from csmd.service.output import DeadLetters, Output, Publisher, warm_output
 from csmd.service.restore import read_local, start_state
 

@@ -20,8 +20,8 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, P
                                disable_created_metrics, generate_latest)
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
+from csmd.latency import _NB, LatencyHistogram
 from csmd.pipeline.sequencer import IGNORED_REASONS
-from csmd.service.latency import _NB, LatencyHistogram
 
 disable_created_metrics()  # a `_created` twin of every counter is noise for these users
 

@@ -6,15 +6,14 @@ import time
 
 from csmd.connectors.files import FileSink, FileSource
 from csmd.connectors.records import BadRecord, decode_updates, load_scanner
-from csmd.cli.progress import Progress
 from csmd.engines import continuous_engine, resolve_backend, warm_once
 from csmd.errors import InputError
+from csmd.jobs.progress import Progress
 from csmd.model.formats import MAX_ID_BYTES, UpdateBlock
 from csmd.model.graph import Graph
 from csmd.model.labels import NO_NAMES, LabelNames
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.stages import Pipeline
-
 
 def file_updates(source: FileSource, str_ids: bool = False, max_id_bytes: int = MAX_ID_BYTES,
                  labels: LabelNames = NO_NAMES):

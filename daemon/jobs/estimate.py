@@ -1,37 +1,20 @@
-"""Approximate counts: the work behind `csmd estimate` and `csmd admin estimate`."""
+"""Approximate counts: the work behind `csmd estimate` and `csmd admin estimate` (the sampler of
+each backend is chosen in engines.py)."""
 
 from __future__ import annotations
 
 import time
 
-from csmd.engines import resolve_backend
+from csmd.engines import make_sampler
 from csmd.errors import CsmdError
-from csmd.model.estimate import CONFIDENCE, CandidateGraph, Estimate, block_size, no_candidates, run_rounds
+from csmd.model.estimate import CONFIDENCE, Estimate, block_size, no_candidates, run_rounds
 from csmd.model.graph import Graph
-from csmd.model.plan import Plan, plan_query
+from csmd.model.plan import plan_query
 
 METHODS = ("wj", "alley", "auto")
 DEFAULT_REL_ERROR = 0.05
 DEFAULT_TIME_LIMIT = 10.0
 MAX_SEED = 2**128
-
-
-def sampler_backend(name: str, directed: bool = False) -> str:
-    """The sampler for `--backend name`: "cpu" or "gpu" (auto: the GPU where CuPy sees one; for a
-    directed graph the CPU sampler: the GPU's does not read one yet)."""
-    return "gpu" if not directed and resolve_backend(name) == "gpu" else "cpu"
-
-
-def make_sampler(backend: str, g: Graph, plan: Plan, method: str, seed: int, trawl: int = 0):
-    """The CpuSampler or GpuSampler ("cpu" / "gpu") of one planned query, with its candidate graph
-    (the GPU's built on the device or uploaded, whichever is faster for this graph and plan)."""
-    if backend == "gpu":
-        from csmd.gpu.sampler import GpuSampler, candidates
-
-        return GpuSampler(plan, candidates(g, plan), method, seed, trawl=trawl)
-    from csmd.cpu.sampler import CpuSampler
-
-    return CpuSampler(g, CandidateGraph(g, plan), method, seed, trawl)
 
 
 def stop_rule(samples, rel_error, time_limit) -> tuple:
@@ -54,7 +37,7 @@ def run_estimate(g: Graph, q: Graph, name: str, *, method: str = "auto", samples
     method auto takes Alley: on a tree query both walks draw from the same sets, and on
     a cyclic one Alley's intersected sets fail far less often. `seconds` covers the
     filtering and the sampling; time_limit only the sampling (filtering is not cut short).
-    backend is "cpu" or "gpu" (sampler_backend's answer).
+    backend is "cpu" or "gpu" (engines.sampler_backend's answer).
     """
     if method not in METHODS:
         raise CsmdError(f"method must be one of {', '.join(METHODS)}, not {method!r}")

@@ -1,6 +1,6 @@
 """A fine latency histogram in constant memory: the pipeline's per-record latency, which the
-daemon's metrics (metrics.py) export. Apart from metrics.py so that the pipeline, which every
-`csmd replay` imports, does not import prometheus-client."""
+daemon's metrics (service/metrics.py) export. Below both, so that the pipeline imports nothing of
+the service, and `csmd replay`, which imports the pipeline, does not import prometheus-client."""
 
 from __future__ import annotations
 

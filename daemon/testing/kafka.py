@@ -1,4 +1,5 @@
-"""Running the daemon against a broker in tests: topics, producing, reading deltas back, the process.
+"""Running the daemon against a broker, for the tests and the benchmarks: topics, producing, reading
+deltas back, the process, a cluster of them.
 
 The broker is the embedded one, or the cluster named by KAFKA_BOOTSTRAP.
 """
@@ -19,16 +20,15 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from csmd.cli.replay import replay
 from csmd.connectors.broker import free_port
 from csmd.connectors.kafka import ensure_topics
+from csmd.jobs.replay import replay
 from csmd.model.formats import read_graph, read_query
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the source checkout: daemon/testing/kafka.py
 HUMAN = REPO / "samples" / "human"
 QUIET = {"log_level": 0}
 QUERIES = ["Q_1", "Q_2", "Q_5", "Q_8"]  # the daemon tests' queries, what `reference` replays
@@ -87,12 +87,6 @@ def replay_rows(queries, folder: Path) -> Counter:
     return rows_of(pa.ipc.open_file(str(out)).read_all())
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """Replay's deltas of the human stream for QUERIES (a fixture: import it where it is used)."""
-    return replay_rows(QUERIES, tmp_path_factory.mktemp("ref"))
-
-
 class Topics:
     """Fresh topic names for one test (a shared cluster keeps old ones)."""
 
@@ -145,6 +139,18 @@ class Topics:
         msgs = self.read(self.output, **kw)
         tables = [pa.ipc.open_stream(m.value()).read_all() for m in msgs]
         return pa.concat_tables(tables) if tables else None
+
+
+def daemon_config(tmp_path: Path, bootstrap: str, queries=QUERIES, *, checkpoint: bool = False,
+                  **overrides) -> tuple[Topics, Path, int]:
+    """Fresh topics, an admin port and a config file in tmp_path naming them (queries: of the human
+    sample; checkpoint: to tmp_path/ckpt; overrides: as config_text's): (topics, config, port)."""
+    t = Topics(bootstrap)
+    port = new_admin_port()
+    cfg = tmp_path / "d.toml"
+    cfg.write_text(config_text(t, queries, admin_port=port, checkpoint_dir=tmp_path / "ckpt" if checkpoint else None,
+                               **overrides))
+    return t, cfg, port
 
 
 def config_text(t: Topics, query_names, *, admin_port: int, checkpoint_dir=None, **overrides) -> str:
