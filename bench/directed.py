@@ -1,7 +1,7 @@
 """Directed against undirected matching on the same edges: static counts and a continuous stream.
 
     python bench/directed.py [--scale 20] [--edges 10000000] [--stream 1000000] [--backend cpu]
-                             [--runs 3] [--batch-size 4096]
+                             [--runs 3] [--batch-size 4096] [--check-engines cpu,gpu]
 
 Builds, from a seed, an R-MAT power-law graph (Graph500 quadrant probabilities) whose draws
 are arcs (u, v) with random labels (8 vertex labels, 2 edge labels), holds the last
@@ -18,7 +18,9 @@ to the fifth) and the same shapes undirected:
 - continuous: the stream count-only with the three patterns registered together, updates
   per second (median of --runs), directed and undirected, and the ratio.
 
-Prints one table per part, the sizes and the machine's core count first. A static count
+Prints one table per part, the sizes and the machine's core count first. --check-engines
+instead replays the stream on each engine named, each pattern alone and the three together,
+directed and undirected, and says whether every engine's totals agree. A static count
 past --static-time-limit shows what it had counted, with a +.
 """
 
@@ -109,6 +111,7 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--static-time-limit", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--check-engines", help="engines to compare (comma-separated) instead of timing")
     args = ap.parse_args()
     t0 = time.perf_counter()
     n, vlabels, src, dst, el, lines = workload(args.scale, args.edges, args.stream, args.seed)
@@ -116,6 +119,8 @@ def main() -> int:
     gu = Graph.from_edges(vlabels, src, dst, el)
     stream = Path(os.environ.get("TMPDIR", "/tmp")) / f"directed-stream-{os.getpid()}.txt"
     stream.write_text("\n".join(lines) + "\n")
+    if args.check_engines:
+        return check_engines(gd, gu, stream, args.check_engines.split(","), args.batch_size)
     backend = resolve_backend(args.backend)
     print(f"R-MAT 2^{args.scale}: {n:,} vertices, {gd.num_edges:,} arcs ({gu.num_edges:,} undirected pairs) before the "
           f"stream; stream {len(lines):,} updates (90% insertions); backend {backend}; {os.cpu_count()} cores; "
@@ -154,6 +159,24 @@ def main() -> int:
         print(f"undirected / directed updates/s: {rates[False] / rates[True]:.2f}x")
     stream.unlink()
     return 0
+
+
+def check_engines(gd, gu, stream, engines: list[str], batch_size: int) -> int:
+    """Each pattern alone, then the three together, on every engine: 1 where their totals differ."""
+    differ = False
+    for g in (gd, gu):
+        sets = [[name] for name in PATTERNS] + [list(PATTERNS)]
+        for names in sets:
+            qs = [(name, query(PATTERNS[name], g.directed)) for name in names]
+            totals = [tuple((r["positive"], r["negative"]) for r in replay(
+                g, stream, qs, batch_size=batch_size, count_only=True, show_progress=False, backend=e)[0])
+                      for e in engines]
+            same = len(set(totals)) == 1
+            differ |= not same
+            print(f"{'directed' if g.directed else 'undirected':<11} {'+'.join(names):<22} "
+                  f"{'agree' if same else 'DIFFER'} {dict(zip(engines, totals))}", flush=True)
+    stream.unlink()
+    return int(differ)
 
 
 if __name__ == "__main__":
