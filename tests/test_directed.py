@@ -352,3 +352,17 @@ def test_cluster_instances_of_another_direction_differ():
     ours = describe(load_config(env={"CSMD_GRAPH__DIRECTED": "true"}), [], "a")
     theirs = describe(load_config(env={}), [], "b")
     assert differences(ours, theirs) == ["[graph] directed: directed here, undirected in the deployment"]
+
+
+def test_an_undirected_read_of_pairs_listed_both_ways_warns(tmp_path):
+    from structlog.testing import capture_logs
+
+    path = tmp_path / "g.graph"
+    path.write_text("v 1 0\nv 2 0\nv 3 0\ne 1 2 0\ne 2 1 0\ne 2 3 0\ne 2 3 0\n")
+    with capture_logs() as logs:
+        g = read_graph(path)
+    assert g.num_edges == 2
+    assert [(x["log_level"], x["pairs"]) for x in logs] == [("warning", 1)]
+    with capture_logs() as logs:
+        assert read_graph(path, directed=True).num_edges == 3
+    assert logs == []

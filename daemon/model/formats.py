@@ -183,6 +183,8 @@ def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNa
                                               f"{edge_lines[a]} gave it {els[a]}): "
                                               f"{'an arc u -> v is one edge' if directed else 'a pair has at most one edge'}")
     _check_direction(path, ext[s], ext[d], np.array(els, np.int64), edge_lines.__getitem__, query, directed)
+    if not (query or directed):
+        _warn_both_ways(path, s, d)
     ext_ids = None if np.array_equal(ext, np.arange(len(ext))) else ext
     return Graph.from_edges(labels, src, dst, els, ext_ids, directed)
 
@@ -206,6 +208,22 @@ def _check_direction(path, src, dst, els, where, query: bool, directed: bool) ->
             raise InputError(path, where(i), f"query edges ({a}, {b}) and ({b}, {a}): an undirected query has one edge "
                                              f"per pair; a query whose arcs go both ways needs a directed graph "
                                              f"(--directed, [graph] directed = true)")
+
+
+def _warn_both_ways(path, a: np.ndarray, b: np.ndarray) -> None:
+    """A data graph read as undirected that lists pairs both ways (a directed graph, probably):
+    each such pair becomes one edge, so say so (a warning: undirected datasets often list both)."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    keep = a != b
+    a, b = a[keep], b[keep]
+    n = int(max(a.max(initial=0), b.max(initial=0))) + 1
+    both = int(np.isin(np.unique(b * n + a), np.unique(a * n + b)).sum()) // 2  # each such pair twice
+    if both:
+        from csmd.logs import get_logger
+
+        get_logger().warning("the graph lists vertex pairs both ways; read as undirected, each pair is one edge "
+                             "(--directed, [graph] directed = true, reads its lines as arcs)", path=str(path),
+                             pairs=both)
 
 
 # ---- tables ------------------------------------------------------------------------
@@ -336,6 +354,8 @@ def _read_table_graph(path: Path, max_id_bytes: int = MAX_ID_BYTES, directed: bo
                                            f"(row {a} gave it {el[a]}): "
                                            f"{'an arc u -> v is one edge' if directed else 'a pair has at most one edge'}")
     _check_direction(path, src, dst, el, "row {}".format, False, directed)
+    if not directed:
+        _warn_both_ways(path, internal[0], internal[1])
     ext_ids = None if ext.dtype.kind in "iu" and np.array_equal(ext, np.arange(len(ext))) else ext
     return Graph.from_edges(labels, internal[0], internal[1], el, ext_ids, directed)
 
