@@ -1,4 +1,4 @@
-"""The multi-version graph on the device and its graph updater (GUIDE section 2).
+"""The multi-version graph on the device and its graph updater (docs/design.md section 3).
 
 DeviceMVG has the semantics of csmd.mvg (the CPU MultiVersionGraph, which the tests hold
 it to) and the storage of gpu/mvg.cu: per vertex a chain of versions (cur, prev), each

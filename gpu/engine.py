@@ -113,7 +113,7 @@ class GpuEngine(ContinuousEngine):
     """The continuous engine on the device: the MVG (gpu/device_mvg.py) with its updater on
     one stream, the executor (gpu/executor.py) on another.
 
-    Batch k+1 is applied while batch k is matched (GUIDE section 2): the executor's stream
+    Batch k+1 is applied while batch k is matched (docs/design.md section 2): the executor's stream
     waits only for the event recorded after its own batch's apply, and the version rules
     keep a read at batch k's timestamps blind to later batches. `_writing` orders what runs
     on the updater's stream (apply, release, latest-state reads); a pool growth waits for

@@ -1,4 +1,4 @@
-"""Candidate filtering on the device for a batch of queries (GUIDE 3): LDF + NLF, then
+"""Candidate filtering on the device for a batch of queries (docs/design.md section 5): LDF + NLF, then
 arc-consistency rounds, all queries of the batch in the same launches.
 
 cbits holds one row of n uint32 per query, one bit per query vertex; only the

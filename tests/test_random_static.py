@@ -3,7 +3,7 @@
 Truth comes from two places that share no code with csmd:
   * `brute_force` (brute.py): plain Python backtracking over injective maps with
     vertex-label and edge-label checks (non-induced; automorphic embeddings are
-    separate matches, GUIDE section 1);
+    separate matches, docs/design.md section 1);
   * networkx's GraphMatcher monomorphism enumeration.
 
 Every case is seeded (static_cases.py): a failure names the seed, and `make_case(seed)` rebuilds it.

@@ -1,4 +1,4 @@
-"""The multi-version graph (MVG) of the continuous pipeline (GUIDE section 2).
+"""The multi-version graph (MVG) of the continuous pipeline (docs/design.md section 3).
 
 Each vertex owns a chain of versions of its neighbor array (newest first, linked
 by `prev`). An entry carries its lifetime (ct, dt]: it is visible to a read at

@@ -17,7 +17,7 @@ from csmd.model.direction import label_test
 from csmd.model.graph import Graph
 from csmd.model.plan import Plan
 
-MAX_DEPTH = 32  # query vertices (GUIDE 1)
+MAX_DEPTH = 32  # query vertices (docs/design.md section 1)
 # the checks of one depth, in this order: backward edges, same-label (injectivity), less, greater
 BACKWARD, SAME_LABEL, LESS, GREATER = range(4)
 

@@ -5,7 +5,7 @@ rounds of independent samples. Each sample walks the query's matching order and
 returns a Horvitz-Thompson weight: the product of the sizes of the sets it chose
 from, 0 when the walk failed. Every embedding is reached with probability the
 inverse of its weight, so the mean weight is an unbiased estimate of the number
-of embeddings (automorphic ones counted separately, GUIDE 1).
+of embeddings (automorphic ones counted separately, docs/design.md section 1).
 
 Samples are grouped into equal blocks; the blocks are independent, so the spread
 of the block means gives the variance of the estimate, and the confidence

@@ -2,7 +2,7 @@
 
 Vertices are dense internal ids 0..n-1; `ext_ids[i]` is the id the user gave
 (int64, or str for tables with string keys) and is what every output reports.
-Edges are undirected, at most one per vertex pair, self-loops dropped (GUIDE 1). A directed
+Edges are undirected, at most one per vertex pair, self-loops dropped (docs/design.md section 1). A directed
 graph keeps one entry per pair too, labelled with a code of its arcs (model/direction.py).
 """
 
