@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from csmd.engines import continuous_engine
+from csmd.backends import continuous_engine
 from csmd.jobs.replay import read_stream
 from csmd.model.formats import read_graph, read_query
 from csmd.pipeline.stages import Pipeline

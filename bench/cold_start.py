@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from csmd.engines import gpu_unavailable_reason
+from csmd.backends import gpu_unavailable_reason
 from csmd.jobs.replay import replay
 from csmd.model.formats import read_graph, read_query
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from csmd.jobs.replay import replay
-from csmd.engines import resolve_backend, static_matcher
+from csmd.backends import resolve_backend, static_matcher
 from csmd.model.formats import parse_query_text
 from csmd.model.graph import Graph
 

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 from csmd.cpu.matcher import search
-from csmd.engines import make_sampler
+from csmd.backends import make_sampler
 from csmd.jobs.estimate import run_estimate
 from csmd.model.estimate import CandidateGraph, run_rounds
 from csmd.model.formats import read_graph, read_query

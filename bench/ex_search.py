@@ -18,7 +18,7 @@ import numpy as np
 
 from replay_gpu import decoded
 
-from csmd.engines import continuous_engine
+from csmd.backends import continuous_engine
 from csmd.gpu.matcher import Tuning
 from csmd.gpu.module import kernel
 from csmd.model.formats import read_graph, read_query

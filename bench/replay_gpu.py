@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from csmd.engines import continuous_engine
+from csmd.backends import continuous_engine
 from csmd.jobs import COUNT_ONLY_REPLAY_BATCH
 from csmd.jobs.replay import decoded_updates, read_stream, replay
 from csmd.model.formats import UpdateBlock, read_graph, read_query

@@ -27,7 +27,7 @@ os.environ["CSMD_THREADS"] = "1"  # one search at a time, each timed alone
 
 from cluster import SHARDS, human_workload, queries_of, yeast_workload  # noqa: E402
 
-from csmd.engines import continuous_engine  # noqa: E402
+from csmd.backends import continuous_engine  # noqa: E402
 from csmd.jobs.replay import decoded_updates  # noqa: E402
 from csmd.model.formats import read_graph, read_query  # noqa: E402
 from csmd.pipeline.queries import continuous_query  # noqa: E402

@@ -34,13 +34,13 @@ from pathlib import Path
 from csmd.cli import main
 from csmd.connectors.kafka import KafkaSink, KafkaSource
 from csmd.cpu.compiled import CompiledEngine, _Search
-from csmd.cpu.engine import CpuEngine
+from csmd.cpu.numpy_engine import CpuEngine
 from csmd.pipeline.sequencer import Sequencer
 from csmd.pipeline.shards import ShardWork
 from csmd.pipeline.stages import Pipeline
 from csmd.service.cluster import ClusterMember
 from csmd.service.consume import ConsumeLoop
-from csmd.service.output import Publisher
+from csmd.service.publish import Publisher
 
 try:  # the GPU engine's searches too, where CuPy is installed
     from csmd.gpu.engine import GpuEngine

@@ -1,5 +1,5 @@
 """Structured logs (structlog): JSON lines for machines, a pretty console for people. Below every
-layer that logs (engines.py, the service), so that none imports the service for a logger."""
+layer that logs (backends.py, the service), so that none imports the service for a logger."""
 
 from __future__ import annotations
 

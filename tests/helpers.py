@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from csmd.engines import gpu_unavailable_reason
+from csmd.backends import gpu_unavailable_reason
 from csmd.testing.kafka import REPO
 
 DATASETS = Path(os.environ.get("CSMD_DATASETS", REPO.parent / "shared" / "datasets"))

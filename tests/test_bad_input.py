@@ -124,7 +124,7 @@ def test_bad_arguments_are_refused(tmp_path):
 
 def test_gpu_backend_without_device_is_a_clear_error(tmp_path):
     pytest.importorskip("numpy")
-    from csmd.engines import gpu_unavailable_reason
+    from csmd.backends import gpu_unavailable_reason
 
     if gpu_unavailable_reason() is None:
         pytest.skip("a GPU is present")

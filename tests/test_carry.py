@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Producer
 
 from csmd.connectors.records import Carry, BadRecord, Polled, Record, RecordBlock, decode_updates, plain_runs
-from csmd.cpu.engine import CpuEngine
+from csmd.cpu.numpy_engine import CpuEngine
 from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
 from csmd.pipeline.stages import Pipeline

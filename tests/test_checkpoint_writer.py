@@ -10,8 +10,8 @@ import time
 import pytest
 
 from csmd.logs import get_logger
-from csmd.service.checkpoint import read_checkpoint
-import csmd.service.checkpointing as checkpointing
+from csmd.service.checkpoint_files import read_checkpoint
+import csmd.service.checkpointer as checkpointing
 from csmd.service.config import load_config
 from csmd.service.daemon import Daemon
 from csmd.testing.kafka import Topics

@@ -22,7 +22,7 @@ import pytest
 
 from csmd.connectors.files import FileSource
 from csmd.connectors.kafka import ensure_topics
-from csmd.engines import continuous_engine
+from csmd.backends import continuous_engine
 from csmd.errors import CsmdError
 from csmd.jobs.replay import decoded_updates, replay
 from csmd.model.formats import read_graph, read_query
@@ -407,7 +407,7 @@ def test_instances_killed_before_their_first_re_match_restart_below_every_shard_
     Restarted from those checkpoints they could not re-match any shard from its progress (0):
     each must restore what lies below every shard's progress (here: the initial graph), and the
     totals must be exact (issue 37: 0 of 17 queries were)."""
-    from csmd.service.checkpoint import read_checkpoint
+    from csmd.service.checkpoint_files import read_checkpoint
 
     def newest_offset(folder):
         try:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from csmd.engines import gpu_unavailable_reason
+from csmd.backends import gpu_unavailable_reason
 from csmd.testing.kafka import HUMAN
 
 DATA, STREAM, QUERIES = HUMAN / "data.graph", HUMAN / "insertion.graph", HUMAN / "queries"
@@ -89,7 +89,7 @@ def test_after_the_gpu_warm_up_a_stream_compiles_no_cupy_kernel():
     code = f"""
 import os, sys
 from pathlib import Path
-from csmd.engines import warm_once
+from csmd.backends import warm_once
 from csmd.jobs.replay import replay
 from csmd.model.formats import query_files, read_graph, read_query
 cache = Path(os.environ["CUPY_CACHE_DIR"])

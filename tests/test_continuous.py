@@ -13,7 +13,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from csmd.cpu import compiled
-from csmd.engines import continuous_engine
+from csmd.backends import continuous_engine
 import csmd.jobs.replay as replay_module
 from csmd.jobs.replay import decoded_updates, replay
 from csmd.model.formats import read_graph, read_query

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from csmd.service.checkpoint import read_checkpoint, write_checkpoint
+from csmd.service.checkpoint_files import read_checkpoint, write_checkpoint
 from csmd.service.config import DEFAULTS, load_config
 from csmd.connectors.records import BadRecord, Record, decode_updates
-from csmd.cpu.engine import CpuEngine
+from csmd.cpu.numpy_engine import CpuEngine
 from csmd.service.delivery import DeliveryTracker
 from csmd.errors import CsmdError
 from csmd.latency import LatencyHistogram

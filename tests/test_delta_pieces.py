@@ -11,7 +11,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from csmd.connectors.files import FileSink
-from csmd.cpu.engine import CpuEngine
+from csmd.cpu.numpy_engine import CpuEngine
 from csmd.jobs.replay import read_stream, replay
 from csmd.model.formats import read_graph, read_query
 import csmd.pipeline.deltas as deltas

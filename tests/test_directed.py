@@ -14,7 +14,7 @@ import pytest
 
 from brute import assert_deltas_equal, directed_embeddings
 from csmd.jobs.replay import replay
-from csmd.engines import static_matcher
+from csmd.backends import static_matcher
 from csmd.errors import CsmdError, InputError
 from csmd.model.formats import parse_query_text, read_graph, read_query
 from csmd.model.graph import Graph
@@ -190,7 +190,7 @@ def test_deltas_do_not_depend_on_batching(tmp_path, seed, backend):
 def test_the_vectorized_sequencer_gives_the_record_by_record_batch(seed):
     """Edge records between known vertices take _check's numpy path: the same ops, stored ops and
     ignored counts as _general's step per record, whatever the pairs' histories in the batch."""
-    from csmd.cpu.engine import CpuEngine
+    from csmd.cpu.numpy_engine import CpuEngine
     from csmd.model.formats import parse_update
     from csmd.pipeline.sequencer import Sequencer, Vertices
 
@@ -332,9 +332,9 @@ def test_the_readme_money_flow_example_prints_the_brute_force_counts():
 
 def test_a_checkpoint_keeps_the_arcs_and_a_restart_of_the_other_direction_stops(tmp_path):
     from csmd.connectors.records import Record, decode_updates
-    from csmd.cpu.engine import CpuEngine
+    from csmd.cpu.numpy_engine import CpuEngine
     from csmd.pipeline.stages import Pipeline
-    from csmd.service.checkpoint import read_checkpoint, write_checkpoint
+    from csmd.service.checkpoint_files import read_checkpoint, write_checkpoint
     from csmd.service.config import load_config
     from csmd.service.restore import read_local
 

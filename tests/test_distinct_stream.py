@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pytest
 
-from csmd.engines import continuous_engine
+from csmd.backends import continuous_engine
 from csmd.jobs.replay import decoded_updates, replay
 from csmd.model.formats import read_graph, read_query
 from csmd.pipeline.sequencer import record_positions

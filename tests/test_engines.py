@@ -10,7 +10,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from csmd.engines import continuous_engine, gpu_unavailable_reason, warm_up
+from csmd.backends import continuous_engine, gpu_unavailable_reason, warm_up
 from csmd.errors import CsmdError
 from csmd.model.graph import Graph
 
@@ -54,7 +54,7 @@ def test_cpu_falls_back_to_numpy_with_a_log_line_when_numba_cannot_be_imported(m
     from structlog.testing import capture_logs
 
     import csmd.cpu
-    import csmd.engines as engines
+    import csmd.backends as engines
 
     for name in ("numba", "csmd.cpu.compiled", "csmd.cpu.dfs", "csmd.cpu.updater"):
         monkeypatch.setitem(sys.modules, name, None)  # an import of any of them raises ImportError
@@ -67,7 +67,7 @@ def test_cpu_falls_back_to_numpy_with_a_log_line_when_numba_cannot_be_imported(m
 
 
 def test_cpu_is_the_compiled_engine_and_numpy_names_the_fallback():
-    import csmd.engines as engines
+    import csmd.backends as engines
 
     assert continuous_engine("cpu", G).name == "cpu" and engines.static_matcher("cpu").name == "cpu"
     assert continuous_engine("numpy", G).name == "numpy" and engines.static_matcher("numpy").name == "numpy"
@@ -91,7 +91,7 @@ def test_after_the_warm_up_a_stream_and_its_compaction_compile_nothing():
 import numpy as np
 from numba.core.registry import CPUDispatcher
 import csmd.cpu.arena, csmd.cpu.dfs, csmd.cpu.updater
-from csmd.engines import continuous_engine, warm_up
+from csmd.backends import continuous_engine, warm_up
 from csmd.model.formats import parse_update
 from csmd.model.graph import Graph
 from csmd.pipeline.stages import Pipeline

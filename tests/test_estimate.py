@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from csmd.cli import main
-from csmd.engines import gpu_unavailable_reason, make_sampler
+from csmd.backends import gpu_unavailable_reason, make_sampler
 from csmd.jobs.estimate import run_estimate
 from csmd.model.graph import Graph
 from csmd.model.labels import NO_NAMES

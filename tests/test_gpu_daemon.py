@@ -11,8 +11,8 @@ import pytest
 
 import numpy as np
 
-from csmd.cpu.engine import CpuMatcher
-from csmd.engines import gpu_unavailable_reason
+from csmd.cpu.numpy_engine import CpuMatcher
+from csmd.backends import gpu_unavailable_reason
 from csmd.model.formats import read_graph, read_query
 from csmd.model.graph import Graph
 from csmd.service.admin import call

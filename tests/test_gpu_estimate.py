@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from csmd.engines import gpu_unavailable_reason, make_sampler
+from csmd.backends import gpu_unavailable_reason, make_sampler
 from csmd.errors import CsmdError
 from csmd.jobs.estimate import run_estimate
 from csmd.model.estimate import CandidateGraph

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from csmd.engine import UpdateBatch
-from csmd.engines import gpu_unavailable_reason
+from csmd.backends import gpu_unavailable_reason
 from csmd.model.graph import Graph
 from csmd.pipeline.queries import continuous_query
 
@@ -99,7 +99,7 @@ def _lock_step(engines, cqs, ops, batch_size: int) -> int:
 @pytest.mark.parametrize("batch_size", [1, 7, 64])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_gpu_executor_equals_cpu_engine(seed, batch_size):
-    from csmd.cpu.engine import CpuEngine
+    from csmd.cpu.numpy_engine import CpuEngine
     from csmd.gpu.engine import GpuEngine
 
     rng = np.random.default_rng(seed)
@@ -130,7 +130,7 @@ def test_distinct_gpu_executor_equals_cpu_engine(seed, batch_size):
     """Distinct queries (symmetry constraints in the anchored plans, the seed's own one chosen on
     the host): the GPU's matches per update are the CPU engine's (the same representative of
     every instance), materialized and counted."""
-    from csmd.cpu.engine import CpuEngine
+    from csmd.cpu.numpy_engine import CpuEngine
     from csmd.gpu.engine import GpuEngine
 
     rng = np.random.default_rng(100 + seed)
@@ -156,7 +156,7 @@ TREES = {  # last depths with one backward edge, same-label leaves (injectivity)
 def test_count_only_trees_equal_cpu_engine(seed, batch_size):
     """Clean and unclean ranges: bulk versions, versions with entries newer than T or closed
     (deletions, re-insertions inside one batch), and edge labels from op 300 on."""
-    from csmd.cpu.engine import CpuEngine
+    from csmd.cpu.numpy_engine import CpuEngine
     from csmd.gpu.engine import GpuEngine
 
     rng = np.random.default_rng(seed)
@@ -180,7 +180,7 @@ LEAFY = {  # several last depths counted as a product: leaves with distinct labe
 @pytest.mark.parametrize("seed", [0, 1])
 def test_count_only_leaf_products_equal_cpu_engine(seed, batch_size):
     """Products of the leaves' candidate counts over clean and unclean ranges, as above."""
-    from csmd.cpu.engine import CpuEngine
+    from csmd.cpu.numpy_engine import CpuEngine
     from csmd.gpu.engine import GpuEngine
     from csmd.gpu.executor import PreparedQuery, _fast
 

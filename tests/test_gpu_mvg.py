@@ -15,7 +15,7 @@ import random
 import numpy as np
 import pytest
 
-from csmd.engines import gpu_unavailable_reason
+from csmd.backends import gpu_unavailable_reason
 from csmd.pipeline.gc import GarbageCollector
 from csmd.model.graph import Graph
 from csmd.cpu.mvg import MultiVersionGraph

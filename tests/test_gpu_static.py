@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from csmd.cpu.matcher import search
-from csmd.engines import gpu_unavailable_reason
+from csmd.backends import gpu_unavailable_reason
 from csmd.model.formats import read_graph, read_query
 from csmd.model.plan import plan_query, symmetry_constraints
 

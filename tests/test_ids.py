@@ -22,11 +22,11 @@ import pytest
 
 from csmd.cli import main
 from csmd.connectors.records import BadRecord, Record, decode_updates
-from csmd.cpu.engine import CpuEngine
+from csmd.cpu.numpy_engine import CpuEngine
 from csmd.model.formats import MAX_ID_BYTES, read_graph, read_query
 from csmd.model.graph import Graph
 from csmd.pipeline.stages import Pipeline
-from csmd.service.checkpoint import read_checkpoint, write_checkpoint
+from csmd.service.checkpoint_files import read_checkpoint, write_checkpoint
 from csmd.service.config import load_config
 from csmd.testing.kafka import DaemonProcess, Topics, config_text, dedup, new_admin_port
 

@@ -19,7 +19,7 @@ from csmd.service.context import DaemonContext, Intake
 from csmd.service.control import ControlPlane, Queries
 from csmd.service.delivery import DeliveryTracker
 from csmd.logs import get_logger
-from csmd.service.output import DeadLetters
+from csmd.service.publish import DeadLetters
 
 from helpers import ODD, PLAIN
 

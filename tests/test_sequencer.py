@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from csmd.cpu.engine import CpuEngine
+from csmd.cpu.numpy_engine import CpuEngine
 from csmd.model.formats import DELETE_EDGE, INSERT_EDGE, OPS, Update, UpdateBlock
 from csmd.model.graph import Graph
 from csmd.pipeline import sequencer

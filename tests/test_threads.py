@@ -10,7 +10,7 @@ import pytest
 
 from csmd.cpu import compiled
 from csmd.cpu.workers import chunks, thread_count
-from csmd.engines import continuous_engine
+from csmd.backends import continuous_engine
 from csmd.errors import CsmdError
 from csmd.model.formats import read_graph, read_query
 from csmd.model.plan import plan_query

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from csmd import STARTED
-from csmd.engines import BACKENDS, resolve_backend
+from csmd.backends import BACKENDS, resolve_backend
 from csmd.errors import CsmdError, InputError, missing
 from csmd.jobs import COUNT_ONLY_REPLAY_BATCH
 from csmd.model.formats import ID_KINDS, MAX_ID_BYTES
@@ -121,7 +121,7 @@ def cmd_match(args) -> int:
 
 
 def cmd_estimate(args) -> int:
-    from csmd.engines import sampler_backend
+    from csmd.backends import sampler_backend
     from csmd.jobs.estimate import run_estimate
     from csmd.model.formats import query_files, read_graph, read_query
 

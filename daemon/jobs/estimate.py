@@ -1,11 +1,11 @@
 """Approximate counts: the work behind `csmd estimate` and `csmd admin estimate` (the sampler of
-each backend is chosen in engines.py)."""
+each backend is chosen in backends.py)."""
 
 from __future__ import annotations
 
 import time
 
-from csmd.engines import make_sampler
+from csmd.backends import make_sampler
 from csmd.errors import CsmdError
 from csmd.model.estimate import CONFIDENCE, Estimate, block_size, no_candidates, run_rounds
 from csmd.model.graph import Graph

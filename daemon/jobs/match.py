@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from csmd.engines import static_matcher
+from csmd.backends import static_matcher
 from csmd.model.graph import Graph
 
 

@@ -6,7 +6,7 @@ import time
 
 from csmd.connectors.files import FileSink, FileSource
 from csmd.connectors.records import BadRecord, decode_updates, load_scanner
-from csmd.engines import continuous_engine, resolve_backend, warm_once
+from csmd.backends import continuous_engine, resolve_backend, warm_once
 from csmd.errors import InputError
 from csmd.jobs.progress import Progress
 from csmd.model.formats import MAX_ID_BYTES, UpdateBlock

@@ -174,7 +174,7 @@ def _joined(parts: list, blocks: int) -> list[Update] | UpdateBlock:
 class Pipeline:
     """GU/EX/GC of one engine's multi-version graph, for the queries registered on it.
 
-    engine: a ContinuousEngine holding g0 (engines.py chooses it). retired marks the
+    engine: a ContinuousEngine holding g0 (backends.py chooses it). retired marks the
     vertices of g0 that were deleted (a restored checkpoint). executor_lag holds the
     executor back until that many later batches were applied (a test switch that forces
     GU/EX overlap; queue_depth must exceed it).

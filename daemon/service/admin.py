@@ -171,7 +171,7 @@ def _match(daemon, body: dict) -> dict:
 def _estimate(daemon, body: dict) -> dict:
     """The sampler runs where the daemon's engine runs, on the host copy of the live graph at `seq`
     (on the GPU engine, its candidate graph built on the device or uploaded, whichever is faster)."""
-    from csmd.engines import sampler_backend
+    from csmd.backends import sampler_backend
     from csmd.jobs.estimate import run_estimate
 
     name, q = _query(body, daemon.labels)

@@ -16,7 +16,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from csmd.connectors.kafka import KafkaSink, KafkaSource
 from csmd.connectors.records import BadRecord, Polled, Record, RecordBlock, decode_updates, plain_runs
 from csmd.pipeline.stages import Pipeline
-from csmd.service.checkpointing import Checkpointer
+from csmd.service.checkpointer import Checkpointer
 from csmd.service.cluster import ClusterMember
 from csmd.service.context import DaemonContext, Intake
 from csmd.service.control import ControlPlane, Queries

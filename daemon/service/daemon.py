@@ -4,9 +4,9 @@ Threads: the main thread runs the consume loop (ConsumeLoop, daemon/service/cons
 with its Backpressure): input and control records in, offsets committed, checkpoints
 started; it hands updates and markers on through the Intake (context.py) to the
 pipeline, which runs GU and EX in its own threads and hands results, in stream order,
-to the output thread (Output, daemon/service/output.py), whose Publisher encodes deltas
+to the output thread (Output, daemon/service/publish.py), whose Publisher encodes deltas
 and produces them; checkpoints are written by their own thread (Checkpointer,
-checkpointing.py); the admin endpoint serves HTTP. The control plane (ControlPlane,
+checkpointer.py); the admin endpoint serves HTTP. The control plane (ControlPlane,
 control.py) turns control-topic requests into markers in the stream. Each part gets
 what it uses in its constructor, and a DaemonContext (context.py) for what all share;
 the Daemon below builds them and wires them together.
@@ -32,7 +32,7 @@ import numpy as np
 
 from csmd.connectors.kafka import KafkaSink, KafkaSource, client_config, ensure_topics
 from csmd.connectors.records import load_scanner
-from csmd.engines import continuous_engine, resolve_backend, warm_once
+from csmd.backends import continuous_engine, resolve_backend, warm_once
 from csmd.errors import CsmdError
 from csmd.logs import get_logger
 from csmd.model.graph import Graph
@@ -41,13 +41,13 @@ from csmd.pipeline.sequencer import IGNORED_REASONS
 from csmd.pipeline.shards import ShardChange
 from csmd.pipeline.stages import Pipeline
 from csmd.service.brokers import BrokerWatch
-from csmd.service.checkpointing import CheckpointMarker, Checkpointer, content
+from csmd.service.checkpointer import CheckpointMarker, Checkpointer, content
 from csmd.service.cluster import ClusterMember, DaemonLinks
 from csmd.service.consume import Backpressure, ConsumeLoop
 from csmd.service.context import STOP, DaemonContext, Intake
 from csmd.service.control import ControlPlane, Queries, QueryChange
 from csmd.service.delivery import DeliveryTracker
-from csmd.service.output import DeadLetters, Output, Publisher, warm_output
+from csmd.service.publish import DeadLetters, Output, Publisher, warm_output
 from csmd.service.restore import read_local, start_state
 
 

@@ -20,7 +20,7 @@ from csmd.connectors.kafka import input_positions
 from csmd.errors import CsmdError, missing
 from csmd.model.formats import id_kind_conflict, initial_graph, parse_query_text, query_files
 from csmd.model.graph import Graph
-from csmd.service.checkpoint import read_checkpoint
+from csmd.service.checkpoint_files import read_checkpoint
 from csmd.service.cluster import lowest_progress
 from csmd.service.config import label_names
 from csmd.service.control import QuerySpec

@@ -2,7 +2,7 @@
 
 The graph is copied in the updater stage exactly between two input records, so the
 consume loop never waits for the pipeline to drain; the folder is written by its
-own thread (daemon/service/checkpoint.py has the format).
+own thread (daemon/service/checkpoint_files.py has the format).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from csmd.pipeline.stages import Marker, Pipeline
-from csmd.service.checkpoint import write_checkpoint
+from csmd.service.checkpoint_files import write_checkpoint
 from csmd.service.context import DaemonContext, Intake
 from csmd.service.control import Queries
 

@@ -78,7 +78,7 @@ def static_matcher(backend: str) -> StaticMatcher:
     compiled = _compiled() if backend == "cpu" else None
     if compiled is not None:
         return compiled.CompiledMatcher()
-    from csmd.cpu.engine import CpuMatcher
+    from csmd.cpu.numpy_engine import CpuMatcher
 
     return CpuMatcher()
 
@@ -94,7 +94,7 @@ def continuous_engine(backend: str, g0: Graph, setting: str = "--backend", threa
     compiled = _compiled() if backend != "numpy" else None
     if compiled is not None:
         return compiled.CompiledEngine(g0, threads)
-    from csmd.cpu.engine import CpuEngine
+    from csmd.cpu.numpy_engine import CpuEngine
 
     return CpuEngine(g0)
 
@@ -145,7 +145,7 @@ def warm_up(backend: str) -> tuple[float, dict[str, int]]:
     own kernels that those paths use (sorts, prefix sums, gathers, masks) on first use, 10 to
     100 ms each. Returns the seconds it took and the deltas per query (proof that the
     matching paths ran)."""
-    from csmd.cpu.engine import CpuEngine
+    from csmd.cpu.numpy_engine import CpuEngine
     from csmd.model.formats import UpdateBlock, parse_update
     from csmd.pipeline.stages import Pipeline
 
