@@ -310,7 +310,6 @@ def _sample_truth(root) -> dict[str, tuple[int, int]]:
 
 
 def test_the_readme_money_flow_example_prints_the_brute_force_counts():
-    import re
     import subprocess
     import sys
     from pathlib import Path
@@ -327,7 +326,6 @@ def test_the_readme_money_flow_example_prints_the_brute_force_counts():
 
     got = {r["query"]: (r["positive"], r["negative"]) for r in map(json.loads, run.stdout.splitlines())}
     assert got == shown == _sample_truth(repo / "samples" / "money-flow")
-    assert re.search(r"cycle3 +1 +1", readme)
 
 
 def test_a_checkpoint_keeps_the_arcs_and_a_restart_of_the_other_direction_stops(tmp_path):

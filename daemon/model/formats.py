@@ -97,11 +97,11 @@ def _lines(path: Path):
         yield from enumerate(f, 1)
 
 
-def _relabelled(src, dst, els, directed: bool = False) -> tuple[int, int] | None:
-    """(an edge, a later one of the same pair with another label), as positions, or None. A pair
-    has at most one edge (directed: one arc each way): which label a data graph keeps, or which a
-    query asks for, would be anyone's guess (repeats with the same label are harmless, and
-    dropped; so are self-loops)."""
+def _repeats(src, dst, els, directed: bool = False) -> tuple[tuple[int, int] | None, int]:
+    """(an edge, a later one of the same pair with another label), as positions, or None; and
+    undirected, how many pairs are listed both ways. A pair has at most one edge (directed: one
+    arc each way): which label a data graph keeps, or which a query asks for, would be anyone's
+    guess (repeats with the same label are harmless, and dropped; so are self-loops)."""
     lo, hi = (src, dst) if directed else (np.minimum(src, dst), np.maximum(src, dst))
     order = np.lexsort((np.arange(len(lo)), hi, lo))  # by pair, then position
     el = np.where(src == dst, -1, els)[order]  # self-loops are dropped whatever their labels
@@ -109,11 +109,13 @@ def _relabelled(src, dst, els, directed: bool = False) -> tuple[int, int] | None
     new = np.ones(len(lo), bool)
     new[1:] = (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
     head = np.maximum.accumulate(np.where(new, np.arange(len(lo)), 0))  # where each one's pair starts
+    fwd = (src < dst)[order]
+    both = 0 if directed else len(np.unique(head[(fwd != fwd[head]) & (el >= 0)]))
     again = np.flatnonzero(el != el[head])
     if not len(again):
-        return None
+        return None, both
     i = again[np.argmin(order[again])]
-    return int(order[head[i]]), int(order[i])
+    return (int(order[head[i]]), int(order[i])), both
 
 
 # ---- text graphs -----------------------------------------------------------------
@@ -176,15 +178,15 @@ def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNa
             raise InputError(path, lineno, f"header says {n} vertices and {m} edges, file has {len(labels)} and {len(src)}")
     ext = np.fromiter(ids.keys(), np.int64, len(ids))
     s, d = np.array(src, np.int64), np.array(dst, np.int64)
-    twice = _relabelled(s, d, els, directed)
+    twice, both = _repeats(s, d, els, directed)
     if twice is not None:
         a, b = twice
         raise InputError(path, edge_lines[b], f"edge ({ext[src[b]]}, {ext[dst[b]]}) again, with label {els[b]} (line "
                                               f"{edge_lines[a]} gave it {els[a]}): "
                                               f"{'an arc u -> v is one edge' if directed else 'a pair has at most one edge'}")
     _check_direction(path, ext[s], ext[d], np.array(els, np.int64), edge_lines.__getitem__, query, directed)
-    if not (query or directed):
-        _warn_both_ways(path, s, d)
+    if not query:
+        _warn_both_ways(path, both)
     ext_ids = None if np.array_equal(ext, np.arange(len(ext))) else ext
     return Graph.from_edges(labels, src, dst, els, ext_ids, directed)
 
@@ -210,14 +212,10 @@ def _check_direction(path, src, dst, els, where, query: bool, directed: bool) ->
                                              f"(--directed, [graph] directed = true)")
 
 
-def _warn_both_ways(path, a: np.ndarray, b: np.ndarray) -> None:
-    """A data graph read as undirected that lists pairs both ways (a directed graph, probably):
-    each such pair becomes one edge, so say so (a warning: undirected datasets often list both)."""
-    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
-    keep = a != b
-    a, b = a[keep], b[keep]
-    n = int(max(a.max(initial=0), b.max(initial=0))) + 1
-    both = int(np.isin(np.unique(b * n + a), np.unique(a * n + b)).sum()) // 2  # each such pair twice
+def _warn_both_ways(path, both: int) -> None:
+    """A data graph read as undirected that lists `both` pairs both ways (a directed graph,
+    probably): each such pair becomes one edge, so say so (a warning: undirected datasets often
+    list both)."""
     if both:
         from csmd.logs import get_logger
 
@@ -347,15 +345,14 @@ def _read_table_graph(path: Path, max_id_bytes: int = MAX_ID_BYTES, directed: bo
         if len(bad):
             raise InputError(path, f"row {bad[0]}", f"edge names unknown vertex {scalar(col[bad[0]])!r} in {name}")
         internal.append(order[pos])
-    twice = _relabelled(internal[0], internal[1], el, directed)
+    twice, both = _repeats(internal[0], internal[1], el, directed)
     if twice is not None:
         a, b = twice
         raise InputError(path, f"row {b}", f"edge ({scalar(src[b])!r}, {scalar(dst[b])!r}) again, with label {el[b]} "
                                            f"(row {a} gave it {el[a]}): "
                                            f"{'an arc u -> v is one edge' if directed else 'a pair has at most one edge'}")
     _check_direction(path, src, dst, el, "row {}".format, False, directed)
-    if not directed:
-        _warn_both_ways(path, internal[0], internal[1])
+    _warn_both_ways(path, both)
     ext_ids = None if ext.dtype.kind in "iu" and np.array_equal(ext, np.arange(len(ext))) else ext
     return Graph.from_edges(labels, internal[0], internal[1], el, ext_ids, directed)
 

@@ -308,12 +308,9 @@ class Sequencer:
         kept = half(other_has, other_label, ~out)
         old_s = kept | half(own_has, own_label, out)
         new_s = np.where(valid_s, kept | half(ins, lab, out), old_s)
-        old, new, valid = (np.empty(m, np.int64) for _ in range(3))
-        old[order], new[order] = old_s, new_s
-        valid = np.empty(m, bool)
-        valid[order] = valid_s
-        seen_by_a = lambda c: np.where(a < b, c, flip(c).astype(np.int64))  # noqa: E731 (codes as lo sees them)
-        old, new = seen_by_a(old), seen_by_a(new)
+        old, new, valid = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, bool)
+        old[order], new[order], valid[order] = old_s, new_s, valid_s
+        old, new = (np.where(fwd, c, flip(c).astype(np.int64)) for c in (old, new))  # as a sees them
         old = np.where(old == 0, -1, old)
         reason = np.full(m, -1, np.int8)
         for r, rows in ((SELF_LOOP, insert & ~pair), (DUPLICATE_INSERT, insert & usable & ~valid),
