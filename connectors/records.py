@@ -2,9 +2,9 @@
 
 An input record (a Kafka message, or one line of a stream file) holds one or
 more updates as Arrow IPC (a stream or file of rows in the updates schema),
-JSON (one object or an array of objects with op, u, v, label; other fields and
+JSON (one object or an array of objects with op, u, v, label, ts; other fields and
 columns are allowed, and carried into the deltas where Carry names them) or text lines
-in the stream format (`e u v [label]`, `-e u v`, `v id label`, `-v id`).
+in the stream format (`e u v [label [ts]]`, `-e u v [label [ts]]`, `v id label`, `-v id`).
 The format is fixed by configuration or, with `auto`, recognised per record
 from its content-type header or its first bytes. A record is decoded whole or
 refused whole with a reason: the daemon sends a refused record to the
@@ -24,8 +24,9 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from csmd.errors import InputError
-from csmd.model.formats import (DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, MAX_ID_BYTES, Update,
-                                UpdateBlock, arrow_integer, arrow_text, id_problem, in_int64, parse_update, text_array)
+from csmd.model.formats import (DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, MAX_ID_BYTES, TS_NEEDED,
+                                Update, UpdateBlock, arrow_integer, arrow_text, id_problem, in_int64, parse_update,
+                                text_array, ts_problem)
 from csmd.model.labels import MAX_LABEL, NO_NAMES, LabelNames, unknown_label
 from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, JSON, TEXT
 
@@ -229,7 +230,7 @@ def sniff(value: bytes) -> str:
 
 
 def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False, max_id_bytes: int = MAX_ID_BYTES,
-                   carry: Carry = NO_CARRY, labels: LabelNames = NO_NAMES) -> list[Update]:
+                   carry: Carry = NO_CARRY, labels: LabelNames = NO_NAMES, event_time: bool = False) -> list[Update]:
     """The updates of one record, in order; BadRecord with the reason if any part is wrong.
 
     `str_ids`: vertex ids are strings (the graph was keyed by strings), else integers; a string id
@@ -237,6 +238,8 @@ def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False, max_id
     `carry`: what of the record its updates' deltas carry (Update.context). Fields other than
     op, u, v and label (JSON) or columns (Arrow) are allowed: carried if named there, else ignored.
     `labels`: the names that may stand for labels (a JSON or Arrow label may be a string then).
+    An edge update's event time is its `ts` (JSON field, Arrow column, a text line's fourth field);
+    `event_time`: every edge update must have one (a vertex update's is ignored).
     """
     if rec.value is None or not len(rec.value):
         raise BadRecord("empty record")
@@ -253,7 +256,7 @@ def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False, max_id
     if seen != want and not (want == "text" and seen == "json"):
         raise BadRecord(f"expected {'an' if want == 'arrow' else 'a'} {want} record, the bytes look like {seen}")
     try:
-        ups = _DECODERS[want](rec, str_ids, max_id_bytes, carry, labels)
+        ups = _DECODERS[want](rec, str_ids, max_id_bytes, carry, labels, event_time)
     except BadRecord:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the bytes make a parser raise is the record's fault, never the daemon's
@@ -266,7 +269,7 @@ def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False, max_id
 
 
 def _update(rec: Record, i, where: str, op, u, v, label, str_ids: bool, max_id_bytes: int, context: tuple | None,
-            labels: LabelNames) -> Update:
+            labels: LabelNames, ts=None, event_time: bool = False) -> Update:
     """Update number i (None: the record's only one) from decoded fields, checked; `where`
     names the row or element in errors."""
     if op not in _OPS:
@@ -293,11 +296,18 @@ def _update(rec: Record, i, where: str, op, u, v, label, str_ids: bool, max_id_b
     label = 0 if label is None else label
     if type(label) is not int or not 0 <= label <= MAX_LABEL:
         raise BadRecord(f"{where}: label {label!r} is not an integer in 0 .. 2^31-1")
+    if len(ids) == 1:
+        ts = None  # a vertex update has no event time
+    elif ts is not None and ts_problem(ts):
+        raise BadRecord(f"{where}: {ts_problem(ts)}")
+    elif ts is None and event_time:
+        raise BadRecord(f"{where}: no ts: {TS_NEEDED}")
     source = rec.source if i is None else f"{rec.source}#{i}"
-    return Update(op, u, v if len(ids) == 2 else -1, label, source, rec.origin, context)
+    return Update(op, u, v if len(ids) == 2 else -1, label, source, rec.origin, context, ts)
 
 
-def _json(rec: Record, str_ids: bool, max_id_bytes: int, carry: Carry, labels: LabelNames) -> list[Update]:
+def _json(rec: Record, str_ids: bool, max_id_bytes: int, carry: Carry, labels: LabelNames,
+          event_time: bool) -> list[Update]:
     try:
         doc = json.loads(rec.value)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -315,11 +325,12 @@ def _json(rec: Record, str_ids: bool, max_id_bytes: int, carry: Carry, labels: L
             raise BadRecord(f"{where}: op {item['op']!r} takes no v (got {item['v']!r})")
         out.append(_update(rec, i if isinstance(doc, list) else None, where,
                            item["op"], item.get("u"), item.get("v"), item.get("label"), str_ids, max_id_bytes,
-                           carry.update(base, item), labels))
+                           carry.update(base, item), labels, item.get("ts"), event_time))
     return out
 
 
-def _text(rec: Record, str_ids: bool, max_id_bytes: int, carry: Carry, labels: LabelNames) -> list[Update]:
+def _text(rec: Record, str_ids: bool, max_id_bytes: int, carry: Carry, labels: LabelNames,
+          event_time: bool) -> list[Update]:
     try:
         text = rec.value.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -331,7 +342,7 @@ def _text(rec: Record, str_ids: bool, max_id_bytes: int, carry: Carry, labels: L
     for lineno, line in enumerate(lines, 1):
         try:
             upd = parse_update(line, rec.source, lineno, rec.source if one else f"{rec.source}#{lineno}", rec.origin,
-                               str_ids, max_id_bytes, labels)
+                               str_ids, max_id_bytes, labels, event_time)
         except InputError as exc:
             raise BadRecord(exc.reason if one else f"line {lineno}: {exc.reason}") from None
         if upd is not None:
@@ -340,7 +351,8 @@ def _text(rec: Record, str_ids: bool, max_id_bytes: int, carry: Carry, labels: L
     return out if context is None else [replace(u, context=context) for u in out]
 
 
-def _arrow(rec: Record, str_ids: bool, max_id_bytes: int, carry: Carry, labels: LabelNames) -> list[Update]:
+def _arrow(rec: Record, str_ids: bool, max_id_bytes: int, carry: Carry, labels: LabelNames,
+           event_time: bool) -> list[Update]:
     try:
         reader = ipc.open_file(pa.BufferReader(rec.value)) if rec.value[:6] == b"ARROW1" else \
             ipc.open_stream(pa.BufferReader(rec.value))
@@ -368,15 +380,19 @@ def _arrow(rec: Record, str_ids: bool, max_id_bytes: int, carry: Carry, labels: 
                                  arrow_text(table.schema.field("label").type)):
         raise BadRecord(f"Arrow record: column 'label' is {table.schema.field('label').type}, expected integer "
                         f"(or string: label names)")
-    cols = {name: table.column(name).to_pylist() for name in ("op", "u", "v", "label") if name in names}
+    if "ts" in names and not (arrow_integer(table.schema.field("ts").type) or pa.types.is_null(table.schema.field("ts").type)):
+        raise BadRecord(f"Arrow record: column 'ts' is {table.schema.field('ts').type}, expected integer (event time)")
+    cols = {name: table.column(name).to_pylist() for name in ("op", "u", "v", "label", "ts") if name in names}
     none = [None] * table.num_rows
     base = carry.record(rec.key, rec.headers)
     carried = [f for f in carry.fields if f in names]
     values = [dict(zip(carried, row)) for row in zip(*(table.column(f).to_pylist() for f in carried))] \
         if carried else repeat({}, table.num_rows)
-    return [_update(rec, i, f"row {i}", op, u, v, label, str_ids, max_id_bytes, carry.update(base, fields), labels)
-            for i, (op, u, v, label, fields) in enumerate(zip(cols["op"], cols["u"], cols.get("v", none),
-                                                              cols.get("label", none), values))]
+    return [_update(rec, i, f"row {i}", op, u, v, label, str_ids, max_id_bytes, carry.update(base, fields), labels,
+                    ts, event_time)
+            for i, (op, u, v, label, ts, fields) in enumerate(zip(cols["op"], cols["u"], cols.get("v", none),
+                                                                  cols.get("label", none), cols.get("ts", none),
+                                                                  values))]
 
 
 _DECODERS = {"arrow": _arrow, "json": _json, "text": _text}

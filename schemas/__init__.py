@@ -57,13 +57,15 @@ def deltas_schema(id_type: pa.DataType = pa.int64()) -> pa.Schema:
 def updates_schema() -> pa.Schema:
     """Update records as Arrow: one row per update (`op` is e, -e, v or -v).
 
-    `v` is unused by vertex ops and `label` is optional (0); ids are int64 or string.
+    `v` is unused by vertex ops and `label` is optional (0); ids are int64 or string. `ts` is an
+    edge update's event time (optional; required on edge rows under [graph] time = "event").
     """
     return pa.schema([
         pa.field("op", pa.string(), nullable=False),
         pa.field("u", pa.int64(), nullable=False),
         pa.field("v", pa.int64()),
         pa.field("label", pa.int32()),
+        pa.field("ts", pa.int64()),
     ])
 
 

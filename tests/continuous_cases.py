@@ -98,6 +98,19 @@ def random_query(rng: random.Random, model: Model, k: int) -> str:
     return "".join(f"v {i} {lab}\n" for i, lab in enumerate(labels)) + "".join(f"e {a} {b} {l}\n" for (a, b), l in edges.items())
 
 
+def count_change(truth: dict, queries: dict, model, lineno: int, change) -> None:
+    """Make the change to the model, counting in truth (per query) the matches it made (+1) and
+    broke (-1) as deltas of stream line lineno."""
+    before = {name: model.matches(q) for name, q in queries.items()}
+    change()
+    for name, q in queries.items():
+        after = model.matches(q)
+        for m in after - before[name]:
+            truth[name][(lineno, +1, m)] += 1
+        for m in before[name] - after:
+            truth[name][(lineno, -1, m)] += 1
+
+
 def make_case(tmp_path, seed: int, steps: int = 50, labels: int | None = None):
     rng = random.Random(seed)
     model = Model(rng, n=rng.randrange(6, 14), labels=labels or rng.randrange(1, 3), elabels=rng.choice([1, 1, 2]),
@@ -113,14 +126,7 @@ def make_case(tmp_path, seed: int, steps: int = 50, labels: int | None = None):
     lines = []
     for lineno in range(1, steps + 1):
         line = model.random_record()
-        before = {name: model.matches(q) for name, q in queries.items()}
-        model.apply(line)
-        for name, q in queries.items():
-            after = model.matches(q)
-            for m in after - before[name]:
-                truth[name][(lineno, +1, m)] += 1
-            for m in before[name] - after:
-                truth[name][(lineno, -1, m)] += 1
+        count_change(truth, queries, model, lineno, lambda: model.apply(line))
         lines.append(line)
     (tmp_path / "stream.txt").write_text("\n".join(lines) + "\n")
     return qpaths, truth

@@ -19,6 +19,7 @@ from csmd.errors import CsmdError
 from csmd.latency import LatencyHistogram
 from csmd.model.formats import Update, read_graph, read_updates
 from csmd.service.metrics import Metrics
+from csmd.pipeline.event_time import EventTime
 from csmd.pipeline.sequencer import IGNORED_REASONS
 from csmd.pipeline.stages import Pipeline
 from csmd.testing.kafka import HUMAN, metric, samples
@@ -97,8 +98,8 @@ def test_the_three_formats_decode_to_the_same_updates():
 
     sink = pa.BufferOutputStream()
     with ipc.new_stream(sink, updates_schema()) as w:
-        w.write_batch(pa.record_batch([pa.array(["e"]), pa.array([1]), pa.array([2]), pa.array([3], pa.int32())],
-                                      schema=updates_schema()))
+        w.write_batch(pa.record_batch([pa.array(["e"]), pa.array([1]), pa.array([2]), pa.array([3], pa.int32()),
+                                       pa.array([None], pa.int64())], schema=updates_schema()))
     assert [(u.op, u.u, u.v, u.label) for u in decode_updates(_rec(sink.getvalue().to_pybytes()))] == [("e", 1, 2, 3)]
     one = decode_updates(_rec(b"e 1 2"))[0]
     assert one.source == "in/0/7"
@@ -372,7 +373,9 @@ def test_every_reason_the_sequencer_ignores_an_update_for_is_exported():
     g1 = read_graph(HUMAN / "data.graph", directed=True)
     arcs = Pipeline(g1, engine=CpuEngine(g1), threaded=False)  # and a directed graph: a label its codes cannot hold
     arcs.run(iter([Update("e", 1, 2, 1 << 14)]), lambda r: None)
-    assert set(pipe.ignored) | set(arcs.ignored) == set(IGNORED_REASONS)
+    timed = Pipeline(g, engine=CpuEngine(g), threaded=False, event_time=EventTime(5))  # and a late update
+    timed.run(iter([Update("e", 1, 2, ts=100), Update("e", 1, 3, ts=90)]), lambda r: None)
+    assert set(pipe.ignored) | set(arcs.ignored) | set(timed.ignored) == set(IGNORED_REASONS)
     m = Metrics()
     assert {dict(labels)["reason"] for (name, labels), v in samples(m.prometheus()).items()
             if name == "csmd_ignored_updates_total" and v == 0} == set(IGNORED_REASONS)

@@ -41,6 +41,13 @@ def _batch_size(text: str) -> int:
     return val
 
 
+def _non_negative(text: str) -> int:
+    val = _number(int, text)
+    if val < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return val
+
+
 def _positive_float(text: str) -> float:
     val = _number(float, text)
     if not val > 0:
@@ -169,9 +176,14 @@ def cmd_replay(args) -> int:
     g0 = initial_graph(args.data, args.ids, args.max_id_bytes, labels=labels)
     queries = [(p.stem, read_query(p, labels)) for p in query_files(args.query)]
     batch_size = args.batch_size or (COUNT_ONLY_REPLAY_BATCH if args.count_only else DEFAULT_BATCH_SIZE)
+    event_time = None
+    if args.time == "event" or args.window is not None or args.lateness is not None:
+        from csmd.pipeline.event_time import EventTime
+
+        event_time = EventTime(args.window, args.lateness or 0)
     results, _ = replay(g0, args.stream, queries, batch_size=batch_size, count_only=args.count_only,
                         distinct=args.distinct, output=args.output, backend=args.backend,
-                        max_id_bytes=args.max_id_bytes, labels=labels, started=STARTED)
+                        max_id_bytes=args.max_id_bytes, labels=labels, started=STARTED, event_time=event_time)
     out = _report_stream(args.output)
     if not args.json:
         print(f"{'query':<32} {'positive':>14} {'negative':>14} {'updates':>9} {'records':>9} {'ignored':>9} "
@@ -368,6 +380,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", type=Path, help="write every delta to this Arrow IPC file (a pipe or device: the "
                    "IPC stream format; '-': the stream on standard output, the table on standard error)")
     r.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
+    r.add_argument("--time", choices=("none", "event"), default="none",
+                   help="event: every edge line carries a ts (e u v label ts), and --window expires edges")
+    r.add_argument("--window", type=_non_negative, metavar="W",
+                   help="event time: edges whose ts is below the watermark less W expire (implies --time event)")
+    r.add_argument("--lateness", type=_non_negative, metavar="L",
+                   help="event time: the watermark trails the largest ts by L (default 0; implies --time event)")
     _id_options(r)
     _labels_option(r)
     r.set_defaults(func=cmd_replay)

@@ -13,30 +13,33 @@ from csmd.model.formats import MAX_ID_BYTES, UpdateBlock
 from csmd.model.graph import Graph
 from csmd.model.labels import NO_NAMES, LabelNames
 from csmd.pipeline.deltas import DeltaEncoder
+from csmd.pipeline.event_time import EventTime
+from csmd.pipeline.sequencer import LATE
 from csmd.pipeline.stages import Pipeline
 
 def file_updates(source: FileSource, str_ids: bool = False, max_id_bytes: int = MAX_ID_BYTES,
-                 labels: LabelNames = NO_NAMES):
+                 labels: LabelNames = NO_NAMES, event_time: bool = False):
     """The updates of a stream file in order, runs of plain lines as UpdateBlocks (of integer
     ids: with str_ids, a graph keyed by strings, every line is decoded alone, its ids at most
     max_id_bytes long; a line that names a label is decoded alone, by `labels`); a bad line
-    stops the replay with file:line: reason."""
-    for item in source.read(blocks=not str_ids):
+    stops the replay with file:line: reason. event_time: every edge line must carry a ts (and
+    is decoded alone: blocks hold none)."""
+    for item in source.read(blocks=not (str_ids or event_time)):
         if isinstance(item, UpdateBlock):
             yield item
             continue
         try:
-            yield from decode_updates(item, "text", str_ids, max_id_bytes, labels=labels)
+            yield from decode_updates(item, "text", str_ids, max_id_bytes, labels=labels, event_time=event_time)
         except BadRecord as exc:
             raise InputError(item.input, item.offset, str(exc)) from None
 
 
-def read_stream(path) -> list:
+def read_stream(path, event_time: bool = False) -> list:
     """The whole stream file decoded, in memory (UpdateBlocks and Updates), for replay to time
     the pipeline alone: RapidFlow, the reference, loads its stream before its clock starts."""
     source = FileSource(path)
     try:
-        return list(file_updates(source))
+        return list(file_updates(source, event_time=event_time))
     finally:
         source.close()
 
@@ -52,7 +55,7 @@ def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: i
            distinct: bool = False, output=None, threaded: bool | None = None, show_progress: bool | None = None,
            backend: str = "cpu", executor_lag: int = 0, max_batch: int | None = None,
            max_id_bytes: int = MAX_ID_BYTES, labels: LabelNames = NO_NAMES,
-           started: float | None = None) -> tuple[list[dict], "Pipeline"]:
+           started: float | None = None, event_time: EventTime | None = None) -> tuple[list[dict], "Pipeline"]:
     """Run the stream through the pipeline on `backend`; returns one result dict per query and the pipeline.
     stream: a stream file's path (read as the pipeline goes: `seconds` includes reading it), or
     what read_stream made of one (`seconds`: the pipeline alone). threaded: the pipeline's
@@ -63,14 +66,15 @@ def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: i
     first batch runs as a later one would. distinct: every query gives one delta per
     subgraph instance (pipeline/queries.py continuous_query). A string id of the stream longer than
     max_id_bytes (UTF-8), or empty, stops it with file:line: reason. labels: the names a stream
-    file's lines may give labels by."""
+    file's lines may give labels by. event_time: the window and lateness of event time
+    (pipeline/event_time.py; every edge line then needs a ts); None: off."""
     started = time.monotonic() if started is None else started
     load_scanner()
     warm_once(resolve_backend(backend))  # before the engine: the GPU's pool keeps what the warm-up freed
     engine = continuous_engine(backend, g0)
     pipe = Pipeline(g0, engine=engine, batch_size=batch_size,
                     threaded=engine.staged_threads if threaded is None else threaded, executor_lag=executor_lag,
-                    max_batch=max_batch)
+                    max_batch=max_batch, event_time=event_time)
     for name, q in queries:
         pipe.add_query(name, q, count_only, distinct)
     pipe.warm()
@@ -97,8 +101,8 @@ def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: i
 
     t0 = time.monotonic()
     try:
-        stats = pipe.run(iter(stream) if in_memory else file_updates(source, g0.str_ids, max_id_bytes, labels),
-                         on_result)
+        stats = pipe.run(iter(stream) if in_memory else
+                         file_updates(source, g0.str_ids, max_id_bytes, labels, event_time is not None), on_result)
     finally:
         progress.close()
         if source is not None:
@@ -108,8 +112,10 @@ def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: i
         seconds = time.monotonic() - t0  # the stream's deltas are all out; releasing the engine is not its time
         pipe.engine.close()
     ignored = dict(pipe.ignored)
+    clock = pipe.sequencer.clock
     return [{
         "query": name, "positive": pos, "negative": neg, "updates": stats.updates, "records": stats.records,
         "ignored": sum(ignored.values()), "seconds": round(seconds, 6),
         "setup_seconds": round(t0 - started, 6), "backend": pipe.engine.name,
+        **({"late": ignored.get(LATE, 0), "expired": clock.expired, "watermark": clock.watermark} if clock else {}),
     } for name, (pos, neg) in totals.items()], pipe

@@ -462,8 +462,18 @@ def query_files(paths) -> list[Path]:
 
 # ---- update streams --------------------------------------------------------------------
 INSERT_EDGE, DELETE_EDGE, INSERT_VERTEX, DELETE_VERTEX = "e", "-e", "v", "-v"
-_UPDATE_FIELDS = {INSERT_EDGE: (2, 3), DELETE_EDGE: (2, 3), INSERT_VERTEX: (2, 2), DELETE_VERTEX: (1, 1)}
-_UPDATE_USAGE = {INSERT_EDGE: "u v [label]", DELETE_EDGE: "u v [label]", INSERT_VERTEX: "id label", DELETE_VERTEX: "id"}
+_UPDATE_FIELDS = {INSERT_EDGE: (2, 4), DELETE_EDGE: (2, 4), INSERT_VERTEX: (2, 2), DELETE_VERTEX: (1, 1)}
+_UPDATE_USAGE = {INSERT_EDGE: "u v [label [ts]]", DELETE_EDGE: "u v [label [ts]]", INSERT_VERTEX: "id label",
+                 DELETE_VERTEX: "id"}
+EDGE_OPS = (INSERT_EDGE, DELETE_EDGE)
+TS_NEEDED = 'event time ([graph] time = "event", --time event) needs a ts on every edge update'
+
+
+def ts_problem(ts) -> str | None:
+    """Why an update's ts is refused (None: it is not): an event time is an int64."""
+    if type(ts) is not int or not in_int64(ts):  # bool is an int subclass: refused too
+        return f"ts {ts!r} is not an integer in int64 range"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,6 +492,7 @@ class Update:
     # what its deltas carry of the input record (connectors.records.Carry.context): (key, headers,
     # fields), None when nothing
     context: tuple | None = None
+    ts: int | None = None  # the event time of an edge update (pipeline/event_time.py), None: none given
 
 
 def text_array(x: np.ndarray) -> pa.Array:
@@ -558,11 +569,12 @@ class UpdateBlock:
 
 def parse_update(line: str, path, lineno, source: str | None = None, origin: tuple | None = None,
                  str_ids: bool = False, max_id_bytes: int = MAX_ID_BYTES,
-                 labels: LabelNames = NO_NAMES) -> Update | None:
+                 labels: LabelNames = NO_NAMES, event_time: bool = False) -> Update | None:
     """Parse one stream line; None for blanks and comments. source / origin replace the
     defaults (path:lineno, (path, 0, lineno)) where the line is part of a larger record.
     str_ids: the vertex ids are the tokens as written (a graph keyed by strings; at most
-    max_id_bytes each), else int64. labels: the names that may stand for labels."""
+    max_id_bytes each), else int64. labels: the names that may stand for labels. An edge line's
+    fourth field is its ts (`e u v label ts`); event_time: every edge line must have one."""
     parts = line.split()
     if not parts or parts[0][0] == "#":
         return None
@@ -590,8 +602,15 @@ def parse_update(line: str, path, lineno, source: str | None = None, origin: tup
     if op == DELETE_VERTEX:
         return Update(op, u, -1, 0, source, origin)
     v = vertex(parts[2])
-    return Update(op, u, v, _label(parts[3], path, lineno, "edge label", labels.edge) if nf == 3 else 0, source,
-                  origin)
+    ts = None
+    if nf == 4:
+        ts = _int(parts[4], path, lineno, "ts")
+        if not in_int64(ts):
+            raise InputError(path, lineno, f"ts {ts} out of range (int64: -2^63 .. 2^63-1)")
+    elif event_time:
+        raise InputError(path, lineno, f"no ts: {TS_NEEDED} (e u v label ts)")
+    return Update(op, u, v, _label(parts[3], path, lineno, "edge label", labels.edge) if nf >= 3 else 0, source,
+                  origin, ts=ts)
 
 
 def read_updates(path):

@@ -17,6 +17,11 @@ In a directed graph an edge record names an arc: u -> v and v -> u are two edges
 vertex pair, which the engines store as one entry labelled with the code of the pair's arcs
 (model/direction.py). An arc added to or taken from a pair that keeps the other replaces
 the pair's code: the batch's edge op is the arc (matched), its stored ops the replacement.
+
+With event time (pipeline/event_time.py) the sequencer also keeps the clock: a late update is
+ignored (`late`), a live edge re-inserted with another ts is deleted then inserted, and after
+each update the edges that left the window are deleted, each an update of its own whose record
+is the one that moved the watermark. Such batches are sequenced record by record.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import NamedTuple
 from itertools import repeat
 
@@ -33,6 +39,7 @@ from csmd.engine import ContinuousEngine, UpdateBatch
 from csmd.model.direction import HALF, HALF_MASK, MAX_DIRECTED_LABEL, PRESENT, arc_code, arcs_of, flip
 from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, OPS, Update, UpdateBlock
 from csmd.model.graph import Graph, scalar
+from csmd.pipeline.event_time import Clock, EventTime
 
 FIRST_WINDOW, MAX_WINDOW = 1 << 11, 1 << 16  # block rows checked ahead: at first, at most
 # integer external ids below TABLE_SPAN times the vertex count plus TABLE_MIN are looked up
@@ -40,9 +47,11 @@ FIRST_WINDOW, MAX_WINDOW = 1 << 11, 1 << 16  # block rows checked ahead: at firs
 TABLE_SPAN, TABLE_MIN = 4, 1 << 16
 FEW_RECORDS = 16  # batches of Updates up to this size are sequenced record by record (about half the time)
 # why an update changed nothing: the keys of Sequencer.ignored (the daemon's metric shows each from the start)
-# (edge_label_range: a directed graph's edge label past MAX_DIRECTED_LABEL, which its pair codes cannot hold)
-IGNORED_REASONS = (SELF_LOOP, DUPLICATE_INSERT, MISSING_DELETE, DUPLICATE_VERTEX, MISSING_VERTEX, LABEL_RANGE) = (
-    "self_loop", "duplicate_insert", "missing_delete", "duplicate_vertex", "missing_vertex", "edge_label_range")
+# (edge_label_range: a directed graph's edge label past MAX_DIRECTED_LABEL, which its pair codes cannot hold;
+# late: under event time, a ts below the watermark less the window)
+IGNORED_REASONS = (SELF_LOOP, DUPLICATE_INSERT, MISSING_DELETE, DUPLICATE_VERTEX, MISSING_VERTEX, LABEL_RANGE, LATE) = (
+    "self_loop", "duplicate_insert", "missing_delete", "duplicate_vertex", "missing_vertex", "edge_label_range",
+    "late")
 
 
 class Vertices:
@@ -161,8 +170,10 @@ class _Checked(NamedTuple):
 
 
 class Sequencer:
-    def __init__(self, vertices: Vertices, engine: ContinuousEngine, first_seq: int = 0, directed: bool = False):
+    def __init__(self, vertices: Vertices, engine: ContinuousEngine, first_seq: int = 0, directed: bool = False,
+                 event_time: EventTime | None = None):
         self.vertices, self.engine, self.directed = vertices, engine, directed
+        self.clock = Clock(event_time, directed) if event_time is not None else None
         self.next_seq = first_seq
         self.ignored: Counter = Counter()
         # a block's rows checked ahead: (block, first row, _Checked, the row the next batch must start
@@ -173,6 +184,8 @@ class Sequencer:
     def sequence(self, records: list[Update] | UpdateBlock, arrived: np.ndarray | None = None) -> UpdateBatch:
         """Number the records and turn them into valid ops against the latest state."""
         arrived = arrived if arrived is not None else np.full(len(records), time.monotonic())
+        if self.clock is not None:
+            return self._general(records.updates() if isinstance(records, UpdateBlock) else records, arrived)
         if isinstance(records, UpdateBlock):
             batch = self._edges_block(records, arrived)
             return batch if batch is not None else self._general(records.updates(), arrived)
@@ -348,7 +361,7 @@ class Sequencer:
 
     def _general(self, records: list[Update], arrived: np.ndarray) -> UpdateBatch:
         """Any batch, one record at a time (vertex records, new vertices, a pair named twice)."""
-        vx, engine, directed = self.vertices, self.engine, self.directed
+        vx, engine, directed, clock = self.vertices, self.engine, self.directed, self.clock
         first, first_vertex = self.next_seq, vx.n
         edge_ops: list[tuple[int, int, int, int, int]] = []
         stored: list[tuple[int, int, int, int, int]] = []  # directed: the multi-version graph's ops
@@ -433,29 +446,50 @@ class Sequencer:
             vx.retire(v)
             return gone
 
+        def expire(rec) -> None:
+            """Delete the edges that left the window, each with a number of its own, as rec's."""
+            for key, ts in clock.due():
+                a, b = vx.index[key[0]], vx.index[key[1]]
+                gone = replace(rec, op=DELETE_EDGE, u=key[0], v=key[1], label=0, source=f"expired by {rec.source}",
+                               context=None, ts=ts)
+                edge(numbered(gone), a, b, -1, live_label(a, b))
+
         for rec in records:
             seq = self.next_seq
             self.next_seq += 1
             record_of[seq] = rec
+            timed = clock is not None and rec.op in (INSERT_EDGE, DELETE_EDGE)
+            if timed:
+                if clock.late(rec.ts):
+                    self.ignored[LATE] += 1
+                    continue
+                clock.advance(rec.ts)
             if rec.op == INSERT_EDGE:
                 if rec.u == rec.v:
                     self.ignored[SELF_LOOP] += 1
-                    continue
-                if directed and rec.label > MAX_DIRECTED_LABEL:
+                elif directed and rec.label > MAX_DIRECTED_LABEL:
                     self.ignored[LABEL_RANGE] += 1
-                    continue
-                a = vertex(rec.u, 0, seq)
-                b = vertex(rec.v, 0, seq)
-                if has(a, b):
-                    self.ignored[DUPLICATE_INSERT] += 1
                 else:
-                    edge(seq, a, b, +1, rec.label)
+                    a = vertex(rec.u, 0, seq)
+                    b = vertex(rec.v, 0, seq)
+                    key = timed and clock.key(rec.u, rec.v)
+                    if not has(a, b):
+                        edge(seq, a, b, +1, rec.label)
+                    elif not timed or clock.ts.get(key) == rec.ts:
+                        self.ignored[DUPLICATE_INSERT] += 1
+                    else:  # a new ts replaces the edge: it goes, then comes back under its new ts
+                        edge(seq, a, b, -1, live_label(a, b))
+                        edge(numbered(rec), a, b, +1, rec.label)
+                    if timed:
+                        clock.write(key, rec.ts)
             elif rec.op == DELETE_EDGE:
                 a, b = vx.index.get(rec.u), vx.index.get(rec.v)
                 if a is None or b is None or a == b or not has(a, b):
                     self.ignored[MISSING_DELETE] += 1
                 else:
                     edge(seq, a, b, -1, live_label(a, b))  # the stored edge's label: it is what vanishes
+                    if timed:
+                        clock.forget(clock.key(rec.u, rec.v))
             elif rec.op == INSERT_VERTEX:
                 v = vx.index.get(rec.u)
                 if v is None:
@@ -472,9 +506,13 @@ class Sequencer:
                 if v is None:
                     self.ignored[MISSING_VERTEX] += 1
                 else:
-                    drop_vertex(v, rec)
+                    for a, b, _ in drop_vertex(v, rec):
+                        if clock is not None:
+                            clock.forget(clock.key(vx.ext_ids[a], vx.ext_ids[b]))
             else:  # parse_update only makes the four ops above
                 raise ValueError(f"unknown update op {rec.op!r}")
+            if timed:
+                expire(rec)
         e = np.array(edge_ops, np.int64).reshape(-1, 5)
         vo = np.array(vertex_ops, np.int64).reshape(-1, 3)
         st = np.array(stored, np.int64).reshape(-1, 5)

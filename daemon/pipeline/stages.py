@@ -48,6 +48,7 @@ from csmd.latency import LatencyHistogram
 from csmd.model.direction import arcs_of
 from csmd.model.formats import Update, UpdateBlock
 from csmd.model.graph import Graph, id_array
+from csmd.pipeline.event_time import EventTime
 from csmd.pipeline.gc import GarbageCollector
 from csmd.pipeline.queries import canonical, continuous_query, vertex_matches
 from csmd.pipeline.sequencer import Sequencer, Vertices
@@ -179,6 +180,8 @@ class Pipeline:
     executor back until that many later batches were applied (a test switch that forces
     GU/EX overlap; queue_depth must exceed it).
 
+    event_time: its window and lateness (pipeline/event_time.py); None: off.
+
     max_batch (default batch_size): while the executor has a batch waiting (it is behind),
     the batch being formed takes up to this many records instead of batch_size. Every
     batch costs the same host work whatever its size (sequencing, launches, one result per
@@ -190,11 +193,11 @@ class Pipeline:
     def __init__(self, g0: Graph, *, engine: ContinuousEngine, batch_size: int = DEFAULT_BATCH_SIZE,
                  batch_wait: float = DEFAULT_BATCH_WAIT, queue_depth: int = 4, threaded: bool = True,
                  first_seq: int = 0, retired: np.ndarray | None = None, executor_lag: int = 0,
-                 max_batch: int | None = None):
+                 max_batch: int | None = None, event_time: EventTime | None = None):
         self.engine = engine
         self.vertices = Vertices(g0, retired)
         self.directed = g0.directed
-        self.sequencer = Sequencer(self.vertices, engine, first_seq, g0.directed)
+        self.sequencer = Sequencer(self.vertices, engine, first_seq, g0.directed, event_time)
         self.gc = GarbageCollector(first_seq)
         self.batch_size, self.batch_wait = batch_size, batch_wait
         self.max_batch = max(batch_size, max_batch or batch_size)

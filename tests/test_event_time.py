@@ -1,0 +1,284 @@
+"""Event time: every delta of timed streams (windows, lateness, late updates, replaced and expired
+edges) against a model that applies the semantics by definition, on every engine; the formats."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from csmd.connectors.records import BadRecord, Record, decode_updates
+from csmd.errors import InputError
+from csmd.jobs.replay import replay
+from csmd.model.formats import parse_query_text, parse_update, read_graph
+from csmd.pipeline.event_time import EventTime
+
+from brute import directed_embeddings, embeddings
+from continuous_cases import count_change
+
+
+class TimedModel:
+    """An undirected labelled graph with each edge's ts (None: the initial graph's, never expires),
+    and the watermark, changed one step at a time as docs/design.md says event time does."""
+
+    def __init__(self, rng: random.Random, n: int, labels: int, window: int | None, lateness: int,
+                 directed: bool = False):
+        self.rng, self.labels, self.window, self.lateness, self.directed = rng, labels, window, lateness, directed
+        self.vlabel = {10 + 2 * i: rng.randrange(labels) for i in range(n)}
+        self.edges: dict = {}  # edge (an arc (u, v), or a frozenset pair) -> (label, ts)
+        ids = list(self.vlabel)
+        for i, a in enumerate(ids):
+            for b in ids[i + 1:]:
+                if rng.random() < 0.25:
+                    self.edges[self.key(*rng.sample((a, b), 2))] = (0, None)
+        self.high = None
+        self.next_id = 10 + 2 * n
+
+    def key(self, a, b):
+        return (a, b) if self.directed else frozenset((a, b))
+
+    def ends(self, e) -> tuple:
+        """The edge's ends in the order its expiry is sorted by (an undirected one's smaller first)."""
+        return e if self.directed else (min(e), max(e))
+
+    def text(self) -> str:
+        return "".join(f"v {v} {lab}\n" for v, lab in self.vlabel.items()) + \
+            "".join(f"e {self.ends(e)[0]} {self.ends(e)[1]} {lab}\n" for e, (lab, _) in self.edges.items())
+
+    def matches(self, q) -> set:
+        if self.directed:
+            s, d, el = q.arcs()
+            return set(directed_embeddings({e: lab for e, (lab, _) in self.edges.items()}, self.vlabel,
+                                           dict(zip(zip(s.tolist(), d.tolist()), el.tolist())),
+                                           [int(x) for x in q.labels]))
+        ids = list(self.vlabel)
+        pos = {v: i for i, v in enumerate(ids)}
+        adj = [dict() for _ in ids]
+        for e, (lab, _) in self.edges.items():
+            a, b = (pos[x] for x in e)
+            adj[a][b] = adj[b][a] = lab
+        return {tuple(ids[i] for i in m) for m in embeddings(adj, [self.vlabel[v] for v in ids], q)}
+
+    def record(self, t: int) -> str:
+        """A random record at about event time t (jittered: out of order)."""
+        rng, ids = self.rng, list(self.vlabel)
+        ts = t + rng.randrange(-12, 4) if rng.random() < 0.9 else t - rng.randrange(20, 90)  # some late
+        if len(ids) < 3:
+            return f"v {self.next_id} {rng.randrange(self.labels)}"
+        r = rng.random()
+        if r < 0.55 or len(self.edges) < 2:
+            a, b = rng.sample(ids, 2)
+            if rng.random() < 0.15 and self.edges:  # re-insert a live edge: a new ts, or its own
+                e = rng.choice(list(self.edges))
+                a, b = self.ends(e)
+                ts = self.edges[e][1] if rng.random() < 0.3 and self.edges[e][1] is not None else ts
+            return f"e {a} {b} {rng.randrange(2)} {ts}"
+        if r < 0.85:
+            a, b = self.ends(rng.choice(list(self.edges))) if rng.random() < 0.85 else rng.sample(ids, 2)
+            return f"-e {a} {b} 0 {ts}" if self.directed or rng.random() < 0.5 else f"-e {b} {a} 0 {ts}"
+        if r < 0.93:
+            vid = self.next_id if rng.random() < 0.6 else rng.choice(ids)
+            return f"v {vid} {rng.randrange(self.labels)}"
+        return f"-v {rng.choice(ids)}"
+
+    def steps(self, line: str):
+        """The record's steps, each a change whose deltas are its own: the record itself (a late
+        one: none), a replaced edge's deletion and insertion apart, then each edge that expires."""
+        op, *f = line.split()
+        if op in ("v", "-v"):
+            yield lambda: self._vertex(op, [int(x) for x in f])
+            return
+        a, b, lab, ts = (int(x) for x in f)
+        e = self.key(a, b)
+        if self.window is not None and self.high is not None and ts < self.high - self.lateness - self.window:
+            return  # late
+        self.high = ts if self.high is None else max(self.high, ts)
+        if op == "e" and a != b:
+            if e in self.edges and self.edges[e][1] != ts:
+                yield lambda: self.edges.pop(e)
+            if e not in self.edges:
+                def insert():
+                    for x in (a, b):
+                        self.vlabel.setdefault(x, 0)
+                        self.next_id = max(self.next_id, x + 2)
+                    self.edges[e] = (lab, ts)
+                yield insert
+        elif op == "-e" and e in self.edges:
+            yield lambda: self.edges.pop(e)
+        if self.window is not None:
+            horizon = self.high - self.lateness - self.window
+            due = sorted((t, *self.ends(x)) for x, (_, t) in self.edges.items() if t is not None and t < horizon)
+            for _, x, y in due:
+                yield lambda x=x, y=y: self.edges.pop(self.key(x, y))
+
+    def _vertex(self, op, f) -> None:
+        if op == "v":
+            self.vlabel[f[0]] = f[1]
+            self.next_id = max(self.next_id, f[0] + 2)
+        elif f[0] in self.vlabel:
+            del self.vlabel[f[0]]
+            self.edges = {e: x for e, x in self.edges.items() if f[0] not in e}
+
+
+def timed_case(tmp_path, seed: int, steps: int = 60, directed: bool = False):
+    rng = random.Random(seed)
+    window = rng.choice([None, 15, 30, 60])
+    lateness = rng.choice([0, 0, 5])
+    model = TimedModel(rng, rng.randrange(5, 10), rng.randrange(1, 3), window, lateness, directed)
+    (tmp_path / "g0.graph").write_text(model.text())
+    queries = {}
+    for i, k in enumerate((2, 3, rng.randrange(3, 5))):
+        text = "".join(f"v {j} {rng.randrange(model.labels)}\n" for j in range(k)) + \
+            "".join(f"e {' '.join(map(str, rng.sample((rng.randrange(j), j), 2)))} {rng.randrange(2)}\n"
+                    for j in range(1, k))
+        if k >= 3 and rng.random() < 0.5 and f" 0 {k - 1} " not in text and f" {k - 1} 0 " not in text:
+            text += f"e 0 {k - 1} {rng.randrange(2)}\n"
+        queries[f"q{i}"] = parse_query_text(text, f"q{i}", directed=directed)
+    truth = {name: Counter() for name in queries}
+    lines = []
+    for lineno in range(1, steps + 1):
+        line = model.record(10 * lineno)
+        for step in model.steps(line):
+            count_change(truth, queries, model, lineno, step)
+        lines.append(line)
+    (tmp_path / "stream.txt").write_text("\n".join(lines) + "\n")
+    return queries, truth, EventTime(window, lateness), model
+
+
+def timed_replay(tmp_path, queries, spec, batch_size, backend, count_only=False, name="out.arrow", directed=False):
+    out = None if count_only else tmp_path / name
+    results, pipe = replay(read_graph(tmp_path / "g0.graph", directed=directed), tmp_path / "stream.txt", list(queries.items()),
+                           batch_size=batch_size, count_only=count_only, output=out, show_progress=False,
+                           backend=backend, event_time=spec)
+    return (None if count_only else ipc.open_file(out).read_all()), results, pipe
+
+
+def got_deltas(table, names) -> dict:
+    got = {name: Counter() for name in names}
+    for row in table.to_pylist():
+        line = int(row["source"].rsplit(":", 1)[1])  # an expiry's source: "expired by stream.txt:N"
+        got[row["query"]][(line, row["sign"], tuple(row["vertices"]))] += 1
+    return got
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_timed_delta_equals_the_model(tmp_path, seed, backend):
+    directed = seed % 3 == 2
+    queries, truth, spec, model = timed_case(tmp_path, seed, directed=directed)
+    table, results, pipe = timed_replay(tmp_path, queries, spec, random.Random(seed).choice([1, 7, 64]), backend,
+                                        directed=directed)
+    assert got_deltas(table, queries) == truth, (seed, spec)
+    for res in results:
+        assert res["positive"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s > 0)
+        assert res["negative"] == sum(c for (_, s, _), c in truth[res["query"]].items() if s < 0)
+        assert res["watermark"] == (None if model.high is None else model.high - spec.lateness)
+    # the live matches (every delta's sign summed) are the matches of the edges still in the window
+    for name, q in queries.items():
+        before = len(_initial(tmp_path, directed).matches(q))
+        assert before + sum(s * c for (_, s, _), c in truth[name].items()) == len(model.matches(q))
+
+
+def _initial(tmp_path, directed: bool) -> TimedModel:
+    """The initial graph as g0.graph has it, for counting its matches."""
+    g = TimedModel.__new__(TimedModel)
+    g.vlabel, g.edges, g.directed = {}, {}, directed
+    for line in (tmp_path / "g0.graph").read_text().splitlines():
+        op, *f = line.split()
+        if op == "v":
+            g.vlabel[int(f[0])] = int(f[1])
+        else:
+            g.edges[g.key(int(f[0]), int(f[1]))] = (int(f[2]), None)
+    return g
+
+
+@pytest.mark.parametrize("seed", range(100, 106))
+def test_timed_deltas_do_not_depend_on_batching(tmp_path, seed):
+    queries, _, spec, _ = timed_case(tmp_path, seed, steps=80)
+    reference, _, _ = timed_replay(tmp_path, queries, spec, 1, "cpu", name="ref.arrow")
+    for b in (7, 64):
+        table, _, _ = timed_replay(tmp_path, queries, spec, b, "cpu", name=f"b{b}.arrow")
+        assert table.equals(reference), b
+
+
+def test_late_updates_expiry_and_replacement_are_counted(tmp_path):
+    (tmp_path / "g0.graph").write_text("v 1 0\nv 2 0\nv 3 0\nv 4 0\ne 1 2 0\n")
+    (tmp_path / "stream.txt").write_text("e 2 3 0 10\ne 3 1 0 12\ne 1 4 0 20\ne 2 4 0 30\ne 2 3 0 5\ne 1 2 0 29\n")
+    tri = {"tri": parse_query_text("v 0 0\nv 1 0\nv 2 0\ne 0 1\ne 1 2\ne 2 0\n", "tri")}
+    table, results, pipe = timed_replay(tmp_path, tri, EventTime(10), 1, "cpu")
+    # 2-3 (ts 10) and 1-3 (12) expire when ts 30 arrives: the triangle 1-2-3 vanishes on the
+    # first, named by the record that moved the watermark; ts 5 is late; 1-2 (initial, untimed)
+    # re-inserted with a ts is replaced: the triangle 1-2-4 vanishes with it and comes back
+    got = Counter((r["source"].replace(f"{tmp_path}/", ""), r["sign"], tuple(sorted(r["vertices"])))
+                  for r in table.to_pylist())
+    assert got == {("stream.txt:2", 1, (1, 2, 3)): 6, ("stream.txt:4", 1, (1, 2, 4)): 6,
+                   ("expired by stream.txt:4", -1, (1, 2, 3)): 6,
+                   ("stream.txt:6", -1, (1, 2, 4)): 6, ("stream.txt:6", 1, (1, 2, 4)): 6}
+    assert (results[0]["late"], results[0]["expired"], results[0]["watermark"]) == (1, 2, 30)
+    assert results[0]["updates"] == 6 + 2 + 1 and pipe.ignored["late"] == 1
+
+
+def test_window_off_keeps_every_edge_and_needs_the_ts_all_the_same(tmp_path):
+    (tmp_path / "g0.graph").write_text("v 1 0\nv 2 0\nv 3 0\n")
+    (tmp_path / "stream.txt").write_text("e 1 2 0 1\ne 2 3 0 1000\ne 1 3 0 5\n")
+    tri = {"tri": parse_query_text("v 0 0\nv 1 0\nv 2 0\ne 0 1\ne 1 2\ne 2 0\n", "tri")}
+    _, results, _ = timed_replay(tmp_path, tri, EventTime(None), 1, "cpu", count_only=True)
+    assert (results[0]["positive"], results[0]["late"], results[0]["expired"]) == (6, 0, 0)
+    (tmp_path / "stream.txt").write_text("e 1 2 0 1\ne 2 3 0\n")
+    with pytest.raises(InputError, match=r"stream.txt:2: no ts: event time"):
+        timed_replay(tmp_path, tri, EventTime(None), 1, "cpu", count_only=True)
+
+
+def test_the_ts_in_every_input_format():
+    assert parse_update("e 1 2 3 -40", "f", 1).ts == -40
+    assert parse_update("-e 1 2 0 7", "f", 1).ts == 7
+    assert parse_update("e 1 2 3", "f", 1).ts is None
+    with pytest.raises(InputError, match="no ts"):
+        parse_update("e 1 2 3", "f", 1, event_time=True)
+    with pytest.raises(InputError, match="bad integer 'x' for ts"):
+        parse_update("e 1 2 3 x", "f", 1)
+    with pytest.raises(InputError, match="ts 9223372036854775808 out of range"):
+        parse_update("e 1 2 3 9223372036854775808", "f", 1)
+    assert parse_update("v 1 2", "f", 1, event_time=True).ts is None  # vertex records carry none
+
+    def rec(value: bytes) -> Record:
+        return Record("in", 0, 7, value)
+
+    got = decode_updates(rec(json.dumps([{"op": "e", "u": 1, "v": 2, "ts": 5}, {"op": "v", "u": 3, "label": 1}])
+                             .encode()), event_time=True)
+    assert [u.ts for u in got] == [5, None]
+    with pytest.raises(BadRecord, match="element 0: no ts"):
+        decode_updates(rec(b'[{"op": "e", "u": 1, "v": 2}]'), event_time=True)
+    with pytest.raises(BadRecord, match="ts '5' is not an integer"):
+        decode_updates(rec(b'{"op": "e", "u": 1, "v": 2, "ts": "5"}'))
+    with pytest.raises(BadRecord, match="no ts"):
+        decode_updates(rec(b"e 1 2 0"), "text", event_time=True)
+    assert decode_updates(rec(b"e 1 2 0 8"), "text", event_time=True)[0].ts == 8
+    sink = pa.BufferOutputStream()
+    table = pa.table({"op": ["e", "-e"], "u": [1, 1], "v": [2, 2], "ts": pa.array([3, None], pa.int64())})
+    with ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    assert [u.ts for u in decode_updates(rec(sink.getvalue().to_pybytes()))] == [3, None]
+    with pytest.raises(BadRecord, match="row 1: no ts"):
+        decode_updates(rec(sink.getvalue().to_pybytes()), event_time=True)
+
+
+def test_replay_command_line(tmp_path):
+    (tmp_path / "g.graph").write_text("v 1 0\nv 2 0\nv 3 0\n")
+    (tmp_path / "s.txt").write_text("e 1 2 0 1\ne 2 3 0 2\ne 1 3 0 50\n")
+    (tmp_path / "q.graph").write_text("v 0 0\nv 1 0\ne 0 1\n")
+    base = [sys.executable, "-m", "csmd", "replay", "--data", str(tmp_path / "g.graph"), "--stream",
+            str(tmp_path / "s.txt"), "--query", str(tmp_path / "q.graph"), "--backend", "cpu", "--json"]
+    out = subprocess.run(base + ["--window", "10"], capture_output=True, text=True, check=True).stdout
+    res = json.loads(out)
+    # 1-2 and 2-3 expire at ts 50: each edge is two matches of an edge query (both directions)
+    assert (res["positive"], res["negative"], res["expired"], res["watermark"]) == (6, 4, 2, 50)
+    bad = subprocess.run(base + ["--window", "-1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--window: must be >= 0" in bad.stderr
+    plain = json.loads(subprocess.run(base, capture_output=True, text=True, check=True).stdout)
+    assert "watermark" not in plain and plain["positive"] == 6  # without event time the ts is read and unused
