@@ -32,7 +32,8 @@ CASES = [
     # (data, query, expected message fragment): the fragment names file:line and the reason
     ("t 2 1\nv 0 1 1\nv 1 2 1\ne 0 7\n", GOOD_QUERY, "data.graph:4: edge (0, 7) names unknown vertex 7"),
     ("t 2 1\nv 0 1 1\nv x 2 1\ne 0 1\n", GOOD_QUERY, "data.graph:3: bad integer 'x' for vertex id"),
-    ("t 2 1\nv 0 1 1\nv 1 2 1\ne 0 1 0 5\n", GOOD_QUERY, "data.graph:4: wrong field count: 'e' takes u v [label], got 4 fields"),
+    ("t 2 1\nv 0 1 1\nv 1 2 1\ne 0 1 0 5 6\n", GOOD_QUERY,
+     "data.graph:4: wrong field count: 'e' takes u v [label [ts]], got 5 fields"),
     ("t 2 1\nv 0 1 1\nv 0 2 1\ne 0 1\n", GOOD_QUERY, "data.graph:3: duplicate vertex id 0"),
     ("v 0 1\nv 1\ne 0 1 0\n", GOOD_QUERY, "data.graph:2: vertex 1: label missing"),
     ("v 0 1\nv 1 -3\n", GOOD_QUERY, "data.graph:2: vertex label -3 out of range"),

@@ -36,7 +36,7 @@ class TimedModel:
         for i, a in enumerate(ids):
             for b in ids[i + 1:]:
                 if rng.random() < 0.25:
-                    self.edges[self.key(*rng.sample((a, b), 2))] = (0, None)
+                    self.edges[self.key(*rng.sample((a, b), 2))] = (0, rng.choice([None, rng.randrange(-20, 40)]))
         self.high = None
         self.next_id = 10 + 2 * n
 
@@ -49,7 +49,8 @@ class TimedModel:
 
     def text(self) -> str:
         return "".join(f"v {v} {lab}\n" for v, lab in self.vlabel.items()) + \
-            "".join(f"e {self.ends(e)[0]} {self.ends(e)[1]} {lab}\n" for e, (lab, _) in self.edges.items())
+            "".join(f"e {self.ends(e)[0]} {self.ends(e)[1]} {lab}{'' if ts is None else f' {ts}'}\n"
+                    for e, (lab, ts) in self.edges.items())
 
     def matches(self, q) -> set:
         if self.directed:
@@ -282,3 +283,26 @@ def test_replay_command_line(tmp_path):
     assert bad.returncode == 2 and "--window: must be >= 0" in bad.stderr
     plain = json.loads(subprocess.run(base, capture_output=True, text=True, check=True).stdout)
     assert "watermark" not in plain and plain["positive"] == 6  # without event time the ts is read and unused
+
+
+def test_the_initial_graph_gives_its_edges_a_ts_in_text_and_tables(tmp_path):
+    """Edges of the initial graph with a ts expire when the first update moves the watermark
+    past it; those without one stay."""
+    (tmp_path / "g.graph").write_text("v 1 0\nv 2 0\nv 3 0\ne 1 2 0 5\ne 2 3 0\n")
+    src, dst = pa.array([1, 2]), pa.array([2, 3])
+    pq_path = tmp_path / "g.parquet"
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"src": src, "dst": dst, "label": pa.array([0, 0], pa.int32()),
+                             "ts": pa.array([5, None], pa.int64())}), pq_path)
+    (tmp_path / "stream.txt").write_text("e 1 3 0 100\n")
+    edge = {"edge": parse_query_text("v 0 0\nv 1 0\ne 0 1\n", "edge")}
+    for g in (read_graph(tmp_path / "g.graph"), read_graph(pq_path)):
+        assert [c.tolist() for c in g.edge_ts] == [[1], [2], [5]]
+        results, _ = replay(g, tmp_path / "stream.txt", list(edge.items()), batch_size=1, count_only=True,
+                            show_progress=False, backend="cpu", event_time=EventTime(10))
+        assert (results[0]["positive"], results[0]["negative"], results[0]["expired"]) == (2, 2, 1)
+    with pytest.raises(InputError, match="bad integer 'x' for ts"):
+        (tmp_path / "bad.graph").write_text("v 1 0\nv 2 0\ne 1 2 0 x\n")
+        read_graph(tmp_path / "bad.graph")
+    with pytest.raises(InputError, match=r"'e' takes u v \[label\], got 4 fields"):
+        parse_query_text("v 0 0\nv 1 0\ne 0 1 0 5\n", "q")

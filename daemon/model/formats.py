@@ -68,6 +68,13 @@ def id_problem(x: str, max_bytes: int) -> str | None:
     return None
 
 
+def _ts(tok: str, path, lineno) -> int:
+    val = _int(tok, path, lineno, "ts")
+    if not in_int64(val):
+        raise InputError(path, lineno, f"ts {val} out of range (int64: -2^63 .. 2^63-1)")
+    return val
+
+
 def _vertex_id(tok: str, path, lineno) -> int:
     val = _int(tok, path, lineno, "vertex id")
     if not in_int64(val):
@@ -130,6 +137,7 @@ def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNa
     dst: list[int] = []
     els: list[int] = []
     edge_lines: list[int] = []
+    timed: list[tuple[int, int, int]] = []  # (u, v, ts) of the edges given an event time
     header = None
     for lineno, line in _lines(path) if lines is None else lines:
         parts = line.split()
@@ -149,8 +157,9 @@ def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNa
             if len(parts) == 4:
                 _int(parts[3], path, lineno, "degree")
         elif tag == "e":
-            if len(parts) not in (3, 4):
-                raise InputError(path, lineno, f"wrong field count: 'e' takes u v [label], got {len(parts) - 1} fields")
+            if len(parts) not in (3, 4, 5) or (query and len(parts) == 5):
+                raise InputError(path, lineno, f"wrong field count: 'e' takes u v [label{'' if query else ' [ts]'}], "
+                                               f"got {len(parts) - 1} fields")
             u = _vertex_id(parts[1], path, lineno)
             v = _vertex_id(parts[2], path, lineno)
             for x in (u, v):
@@ -160,8 +169,10 @@ def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNa
                 raise InputError(path, lineno, f"query edge ({u}, {v}) is a self-loop: no data edge matches it")
             src.append(ids[u])
             dst.append(ids[v])
-            els.append(_label(parts[3], path, lineno, "edge label", names.edge) if len(parts) == 4 else 0)
+            els.append(_label(parts[3], path, lineno, "edge label", names.edge) if len(parts) >= 4 else 0)
             edge_lines.append(lineno)
+            if len(parts) == 5:
+                timed.append((u, v, _ts(parts[4], path, lineno)))
         elif tag == "t":
             if header is not None or labels or src:
                 raise InputError(path, lineno, "'t' header must be the first record")
@@ -188,7 +199,10 @@ def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNa
     if not query:
         _warn_both_ways(path, both)
     ext_ids = None if np.array_equal(ext, np.arange(len(ext))) else ext
-    return Graph.from_edges(labels, src, dst, els, ext_ids, directed)
+    g = Graph.from_edges(labels, src, dst, els, ext_ids, directed)
+    if timed:
+        g.edge_ts = tuple(np.array(c, np.int64) for c in zip(*timed))
+    return g
 
 
 def _check_direction(path, src, dst, els, where, query: bool, directed: bool) -> None:
@@ -354,7 +368,18 @@ def _read_table_graph(path: Path, max_id_bytes: int = MAX_ID_BYTES, directed: bo
     _check_direction(path, src, dst, el, "row {}".format, False, directed)
     _warn_both_ways(path, both)
     ext_ids = None if ext.dtype.kind in "iu" and np.array_equal(ext, np.arange(len(ext))) else ext
-    return Graph.from_edges(labels, internal[0], internal[1], el, ext_ids, directed)
+    g = Graph.from_edges(labels, internal[0], internal[1], el, ext_ids, directed)
+    if "ts" in edges.column_names:  # event times; a null one: that edge has none
+        col = edges.column("ts")
+        if not arrow_integer(col.type):
+            raise InputError(path, None, f"column 'ts' is {col.type}, expected integer (event time)")
+        given = ~col.is_null().to_numpy(zero_copy_only=False)
+        if given.any():
+            ts = col.to_numpy(zero_copy_only=False)[given]
+            if ts.dtype == np.uint64 and ts.max() > np.iinfo(np.int64).max:
+                raise InputError(path, None, "column 'ts' holds a value past int64")
+            g.edge_ts = (src[given], dst[given], ts.astype(np.int64))
+    return g
 
 
 def write_graph_tables(graph: Graph, path) -> None:
@@ -604,9 +629,7 @@ def parse_update(line: str, path, lineno, source: str | None = None, origin: tup
     v = vertex(parts[2])
     ts = None
     if nf == 4:
-        ts = _int(parts[4], path, lineno, "ts")
-        if not in_int64(ts):
-            raise InputError(path, lineno, f"ts {ts} out of range (int64: -2^63 .. 2^63-1)")
+        ts = _ts(parts[4], path, lineno)
     elif event_time:
         raise InputError(path, lineno, f"no ts: {TS_NEEDED} (e u v label ts)")
     return Update(op, u, v, _label(parts[3], path, lineno, "edge label", labels.edge) if nf >= 3 else 0, source,

@@ -44,7 +44,8 @@ class Graph:
     indptr[v]..indptr[v+1] is v's slice of `indices` (neighbors, ascending) and
     `elabels` (the label of each such edge; directed: the code of the pair's arcs as v sees
     them). Derived indexes used by the matchers (sorted edge keys, label-grouped adjacency)
-    are built on first use.
+    are built on first use. edge_ts: the event times its file gave edges, as (u, v, ts) arrays
+    of external ids (None: none; pipeline/event_time.py expires them).
     """
 
     def __init__(self, labels, indptr, indices, elabels, ext_ids=None, directed: bool = False):
@@ -58,6 +59,7 @@ class Graph:
         self._index_of = None
         self._edge_keys = None
         self._grouped = None
+        self.edge_ts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     # ---- construction -------------------------------------------------------
     @property

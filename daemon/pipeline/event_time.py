@@ -13,8 +13,9 @@ ts of any edge update applied so far, less `lateness`. With a window W:
 
 Re-inserting a live edge with another ts replaces it: its deletion (the matches judged under
 the old ts vanish), then its insertion under the new ts, each with its own sequence number.
-Without a window nothing is late and nothing expires; the ts are still kept. Edges that no
-timed update has written (the initial graph's) carry no ts and never expire. The clock keys
+Without a window nothing is late and nothing expires; the ts are still kept. Edges of the
+initial graph carry the ts its file gives them (nothing expires before the first update sets
+the watermark); edges without one never expire. The clock keys
 edges by external ids, so a relabel (which gives a vertex a new internal id) keeps them.
 """
 
@@ -73,6 +74,16 @@ class Clock:
         self.ts[key] = ts
         if self.spec.window is not None:
             heapq.heappush(self._heap, (ts, key))
+
+    def seed(self, edge_ts) -> None:
+        """The initial graph's event times (Graph.edge_ts: u, v, ts arrays; None: none); an edge
+        given twice keeps its first, as the graph keeps the first of a repeated edge."""
+        if edge_ts is None:
+            return
+        for u, v, ts in zip(*(c.tolist() for c in edge_ts)):
+            key = self.key(u, v)
+            if key not in self.ts:
+                self.write(key, ts)
 
     def forget(self, key: tuple) -> None:
         self.ts.pop(key, None)

@@ -197,7 +197,7 @@ class Pipeline:
         self.engine = engine
         self.vertices = Vertices(g0, retired)
         self.directed = g0.directed
-        self.sequencer = Sequencer(self.vertices, engine, first_seq, g0.directed, event_time)
+        self.sequencer = Sequencer(self.vertices, engine, first_seq, g0.directed, event_time, g0.edge_ts)
         self.gc = GarbageCollector(first_seq)
         self.batch_size, self.batch_wait = batch_size, batch_wait
         self.max_batch = max(batch_size, max_batch or batch_size)
