@@ -45,7 +45,8 @@ class Graph:
     `elabels` (the label of each such edge; directed: the code of the pair's arcs as v sees
     them). Derived indexes used by the matchers (sorted edge keys, label-grouped adjacency)
     are built on first use. edge_ts: the event times its file gave edges, as (u, v, ts) arrays
-    of external ids (None: none; pipeline/event_time.py expires them).
+    of external ids (None: none; pipeline/event_time.py expires them); high_ts: a checkpoint's
+    largest ts applied (the watermark before lateness), where the graph is one.
     """
 
     def __init__(self, labels, indptr, indices, elabels, ext_ids=None, directed: bool = False):
@@ -60,6 +61,7 @@ class Graph:
         self._edge_keys = None
         self._grouped = None
         self.edge_ts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.high_ts: int | None = None
 
     # ---- construction -------------------------------------------------------
     @property

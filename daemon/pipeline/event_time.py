@@ -75,9 +75,11 @@ class Clock:
         if self.spec.window is not None:
             heapq.heappush(self._heap, (ts, key))
 
-    def seed(self, edge_ts) -> None:
-        """The initial graph's event times (Graph.edge_ts: u, v, ts arrays; None: none); an edge
-        given twice keeps its first, as the graph keeps the first of a repeated edge."""
+    def seed(self, edge_ts, high: int | None = None) -> None:
+        """The initial graph's event times (Graph.edge_ts: u, v, ts arrays; None: none; an edge
+        given twice keeps its first, as the graph keeps the first of a repeated edge) and, for a
+        checkpoint's graph, the largest ts applied before it (Graph.high_ts)."""
+        self.high = high
         if edge_ts is None:
             return
         for u, v, ts in zip(*(c.tolist() for c in edge_ts)):

@@ -171,12 +171,12 @@ class _Checked(NamedTuple):
 
 class Sequencer:
     def __init__(self, vertices: Vertices, engine: ContinuousEngine, first_seq: int = 0, directed: bool = False,
-                 event_time: EventTime | None = None, edge_ts=None):
-        """event_time: its settings (None: off); edge_ts: the initial graph's (Graph.edge_ts)."""
+                 event_time: EventTime | None = None, g0: Graph | None = None):
+        """event_time: its settings (None: off); the clock starts from g0's edge_ts and high_ts."""
         self.vertices, self.engine, self.directed = vertices, engine, directed
         self.clock = Clock(event_time, directed) if event_time is not None else None
-        if self.clock is not None:
-            self.clock.seed(edge_ts)
+        if self.clock is not None and g0 is not None:
+            self.clock.seed(g0.edge_ts, g0.high_ts)
         self.next_seq = first_seq
         self.ignored: Counter = Counter()
         # a block's rows checked ahead: (block, first row, _Checked, the row the next batch must start

@@ -135,6 +135,10 @@ class GraphState:
     seq: int  # the updates before it are in
     str_ids: bool = False  # the ids' kind, also where there is no vertex to tell
     directed: bool = False
+    # event time (pipeline/event_time.py): each edge's ts (None: it has none) and the largest ts
+    # applied; None where event time is off
+    edge_ts: list | None = None
+    high_ts: int | None = None
 
     def live_graph(self) -> Graph:
         """The live vertices and edges as a static Graph (renumbered)."""
@@ -197,7 +201,7 @@ class Pipeline:
         self.engine = engine
         self.vertices = Vertices(g0, retired)
         self.directed = g0.directed
-        self.sequencer = Sequencer(self.vertices, engine, first_seq, g0.directed, event_time, g0.edge_ts)
+        self.sequencer = Sequencer(self.vertices, engine, first_seq, g0.directed, event_time, g0)
         self.gc = GarbageCollector(first_seq)
         self.batch_size, self.batch_wait = batch_size, batch_wait
         self.max_batch = max(batch_size, max_batch or batch_size)
@@ -249,8 +253,11 @@ class Pipeline:
             if self.directed:  # the engines hold pairs
                 src, dst, lab = arcs_of(src, dst, lab)
             vx = self.vertices
+            clock = self.sequencer.clock
+            edge_ts = None if clock is None else [clock.ts.get(clock.key(vx.ext_ids[a], vx.ext_ids[b]))
+                                                  for a, b in zip(src.tolist(), dst.tolist())]
             return GraphState(list(vx.ext_ids), vx.labels.copy(), vx.alive(), src, dst, lab, self.next_seq, vx.str_ids,
-                              self.directed)
+                              self.directed, edge_ts, None if clock is None else clock.high)
 
     def engine_stats(self) -> dict:
         s = self.engine.stats()

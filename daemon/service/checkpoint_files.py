@@ -66,9 +66,13 @@ def write_checkpoint(directory, graph: GraphState, state: dict, keep: int = 2, f
     }), tmp / "vertices.arrow")
     # a directed graph's edges are its arcs, and its schema says so (a restore under another [graph]
     # directed stops: read_local)
+    # under event time each edge's ts too (null: none), and the largest ts applied
     _write_table(pa.table({"src": pa.array(graph.src, pa.int64()), "dst": pa.array(graph.dst, pa.int64()),
-                           "label": pa.array(graph.elabel, pa.int32())},
+                           "label": pa.array(graph.elabel, pa.int32()),
+                           **({} if graph.edge_ts is None else {"ts": pa.array(graph.edge_ts, pa.int64())})},
                           metadata={"directed": "true"} if graph.directed else None), tmp / "edges.arrow")
+    if graph.edge_ts is not None:
+        state = {**state, "high_ts": graph.high_ts}
     (tmp / "state.json").write_text(json.dumps({"format": FORMAT_VERSION, **state}, indent=1))
     _fsync(tmp / "state.json")
     _fsync(tmp)
@@ -105,8 +109,13 @@ def _read_one(folder: Path) -> Checkpoint:
     edges = ipc.open_file(str(folder / "edges.arrow")).read_all()
     ids = verts.column("id").to_numpy(zero_copy_only=False)
     directed = (edges.schema.metadata or {}).get(b"directed") == b"true"
-    g = Graph.from_edges(verts.column("label").to_numpy(), edges.column("src").to_numpy(),
-                         edges.column("dst").to_numpy(), edges.column("label").to_numpy(), ids, directed)
+    src, dst = edges.column("src").to_numpy(), edges.column("dst").to_numpy()
+    g = Graph.from_edges(verts.column("label").to_numpy(), src, dst, edges.column("label").to_numpy(), ids, directed)
+    if "ts" in edges.column_names:  # written under event time: the clock restarts from them and high_ts
+        given = ~edges.column("ts").is_null().to_numpy(zero_copy_only=False)
+        g.edge_ts = (ids[src[given]], ids[dst[given]], edges.column("ts").to_numpy(zero_copy_only=False)[given]
+                     .astype(np.int64))
+        g.high_ts = state.get("high_ts")
     return Checkpoint(g, ~verts.column("alive").to_numpy(zero_copy_only=False), state)
 
 
