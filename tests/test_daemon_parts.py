@@ -11,7 +11,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from csmd.service.checkpoint_files import read_checkpoint, write_checkpoint
-from csmd.service.config import DEFAULTS, load_config
+from csmd.service.config import Config, load_config
 from csmd.connectors.records import BadRecord, Record, decode_updates
 from csmd.cpu.numpy_engine import CpuEngine
 from csmd.service.delivery import DeliveryTracker
@@ -33,12 +33,12 @@ def test_config_layers_defaults_file_and_environment(tmp_path):
                  '[checkpoint]\ninterval_s = 5\n')
     cfg = load_config(f, env={"CSMD_PIPELINE__BATCH_SIZE": "32", "CSMD_KAFKA__TRANSACTIONS": "yes",
                               "CSMD_QUERIES__PATHS": "a.graph, b.graph", "OTHER": "x"})
-    assert cfg["kafka"]["bootstrap"] == "b:1"
-    assert cfg["pipeline"]["batch_size"] == 32 and cfg["kafka"]["transactions"] is True
-    assert cfg["queries"]["paths"] == ["a.graph", "b.graph"]
-    assert cfg["graph"]["initial"] == str(tmp_path / "g.graph")  # relative to the file
-    assert cfg["checkpoint"]["interval_s"] == 5.0
-    assert cfg["topics"] == DEFAULTS["topics"]
+    assert cfg.kafka.bootstrap == "b:1"
+    assert cfg.pipeline.batch_size == 32 and cfg.kafka.transactions is True
+    assert cfg.queries.paths == ["a.graph", "b.graph"]
+    assert cfg.graph.initial == str(tmp_path / "g.graph")  # relative to the file
+    assert cfg.checkpoint.interval_s == 5.0
+    assert cfg.topics == Config().topics
 
 
 @pytest.mark.parametrize("text, env, message", [
