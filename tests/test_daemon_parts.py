@@ -76,6 +76,29 @@ def test_shipped_configs_load():
         load_config(path, env={})
 
 
+def test_default_toml_lists_every_setting_of_the_typed_config_with_its_default():
+    """configs/default.toml says it lists every setting with its default: key by key, both ways,
+    against Config (the defaults the daemon runs with), value and TOML type alike."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    path = HUMAN.parents[1] / "configs" / "default.toml"
+    written, typed = tomllib.loads(path.read_text()), Config().as_dict()
+    for section, table in written.items():
+        assert section in typed, f"default.toml has [{section}], the typed config has no such section"
+        for key, value in table.items():
+            assert key in typed[section], f"default.toml has [{section}] {key}, the typed config has no such setting"
+            default = typed[section][key]
+            assert value == default and type(value) is type(default), \
+                f"[{section}] {key}: {value!r} in default.toml, {default!r} in the typed config"
+    for section, table in typed.items():
+        for key in table:
+            assert key in written.get(section, {}), f"[{section}] {key} is missing from default.toml"
+    assert load_config(path, env={}) == Config()
+
+
 # ---- records -----------------------------------------------------------------------------------------
 def _rec(value: bytes, headers=None) -> Record:
     return Record("in", 0, 7, value, list((headers or {}).items()))

@@ -3,7 +3,7 @@ environment overrides.
 
 `load_config(path, env)` gives a `Config`: one frozen dataclass per [section] (cfg.kafka.bootstrap,
 cfg.pipeline.batch_size, ...), each field a setting with its default. configs/default.toml lists
-the same settings with the same defaults.
+the same settings with the same defaults (tests/test_daemon_parts.py holds them together).
 
 `CSMD_<SECTION>__<KEY>=value` overrides one setting (CSMD_KAFKA__BOOTSTRAP=host:9092);
 the value is read as the setting's type. Unknown sections and keys, and values of
