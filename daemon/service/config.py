@@ -80,8 +80,8 @@ class InputConfig:
 
     format: str = _setting("auto", choices=("auto", "arrow", "json", "text"))
     # records taken in one poll (backpressure's room permitting): every poll costs the consume
-    # loop and the updater a step of bookkeeping whatever its size, and a cluster instance
-    # pays it for every record (500 held the human stream at 48k upd/s, 5000 gave 76k)
+    # loop and the updater a step of bookkeeping whatever its size, and a cluster instance pays
+    # it for every record, so polls are large (bench/README.md says what 500 and 5000 gave)
     max_poll_records: int = _setting(5000, positive=True)
 
 
@@ -94,7 +94,7 @@ class GraphConfig:
     # deployment keyed by strings start empty, "int" or "string" with a graph of the other kind stops the start
     ids: str = _setting("auto", choices=("auto", "int", "string"))
     # the longest string vertex id in UTF-8 bytes (longer ones and empty ones are dead letters): every
-    # match, delta and checkpoint holds its ids (one of 100,000 characters made 100 inserts take 46 s)
+    # match, delta and checkpoint holds its ids, so one huge id slows all that holds it
     max_id_bytes: int = _setting(256, positive=True)
     # names that stand for labels in graph, query and update text and in JSON/Arrow records:
     # { account = 0, device = 1 } (model/labels.py)
@@ -124,8 +124,7 @@ class PipelineConfig:
     # while the executor is behind, a batch takes up to this many records (never fewer than
     # batch_size): high rates are matched in large batches, low ones in small batches. Each
     # batch costs host work whatever its size (a graph version per touched vertex, a Kafka
-    # record per query): 16384, not 4096, took a 4-instance cluster on the human stream from
-    # 1.30x to 2.00x its single instance's rate (bench/cluster.py, same H100 host)
+    # record per query), so the limit is high (bench/README.md has the measurement)
     max_batch: int = _setting(16384, positive=True)
     queue_depth: int = _setting(4, positive=True)
     # the consumer pauses above this many records in flight: some 5 of the largest batches,
