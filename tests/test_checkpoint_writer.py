@@ -42,11 +42,12 @@ def slow_writer(monkeypatch):
 
 def test_a_slow_writer_runs_alone_and_an_idle_daemon_writes_nothing_new(tmp_path, kafka_bootstrap, slow_writer):
     t = Topics(kafka_bootstrap)
-    cfg = load_config(None)
-    cfg["kafka"].update(bootstrap=kafka_bootstrap, group=f"g-{t.input}")
-    cfg["topics"].update(input=t.input, output=t.output, control=t.control, dead_letter=t.dead_letter)
-    cfg["checkpoint"].update(dir=str(tmp_path / "ckpt"), interval_s=0.02)  # far shorter than a write
-    cfg["admin"]["listen"] = ""
+    cfg = load_config(None, env={
+        "CSMD_KAFKA__BOOTSTRAP": kafka_bootstrap, "CSMD_KAFKA__GROUP": f"g-{t.input}",
+        "CSMD_TOPICS__INPUT": t.input, "CSMD_TOPICS__OUTPUT": t.output, "CSMD_TOPICS__CONTROL": t.control,
+        "CSMD_TOPICS__DEAD_LETTER": t.dead_letter, "CSMD_CHECKPOINT__DIR": str(tmp_path / "ckpt"),
+        "CSMD_CHECKPOINT__INTERVAL_S": "0.02",  # far shorter than a write
+        "CSMD_ADMIN__LISTEN": ""})
     d = Daemon(cfg, get_logger())
     runner = threading.Thread(target=lambda: slow_writer.update(code=d.run()))
     runner.start()

@@ -11,7 +11,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from csmd.service.checkpoint_files import read_checkpoint, write_checkpoint
-from csmd.service.config import DEFAULTS, load_config
+from csmd.service.config import Config, load_config
 from csmd.connectors.records import BadRecord, Record, decode_updates
 from csmd.cpu.numpy_engine import CpuEngine
 from csmd.service.delivery import DeliveryTracker
@@ -34,12 +34,12 @@ def test_config_layers_defaults_file_and_environment(tmp_path):
                  '[checkpoint]\ninterval_s = 5\n')
     cfg = load_config(f, env={"CSMD_PIPELINE__BATCH_SIZE": "32", "CSMD_KAFKA__TRANSACTIONS": "yes",
                               "CSMD_QUERIES__PATHS": "a.graph, b.graph", "OTHER": "x"})
-    assert cfg["kafka"]["bootstrap"] == "b:1"
-    assert cfg["pipeline"]["batch_size"] == 32 and cfg["kafka"]["transactions"] is True
-    assert cfg["queries"]["paths"] == ["a.graph", "b.graph"]
-    assert cfg["graph"]["initial"] == str(tmp_path / "g.graph")  # relative to the file
-    assert cfg["checkpoint"]["interval_s"] == 5.0
-    assert cfg["topics"] == DEFAULTS["topics"]
+    assert cfg.kafka.bootstrap == "b:1"
+    assert cfg.pipeline.batch_size == 32 and cfg.kafka.transactions is True
+    assert cfg.queries.paths == ["a.graph", "b.graph"]
+    assert cfg.graph.initial == str(tmp_path / "g.graph")  # relative to the file
+    assert cfg.checkpoint.interval_s == 5.0
+    assert cfg.topics == Config().topics
 
 
 @pytest.mark.parametrize("text, env, message", [
@@ -75,6 +75,29 @@ def test_config_errors_name_the_file_and_key(tmp_path, text, env, message):
 def test_shipped_configs_load():
     for path in (HUMAN.parents[1] / "configs").glob("*.toml"):
         load_config(path, env={})
+
+
+def test_default_toml_lists_every_setting_of_the_typed_config_with_its_default():
+    """configs/default.toml says it lists every setting with its default: key by key, both ways,
+    against Config (the defaults the daemon runs with), value and TOML type alike."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    path = HUMAN.parents[1] / "configs" / "default.toml"
+    written, typed = tomllib.loads(path.read_text()), Config().as_dict()
+    for section, table in written.items():
+        assert section in typed, f"default.toml has [{section}], the typed config has no such section"
+        for key, value in table.items():
+            assert key in typed[section], f"default.toml has [{section}] {key}, the typed config has no such setting"
+            default = typed[section][key]
+            assert value == default and type(value) is type(default), \
+                f"[{section}] {key}: {value!r} in default.toml, {default!r} in the typed config"
+    for section, table in typed.items():
+        for key in table:
+            assert key in written.get(section, {}), f"[{section}] {key} is missing from default.toml"
+    assert load_config(path, env={}) == Config()
 
 
 # ---- records -----------------------------------------------------------------------------------------

@@ -162,8 +162,7 @@ class _Sink:
 
 def _daemon() -> ConsumeLoop:
     """The daemon's consume loop over fakes of the input and the sink, with its own control plane and dead letters."""
-    cfg = load_config(None)
-    cfg["topics"]["input"] = "in"  # the records' input: their dead letters are tracked
+    cfg = load_config(None, env={"CSMD_TOPICS__INPUT": "in"})  # the records' input: their dead letters are tracked
     ctx, sink, tracker, intake, offsets, queries = DaemonContext(cfg, get_logger()), _Sink(), DeliveryTracker(), \
         Intake(), {}, Queries()
     handed = []

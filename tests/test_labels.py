@@ -127,8 +127,8 @@ def test_a_daemon_config_serves_as_labels_file_and_config_errors_name_the_key(tm
     cfg = tmp_path / "d.toml"
     cfg.write_text("[graph]\nlabels = { account = 0 }\nedge_labels = { transfer = 0 }\n[log]\nlevel = 'info'\n")
     assert LabelNames.load(cfg) == LabelNames({"account": 0}, {"transfer": 0})
-    assert load_config(cfg, env={})["graph"]["labels"] == {"account": 0}
-    assert load_config(None, env={"CSMD_GRAPH__EDGE_LABELS": "{ login = 1 }"})["graph"]["edge_labels"] == {"login": 1}
+    assert load_config(cfg, env={}).graph.labels == {"account": 0}
+    assert load_config(None, env={"CSMD_GRAPH__EDGE_LABELS": "{ login = 1 }"}).graph.edge_labels == {"login": 1}
     cfg.write_text("[graph]\nlabels = { account = 0, card = 0 }\n")
     with pytest.raises(CsmdError, match=r"d.toml: \[graph\] labels: account and card both name label 0"):
         load_config(cfg, env={})

@@ -46,7 +46,7 @@ def test_pipeline_threads_setting_sets_the_daemons_engine_threads(tmp_path, monk
     conf = tmp_path / "c.toml"
     conf.write_text("[pipeline]\nthreads = 3\n")
     for env, want in (({}, 3), ({"CSMD_PIPELINE__THREADS": "2"}, 2), ({"CSMD_PIPELINE__THREADS": "0"}, 5)):
-        threads = load_config(conf, env=env)["pipeline"]["threads"]
+        threads = load_config(conf, env=env).pipeline.threads
         assert continuous_engine("cpu", g0, threads=threads or None).threads == want
 
 

@@ -207,7 +207,7 @@ def cmd_run(args) -> int:
     from csmd.service.daemon import run_daemon
 
     cfg = load_config(args.config)
-    setup_logging(cfg["log"]["format"], cfg["log"]["level"])
+    setup_logging(cfg.log.format, cfg.log.level)
     return run_daemon(cfg)
 
 

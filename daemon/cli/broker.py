@@ -13,10 +13,10 @@ import threading
 
 from csmd.connectors.broker import EmbeddedBroker
 from csmd.errors import CsmdError
-from csmd.service.config import DEFAULTS, split_listen
+from csmd.service.config import AdminConfig, KafkaConfig, split_listen
 
 
-DEFAULT_BOOTSTRAP = DEFAULTS["kafka"]["bootstrap"]  # `csmd run` finds the broker without a setting
+DEFAULT_BOOTSTRAP = KafkaConfig().bootstrap  # `csmd run` finds the broker without a setting
 
 
 def _in_use(port: int) -> bool:
@@ -38,7 +38,7 @@ def run_broker(args) -> int:
     with EmbeddedBroker(port=port, log_path=args.log) as broker:
         print(broker.bootstrap, flush=True)
         env = "" if broker.bootstrap == DEFAULT_BOOTSTRAP else f"CSMD_KAFKA__BOOTSTRAP={broker.bootstrap} "
-        admin = "http://{}:{}".format(*split_listen(DEFAULTS["admin"]["listen"]))
+        admin = "http://{}:{}".format(*split_listen(AdminConfig().listen))
         print(f"embedded Kafka broker (Tansu) at {broker.bootstrap}, in memory: stopping it loses every topic\n"
               f"  {env}csmd run --config configs/default.toml     # the daemon against it\n"
               f"  csmd admin --url {admin} add --query Q.graph    # then talk to the daemon\n"

@@ -114,9 +114,9 @@ def run_demo(args) -> int:
     out = repo / "out"
     out.mkdir(exist_ok=True)
     cfg = load_config(args.config, env={})
-    if cfg["checkpoint"]["dir"]:  # the embedded broker starts empty: old checkpoints name offsets it never had
-        shutil.rmtree(cfg["checkpoint"]["dir"], ignore_errors=True)
-    graph = Path(cfg["graph"]["initial"])
+    if cfg.checkpoint.dir:  # the embedded broker starts empty: old checkpoints name offsets it never had
+        shutil.rmtree(cfg.checkpoint.dir, ignore_errors=True)
+    graph = Path(cfg.graph.initial)
     stream = graph.parent / "insertion.graph"
     lines = [ln.strip() for ln in stream.read_text().splitlines() if ln.strip()]
     expected = _expected(graph.parent / "expected_insert_counts.txt")
@@ -152,9 +152,9 @@ def run_demo(args) -> int:
             print(f"daemon running with {len(queries)} queries; streaming {len(lines)} edge insertions "
                   f"of {stream} at {args.rate:.0f}/s (Ctrl-C stops)\n")
             totals, sent = _Totals(), [0]
-            workers = [threading.Thread(target=_read_deltas, args=(broker.bootstrap, cfg["topics"]["output"], totals,
+            workers = [threading.Thread(target=_read_deltas, args=(broker.bootstrap, cfg.topics.output, totals,
                                                                    stop), daemon=True),
-                       threading.Thread(target=_produce, args=(broker.bootstrap, cfg["topics"]["input"], lines,
+                       threading.Thread(target=_produce, args=(broker.bootstrap, cfg.topics.input, lines,
                                                                args.rate, sent, stop), daemon=True)]
             for w in workers:
                 w.start()

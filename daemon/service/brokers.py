@@ -39,7 +39,7 @@ class BrokerWatch:
         self.ctx.metrics.set("csmd_kafka_up", int(up))
         if not up:
             self.ctx.log.warning("kafka unreachable: no broker connection is up",
-                                 bootstrap=self.ctx.cfg["kafka"]["bootstrap"])
+                                 bootstrap=self.ctx.cfg.kafka.bootstrap)
         elif was is not None:
             self.ctx.log.info("kafka reachable again")
 

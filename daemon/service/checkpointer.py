@@ -55,10 +55,10 @@ class Checkpointer:
     def _content(self, offsets: dict[int, int]) -> dict:
         """What a checkpoint at these input offsets holds besides the graph, which the offsets fix:
         equal contents are equal checkpoints."""
-        q, t = self.queries, self.ctx.cfg["topics"]
+        q, t = self.queries, self.ctx.cfg.topics
         return {"offsets": {str(p): o for p, o in offsets.items()}, "control_applied": q.control_applied,
                 "removed": sorted(q.removed), "queries": [dict(vars(s)) for s in q.specs.values()],
-                "input": t["input"], "control": t["control"]}
+                "input": t.input, "control": t.control}
 
     def due(self, offsets: dict[int, int]) -> bool:
         """Whether to take a checkpoint at these offsets now: none is on its way (a marker in the
@@ -88,12 +88,12 @@ class Checkpointer:
 
     def write(self, graph, state: dict) -> None:
         t0 = time.monotonic()
-        c = self.ctx.cfg["checkpoint"]
+        c = self.ctx.cfg.checkpoint
         try:
-            path = write_checkpoint(c["dir"], graph, state, c["keep"],
+            path = write_checkpoint(c.dir, graph, state, c.keep,
                                     self.lowest() if self.lowest is not None else None)
         except OSError as exc:  # the previous checkpoint stays; the next interval tries again
-            self.ctx.log.error("checkpoint failed", dir=c["dir"], reason=exc.strerror or str(exc))
+            self.ctx.log.error("checkpoint failed", dir=c.dir, reason=exc.strerror or str(exc))
             return
         self._last = content(state)
         self.ctx.metrics.inc("csmd_checkpoints_total")

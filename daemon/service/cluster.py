@@ -40,21 +40,22 @@ from csmd.errors import CsmdError
 from csmd.pipeline.shards import ShardChange, ShardWork
 from csmd.pipeline.stages import Marker, Pipeline
 from csmd.service import deployment
+from csmd.service.config import Config
 from csmd.service.context import DaemonContext
 
 # a commit that races a rebalance: after it the shards still owned commit again
 _RACED = (KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS)
 
 
-def lowest_progress(conf: dict, cfg: dict) -> int:
+def lowest_progress(conf: dict, cfg: Config) -> int:
     """The lowest committed progress of any shard of the deployment (0 for a shard with none): a
     restarted instance must be able to re-match every shard from there, so it restores no
     checkpoint above it."""
-    c = cfg["cluster"]
-    topic = f"{c['group']}.shards"
-    reader = client(Consumer, {**conf, "group.id": c["group"], "enable.auto.commit": False})
+    c = cfg.cluster
+    topic = f"{c.group}.shards"
+    reader = client(Consumer, {**conf, "group.id": c.group, "enable.auto.commit": False})
     try:
-        tps = reader.committed([TopicPartition(topic, s) for s in range(c["shards"])], timeout=15)
+        tps = reader.committed([TopicPartition(topic, s) for s in range(c.shards)], timeout=15)
     except KafkaException as exc:
         raise CsmdError(f"coordination topic {topic!r}: cannot read the shards' progress ({exc})") from None
     finally:
@@ -86,27 +87,27 @@ class ClusterMember:
     def __init__(self, ctx: DaemonContext, conf: dict, start_offset: int, join_at: int, *, partitions: list[int],
                  pipe: Pipeline, sink: KafkaSink, specs, links: DaemonLinks):
         self.ctx, self.links = ctx, links
-        c, t = ctx.cfg["cluster"], ctx.cfg["topics"]
+        c, t = ctx.cfg.cluster, ctx.cfg.topics
         if partitions != [0]:
             raise CsmdError(f"[cluster] enabled needs one input partition (every instance must apply the same "
-                            f"update order); topic {t['input']!r} has {len(partitions)}")
-        self.shards, self.topic = c["shards"], f"{c['group']}.shards"
-        self.instance = c["instance"] or f"{socket.gethostname()}-{os.getpid()}"
-        self.limit = c["max_retained_updates"]
+                            f"update order); topic {t.input!r} has {len(partitions)}")
+        self.shards, self.topic = c.shards, f"{c.group}.shards"
+        self.instance = c.instance or f"{socket.gethostname()}-{os.getpid()}"
+        self.limit = c.max_retained_updates
         self.join_at = join_at
         self.work = ShardWork(self.shards, pipe.next_seq, start_offset)
         pipe.shards = self.work
         sink.extra_headers = {"csmd-instance": self.instance.encode()}
-        if t["create"]:
-            ensure_topics(conf, {self.topic: self.shards}, t["replication"])
+        if t.create:
+            ensure_topics(conf, {self.topic: self.shards}, t.replication)
         have = len(topic_partitions(conf, self.topic))
         if have != self.shards:
             raise CsmdError(f"coordination topic {self.topic!r} has {have} partitions but [cluster] shards = "
                             f"{self.shards}: the number of shards is fixed for the life of a deployment")
-        deployment.check(conf, self.topic, c["group"], deployment.describe(ctx.cfg, specs, self.instance), ctx.log)
-        timeout = c["session_timeout_ms"]
+        deployment.check(conf, self.topic, c.group, deployment.describe(ctx.cfg, specs, self.instance), ctx.log)
+        timeout = c.session_timeout_ms
         self.consumer = client(Consumer, {
-            **conf, **librdkafka_settings(ctx.cfg["kafka"]["consumer"]), "group.id": c["group"],
+            **conf, **librdkafka_settings(ctx.cfg.kafka.consumer), "group.id": c.group,
             "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": timeout,
             "heartbeat.interval.ms": max(100, timeout // 10), "enable.auto.commit": False,
             "enable.auto.offset.store": False})

@@ -74,7 +74,7 @@ class ConsumeLoop:
         if self.control.scheduled or len(self.source.partitions) > 1:  # a block is of one partition
             items = records
         else:
-            items = plain_runs(records, self.ctx.cfg["input"]["format"], self.str_ids, self.ctx.carry)
+            items = plain_runs(records, self.ctx.cfg.input.format, self.str_ids, self.ctx.carry)
         for item in items:
             if isinstance(item, RecordBlock):
                 offsets, updates = item.records()
@@ -90,7 +90,7 @@ class ConsumeLoop:
         cfg = self.ctx.cfg
         self.ctx.metrics.inc("csmd_records_total")
         try:
-            updates = decode_updates(rec, cfg["input"]["format"], self.str_ids, cfg["graph"]["max_id_bytes"],
+            updates = decode_updates(rec, cfg.input.format, self.str_ids, cfg.graph.max_id_bytes,
                                      self.ctx.carry, self.ctx.labels)
         except BadRecord as exc:
             self.dead_letter(rec, str(exc))
@@ -103,9 +103,9 @@ class ConsumeLoop:
     def run(self, out: threading.Thread) -> None:
         """Until the daemon stops (or `out`, the output thread, does)."""
         cfg = self.ctx.cfg
-        d, c = cfg["delivery"], cfg["checkpoint"]
-        next_commit = time.monotonic() + d["commit_interval_ms"] / 1000
-        next_ckpt = time.monotonic() + c["interval_s"]
+        d, c = cfg.delivery, cfg.checkpoint
+        next_commit = time.monotonic() + d.commit_interval_ms / 1000
+        next_ckpt = time.monotonic() + c.interval_s
         while not self.ctx.stopping.is_set():
             if not out.is_alive():
                 self.ctx.fail("the pipeline stopped")
@@ -117,7 +117,7 @@ class ConsumeLoop:
             if not room:
                 self.sink.poll(0.02)
             else:
-                self._take(self.source.poll(min(cfg["input"]["max_poll_records"], room), 0.02))
+                self._take(self.source.poll(min(cfg.input.max_poll_records, room), 0.02))
             self.sink.poll(0)
             now = time.monotonic()
             # a daemon with every record done commits at once, not at the next interval: the end of a
@@ -132,11 +132,11 @@ class ConsumeLoop:
                 else:
                     self._commit()
                 self.gauges()
-                next_commit = now + d["commit_interval_ms"] / 1000
-            if c["dir"] and now >= next_ckpt:
+                next_commit = now + d.commit_interval_ms / 1000
+            if c.dir and now >= next_ckpt:
                 if self.checkpointer.due(self.next_offsets):
                     self.checkpointer.take(self.next_offsets)
-                next_ckpt = now + c["interval_s"]
+                next_ckpt = now + c.interval_s
 
     def gauges(self) -> None:
         """Refresh the gauges (main thread only: the consumer must not be called from two threads)."""
@@ -157,7 +157,7 @@ class ConsumeLoop:
         m.set("csmd_queries", len(self.queries.specs))
 
     def _commit(self, wait: bool = False) -> None:
-        topic = self.ctx.cfg["topics"]["input"]
+        topic = self.ctx.cfg.topics.input
         offsets = {p: o for (t, p), o in self.tracker.committable().items() if t == topic}
         if self.cluster is not None:  # progress per shard instead of the input group's offsets
             done = offsets.get(0)
@@ -190,7 +190,7 @@ class ConsumeLoop:
 
     def commit_all(self) -> None:
         """After a drain: the input offsets of everything submitted (in the transaction, if any)."""
-        topic = self.ctx.cfg["topics"]["input"]
+        topic = self.ctx.cfg.topics.input
         if self.ctx.fatal is not None:
             return
         if self.sink.transactional:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from csmd.connectors.records import Carry
 from csmd.model.labels import LabelNames
-from csmd.service.config import label_names
+from csmd.service.config import Config, label_names
 from csmd.service.metrics import Metrics
 
 STOP = object()  # put in the intake: the pipeline ends after what is before it
@@ -20,7 +20,7 @@ class DaemonContext:
     """Every part gets one: the config and what follows from it, the log, the metrics, and the
     daemon's stop (the event the consume loop watches, and the fatal error that set it)."""
 
-    cfg: dict
+    cfg: Config
     log: object
     metrics: Metrics = field(default_factory=Metrics)
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -31,8 +31,8 @@ class DaemonContext:
     def __post_init__(self):
         cfg = self.cfg
         self.labels = label_names(cfg)
-        self.carry = Carry(tuple(cfg["output"]["carry_headers"]), tuple(cfg["output"]["carry_fields"]),
-                           cfg["topics"]["max_message_bytes"] // 2)
+        self.carry = Carry(tuple(cfg.output.carry_headers), tuple(cfg.output.carry_fields),
+                           cfg.topics.max_message_bytes // 2)
 
     def fail(self, reason: str) -> None:
         """Stop the daemon after a fatal error (any thread); the first reason is the one reported."""

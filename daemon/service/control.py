@@ -220,7 +220,7 @@ class ControlPlane:
                   "at": {str(p): o for p, o in ch.at.items()}, "seq": ch.seq, "error": ch.error}
         self.ctx.log.info("query change applied", **{k: v for k, v in result.items() if k != "op"})
         if ch.announce:
-            self.sink.produce(self.ctx.cfg["topics"]["control"], json.dumps(result).encode(), ch.spec.name,
+            self.sink.produce(self.ctx.cfg.topics.control, json.dumps(result).encode(), ch.spec.name,
                               {CONTENT_TYPE: JSON}, unwatched, ())
         with self._lock:
             waiter = self._waiters.pop(ch.request, None)
@@ -249,8 +249,8 @@ class ControlPlane:
 
         with self._lock:
             if self._requests is None:
-                self._requests = client(Producer, producer_config(self.conf, cfg["kafka"]["producer"]))
-        self._requests.produce(cfg["topics"]["control"], json.dumps(msg).encode(), msg["name"],
+                self._requests = client(Producer, producer_config(self.conf, cfg.kafka.producer))
+        self._requests.produce(cfg.topics.control, json.dumps(msg).encode(), msg["name"],
                                headers={CONTENT_TYPE: JSON}, on_delivery=delivered)
         self._requests.flush(timeout)
         if not done.wait(timeout) or not isinstance(offset[0], int):

@@ -43,6 +43,7 @@ from csmd.pipeline.stages import Pipeline
 from csmd.service.brokers import BrokerWatch
 from csmd.service.checkpointer import CheckpointMarker, Checkpointer, content
 from csmd.service.cluster import ClusterMember, DaemonLinks
+from csmd.service.config import Config
 from csmd.service.consume import Backpressure, ConsumeLoop
 from csmd.service.context import STOP, DaemonContext, Intake
 from csmd.service.control import ControlPlane, Queries, QueryChange
@@ -55,7 +56,7 @@ class Daemon:
     """One daemon: its parts, built from the restored state and wired together; their start and shutdown.
     The admin endpoint reads it (status, stats, specs, live_graph) and asks it for query changes."""
 
-    def __init__(self, cfg: dict, log=None):
+    def __init__(self, cfg: Config, log=None):
         self.ctx = DaemonContext(cfg, log or get_logger())
         self.cfg, self.log, self.metrics, self.labels = cfg, self.ctx.log, self.ctx.metrics, self.ctx.labels
         self.stop_signal: str | None = None  # SIGTERM or SIGINT, once one arrived
@@ -91,18 +92,18 @@ class Daemon:
         return self.queries.specs
 
     def run(self) -> int:
-        t = self.cfg["topics"]
+        t = self.cfg.topics
         local = read_local(self.cfg, self.log)  # local files first: their errors are not Kafka's
-        conf = client_config(self.cfg["kafka"]["bootstrap"], self.cfg["kafka"]["client"], self.brokers.error, self.log)
-        if t["create"]:
-            ensure_topics(conf, {t["input"]: t["partitions"], t["output"]: t["partitions"], t["control"]: 1,
-                                 t["dead_letter"]: 1}, t["replication"])
+        conf = client_config(self.cfg.kafka.bootstrap, self.cfg.kafka.client, self.brokers.error, self.log)
+        if t.create:
+            ensure_topics(conf, {t.input: t.partitions, t.output: t.partitions, t.control: 1,
+                                 t.dead_letter: 1}, t.replication)
         st = start_state(self.cfg, conf, self.log, local)
         started = self._start_pipeline(st)
         if started is None:
             return 1
         engine, warm = started
-        warm += warm_output(self.pipe.vertices, t["max_message_bytes"])
+        warm += warm_output(self.pipe.vertices, t.max_message_bytes)
         output = self._wire(conf, st)
         self.control.replay()
         if self.publisher.suppress:
@@ -114,8 +115,8 @@ class Daemon:
         out.start()
         admin = self._start_admin()
         self.status = "running"
-        self.log.info("running", input=t["input"], output=t["output"], seq=st.seq,
-                      admin=self.cfg["admin"]["listen"] or None, engine=engine.name, warm_up_s=round(warm, 3))
+        self.log.info("running", input=t.input, output=t.output, seq=st.seq,
+                      admin=self.cfg.admin.listen or None, engine=engine.name, warm_up_s=round(warm, 3))
         try:
             self.consume.run(out)
         finally:
@@ -128,16 +129,16 @@ class Daemon:
         """The engine and the pipeline over the restored graph, its queries registered and warm
         (self.pipe); the engine and the seconds the warm-up took, or None (logged) when the device
         failed."""
-        bs = self.cfg["pipeline"]
+        bs = self.cfg.pipeline
         # the first record does not wait for compiled code to load (numba's cache, the CUDA modules,
         # CuPy's own kernels): a throwaway engine runs a tiny stream before the live one is made,
         # so that on the GPU the device memory it freed stays in CuPy's pool for the live engine
         try:
-            warm = warm_once(resolve_backend(bs["backend"], "[pipeline] backend")) + load_scanner()
-            engine = continuous_engine(bs["backend"], st.graph, "[pipeline] backend", threads=bs["threads"] or None)
-            self.pipe = Pipeline(st.graph, engine=engine, batch_size=bs["batch_size"],
-                                 batch_wait=bs["batch_wait_ms"] / 1000, queue_depth=bs["queue_depth"],
-                                 max_batch=bs["max_batch"], first_seq=st.seq,
+            warm = warm_once(resolve_backend(bs.backend, "[pipeline] backend")) + load_scanner()
+            engine = continuous_engine(bs.backend, st.graph, "[pipeline] backend", threads=bs.threads or None)
+            self.pipe = Pipeline(st.graph, engine=engine, batch_size=bs.batch_size,
+                                 batch_wait=bs.batch_wait_ms / 1000, queue_depth=bs.queue_depth,
+                                 max_batch=bs.max_batch, first_seq=st.seq,
                                  retired=st.retired)  # deleted vertices keep their ids
             for s in st.specs:
                 s.register(self.pipe, self.labels)
@@ -153,7 +154,7 @@ class Daemon:
     def _wire(self, conf: dict, st) -> Output:
         """The parts, from the restored state `st`, each given what it uses; the output thread's to start."""
         ctx, cfg, pipe, start = self.ctx, self.cfg, self.pipe, st.offsets
-        t, k = cfg["topics"], cfg["kafka"]
+        t, k = cfg.topics, cfg.kafka
         queries = self.queries = Queries({s.name: s for s in st.specs}, st.removed, st.control_applied,
                                          {s.name: [0, 0] for s in st.specs})
         for s in st.specs:
@@ -162,25 +163,25 @@ class Daemon:
         self.metrics.bind("csmd_gc_released_total", lambda: {(): pipe.gc.released})
         tracker = self.tracker = DeliveryTracker(
             on_done=lambda t0: self.metrics.latency.observe(time.monotonic() - np.asarray(t0)))
-        sink = self.sink = KafkaSink(conf, t["output"], t["max_message_bytes"], ctx.fail, cfg["delivery"]["timeout_s"],
-                                     k["transactional_id"] if k["transactions"] else None, k["producer"])
-        source = self.source = KafkaSource(conf, t["input"], k["group"], start, k["offset_reset"], k["consumer"],
+        sink = self.sink = KafkaSink(conf, t.output, t.max_message_bytes, ctx.fail, cfg.delivery.timeout_s,
+                                     k.transactional_id if k.transactions else None, k.producer)
+        source = self.source = KafkaSource(conf, t.input, k.group, start, k.offset_reset, k.consumer,
                                            on_brokers=self.brokers.seen)
-        control_source = KafkaSource(conf, t["control"], k["group"] + ".control", {0: st.control_applied + 1},
-                                     settings=k["consumer"])
+        control_source = KafkaSource(conf, t.control, k.group + ".control", {0: st.control_applied + 1},
+                                     settings=k.consumer)
         # what several parts share besides the context: the queue into the pipeline, the input position
         # the consume loop has handed on (partition -> next offset), and the records whose deltas were
         # delivered before a restart (partition -> the committed offset, where above the input's start)
         intake = self.intake = Intake()
         offsets = self.next_offsets = {p: start.get(p, 0) for p in source.partitions}
         # each shard's progress replaces the input group's offsets
-        committed = {} if cfg["cluster"]["enabled"] else dict(st.committed)
+        committed = {} if cfg.cluster.enabled else dict(st.committed)
         suppress = {p: o for p, o in committed.items() if o > start.get(p, 0)}
         dead_letters = DeadLetters(ctx, sink, tracker, suppress)
         publisher = self.publisher = Publisher(ctx, DeltaEncoder(pipe.vertices, ctx.carry), sink, queries, suppress)
-        if cfg["cluster"]["enabled"]:
+        if cfg.cluster.enabled:
             links = DaemonLinks(position=lambda: offsets.get(0, 0),
-                                done=lambda: tracker.committable().get((t["input"], 0)), hand_on=intake.put_marker,
+                                done=lambda: tracker.committable().get((t.input, 0)), hand_on=intake.put_marker,
                                 publish=publisher.publish, kafka_error=self.brokers.error)
             self.cluster = ClusterMember(ctx, conf, start.get(0, 0), st.ends.get(0, 0), partitions=source.partitions,
                                          pipe=pipe, sink=sink, specs=queries.specs.values(), links=links)
@@ -190,7 +191,7 @@ class Daemon:
         checkpointer = self.checkpointer = Checkpointer(
             ctx, queries, intake, content(st.checkpoint) if st.checkpoint is not None else None,
             cluster.lowest if cluster is not None else None)
-        backpressure = self.backpressure = Backpressure(ctx, tracker, cfg["pipeline"]["max_pending_records"], cluster)
+        backpressure = self.backpressure = Backpressure(ctx, tracker, cfg.pipeline.max_pending_records, cluster)
         self.consume = ConsumeLoop(ctx, source, sink, tracker, intake, pipe, queries, offsets, committed, backpressure,
                                    control, checkpointer, dead_letters.send, cluster, st.graph.str_ids)
         markers = {QueryChange: control.changed, CheckpointMarker: checkpointer.write_in_background}
@@ -199,11 +200,11 @@ class Daemon:
         return Output(ctx, pipe, intake, tracker, publisher, markers)
 
     def _start_admin(self):
-        if not self.cfg["admin"]["listen"]:
+        if not self.cfg.admin.listen:
             return None
         from csmd.service.admin import AdminServer
 
-        server = AdminServer(self, self.cfg["admin"]["listen"])
+        server = AdminServer(self, self.cfg.admin.listen)
         server.start()
         return server
 
@@ -225,7 +226,7 @@ class Daemon:
                 self.ctx.fail(f"shard progress not committed up to {self.next_offsets.get(0, 0)} for shards "
                               f"{behind} (the broker refused or did not answer): their next owner re-matches from "
                               f"the last committed progress")
-            if self.cfg["checkpoint"]["dir"] and self.checkpointer.due(self.next_offsets):
+            if self.cfg.checkpoint.dir and self.checkpointer.due(self.next_offsets):
                 graph = self.pipe.graph_state()  # the pipeline's graph is the final one
                 self.checkpointer.write(graph, self.checkpointer.state(graph, self.next_offsets))
         self.sink.close()
@@ -271,7 +272,7 @@ class Daemon:
             "offsets": dict(self.next_offsets),  # handed to the pipeline
             # records done (executed, deltas acknowledged), as the next offset of the done prefix
             "acknowledged": {p: o for (topic, p), o in tracker.committable().items()
-                             if topic == self.cfg["topics"]["input"]},
+                             if topic == self.cfg.topics.input},
             "queries": {n: {"positive": t[0], "negative": t[1]} for n, t in queries.totals.items()
                         if n in queries.specs},
             "cluster": self.cluster.stats() if self.cluster is not None else None,
@@ -287,7 +288,7 @@ def on_stop_signal(daemon: Daemon, signum: int) -> None:
     daemon.stopping.set()
 
 
-def run_daemon(cfg: dict) -> int:
+def run_daemon(cfg: Config) -> int:
     """Run until SIGTERM or SIGINT (which drain and commit) or a fatal error.
 
     SIGUSR1 prints every thread's stack to stderr (for a daemon that seems stuck).

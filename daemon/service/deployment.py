@@ -25,22 +25,22 @@ from confluent_kafka import KafkaException, Producer
 from csmd.connectors.kafka import KafkaSource, client
 from csmd.errors import CsmdError
 from csmd.model.formats import parse_query_text
-from csmd.service.config import label_names
+from csmd.service.config import Config, label_names
 
 KEY = b"csmd-deployment"
 FIELDS = ("input", "output", "shards", "graph", "queries")  # what must agree; the rest says who wrote it
 
 
-def describe(cfg: dict, specs, instance: str) -> dict:
+def describe(cfg: Config, specs, instance: str) -> dict:
     """This instance's deployment: the queries by their parsed graph (a comment or the order of a
     query file's lines changes nothing), the initial graph by its file's bytes."""
-    g = cfg["graph"]
-    initial = g["initial"]
+    g = cfg.graph
+    initial = g.initial
     # how records' ids are read: an instance that takes an id another refuses holds another graph
-    kind = "the initial graph's" if initial else "string" if g["ids"] == "string" else "int"
-    return {"input": cfg["topics"]["input"], "output": cfg["topics"]["output"], "shards": cfg["cluster"]["shards"],
-            "graph": _file_digest(initial) if initial else "", "ids": f"{kind}, at most {g['max_id_bytes']} bytes",
-            "direction": "directed" if g["directed"] else "undirected",
+    kind = "the initial graph's" if initial else "string" if g.ids == "string" else "int"
+    return {"input": cfg.topics.input, "output": cfg.topics.output, "shards": cfg.cluster.shards,
+            "graph": _file_digest(initial) if initial else "", "ids": f"{kind}, at most {g.max_id_bytes} bytes",
+            "direction": "directed" if g.directed else "undirected",
             "queries": {s.name: _query_digest(s.text, s.name, label_names(cfg)) + (" count-only" if s.count_only else "")
                         + (" distinct" if s.distinct else "") for s in specs},
             "instance": instance, "host": socket.gethostname(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

@@ -42,14 +42,14 @@ class DeadLetters:
         many): a dead letter the broker refuses would stop the daemon, and again after every restart."""
         if len(reason) > MAX_REASON:
             reason = f"{reason[:MAX_REASON]}... ({len(reason)} characters)"
-        tracked = rec.input == self.ctx.cfg["topics"]["input"]
+        tracked = rec.input == self.ctx.cfg.topics.input
         if tracked and rec.offset < self.suppress.get(rec.partition, -1):
             self.ctx.log.debug("dead letter sent before the restart, not again", record=rec.source)
             self.tracker.submitted(rec.origin, 0)
             return
         self.ctx.metrics.inc("csmd_dead_letters_total")
         self.ctx.log.warning("dead letter", record=rec.source, reason=reason)
-        limit = self.ctx.cfg["topics"]["max_message_bytes"]
+        limit = self.ctx.cfg.topics.max_message_bytes
         headers = list(rec.headers)  # the record's own, unchanged, then ours (a consumer's dict keeps the last)
         if sum(len(k) + len(v or b"") for k, v in headers) > limit // 2:  # they alone could not be sent
             headers = [("csmd-headers-dropped", str(len(headers)).encode())]
@@ -68,7 +68,7 @@ class DeadLetters:
             value = value[:max(room, 0)]
         if tracked:
             self.tracker.submitted(rec.origin, 0, sends=1)
-        self.sink.produce(self.ctx.cfg["topics"]["dead_letter"], value, key, headers,
+        self.sink.produce(self.ctx.cfg.topics.dead_letter, value, key, headers,
                           self.tracker.acked if tracked else unwatched, [rec.origin] if tracked else ())
 
 
@@ -139,7 +139,7 @@ class Output:
 
     def _items(self):
         """The pipeline's source: updates and markers from the input queue; None when idle."""
-        wait = self.ctx.cfg["pipeline"]["batch_wait_ms"] / 1000
+        wait = self.ctx.cfg.pipeline.batch_wait_ms / 1000
         busy = False
         while True:
             try:

@@ -22,7 +22,7 @@ from csmd.model.formats import id_kind_conflict, initial_graph, parse_query_text
 from csmd.model.graph import Graph
 from csmd.service.checkpoint_files import read_checkpoint
 from csmd.service.cluster import lowest_progress
-from csmd.service.config import label_names
+from csmd.service.config import Config, label_names
 from csmd.service.control import QuerySpec
 
 
@@ -50,57 +50,57 @@ class LocalState:
     initial: Graph | None
 
 
-def read_local(cfg: dict, log) -> LocalState:
+def read_local(cfg: Config, log) -> LocalState:
     """The start's local files, each checked: a missing initial graph or a bad query file is
     reported as such at once, not after the broker check (which can wait 16 s and then blame
     Kafka)."""
-    c = cfg["checkpoint"]
+    c = cfg.checkpoint
     configured = config_specs(cfg)
-    initial = cfg["graph"]["initial"]
+    initial = cfg.graph.initial
     if initial and not Path(initial).is_file():
         raise missing(initial)
-    ckpt = read_checkpoint(c["dir"], log) if c["dir"] else None
-    conflict = id_kind_conflict(ckpt.graph, cfg["graph"]["ids"], "[graph] ids") if ckpt is not None else None
-    if ckpt is not None and ckpt.graph.directed != cfg["graph"]["directed"]:  # every arc would change meaning
-        conflict = (f"[graph] directed is {str(cfg['graph']['directed']).lower()}, but the checkpoint holds "
+    ckpt = read_checkpoint(c.dir, log) if c.dir else None
+    conflict = id_kind_conflict(ckpt.graph, cfg.graph.ids, "[graph] ids") if ckpt is not None else None
+    if ckpt is not None and ckpt.graph.directed != cfg.graph.directed:  # every arc would change meaning
+        conflict = (f"[graph] directed is {str(cfg.graph.directed).lower()}, but the checkpoint holds "
                     f"{'a directed' if ckpt.graph.directed else 'an undirected'} graph")
     if conflict:  # every id of the setting's kind would be a dead letter from here on
-        raise CsmdError(f"checkpoint in {c['dir']}: {conflict} (remove the checkpoints to start over from "
+        raise CsmdError(f"checkpoint in {c.dir}: {conflict} (remove the checkpoints to start over from "
                         f"[graph] initial and the beginning of the topic)")
     return LocalState(ckpt, configured, _initial(cfg) if ckpt is None else None)
 
 
-def _initial(cfg: dict) -> Graph:
+def _initial(cfg: Config) -> Graph:
     """`[graph] initial`, or an empty graph of the `ids` kind where none is set."""
-    graph = cfg["graph"]
-    return initial_graph(graph["initial"], graph["ids"], graph["max_id_bytes"], "[graph] ids", label_names(cfg))
+    graph = cfg.graph
+    return initial_graph(graph.initial, graph.ids, graph.max_id_bytes, "[graph] ids", label_names(cfg))
 
 
-def start_state(cfg: dict, conf: dict, log, local: LocalState) -> StartState:
-    t, c = cfg["topics"], cfg["checkpoint"]
-    ends, committed = input_positions(conf, t["input"], cfg["kafka"]["group"])
+def start_state(cfg: Config, conf: dict, log, local: LocalState) -> StartState:
+    t, c = cfg.topics, cfg.checkpoint
+    ends, committed = input_positions(conf, t.input, cfg.kafka.group)
     ckpt = local.ckpt
     offsets = {int(p): o for p, o in ckpt.state["offsets"].items()} if ckpt is not None else {}
-    where = f"topic {t['input']!r}"
+    where = f"topic {t.input!r}"
     problems = [f"{where} partition {p}: the checkpoint resumes at offset {o}, the topic ends at {ends.get(p, 0)}"
                 for p, o in sorted(offsets.items()) if o > ends.get(p, 0)]
-    if ckpt is not None and ckpt.state.get("input", t["input"]) != t["input"]:
-        problems.append(f"the checkpoint was taken from topic {ckpt.state['input']!r}, the input is {t['input']!r}")
+    if ckpt is not None and ckpt.state.get("input", t.input) != t.input:
+        problems.append(f"the checkpoint was taken from topic {ckpt.state['input']!r}, the input is {t.input!r}")
     stale = {p: o for p, o in committed.items() if o > ends.get(p, 0)}
-    problems += [f"{where} partition {p}: group {cfg['kafka']['group']!r} committed offset {o}, the topic ends at "
+    problems += [f"{where} partition {p}: group {cfg.kafka.group!r} committed offset {o}, the topic ends at "
                  f"{ends.get(p, 0)}" for p, o in sorted(stale.items())]
     if problems:
-        if c["on_mismatch"] == "fail":
-            raise CsmdError(f"{c['dir'] or 'the consumer group'} does not match the input (was the topic recreated, "
+        if c.on_mismatch == "fail":
+            raise CsmdError(f"{c.dir or 'the consumer group'} does not match the input (was the topic recreated, "
                             f"or is this another cluster?): {'; '.join(problems)}. Set [checkpoint] on_mismatch = "
                             f"\"rebuild\" to start over from [graph] initial and the beginning of the topic")
         log.warning("checkpoint and offsets do not match the input: starting over", problems=problems)
         if ckpt is not None:
-            discard_checkpoints(c["dir"])
+            discard_checkpoints(c.dir)
             ckpt = None
         committed = {p: o for p, o in committed.items() if p not in stale}
     configured = local.configured
-    if ckpt is not None and cfg["cluster"]["enabled"]:
+    if ckpt is not None and cfg.cluster.enabled:
         ckpt = _below_every_shard(cfg, conf, ckpt, log)
     if ckpt is None:
         g0 = local.initial if local.initial is not None else _initial(cfg)  # a dropped checkpoint's case
@@ -113,22 +113,22 @@ def start_state(cfg: dict, conf: dict, log, local: LocalState) -> StartState:
     specs += [s for s in configured if s.name not in known]
     log.info("restored checkpoint", seq=state["seq"], offsets=offsets, queries=len(specs))
     control_applied = state["control_applied"]
-    if state.get("control", t["control"]) != t["control"]:  # its offset is one of another topic's
+    if state.get("control", t.control) != t.control:  # its offset is one of another topic's
         log.warning("the control topic is not the checkpoint's: its requests are read from its start",
-                    checkpoint=state["control"], control=t["control"])
+                    checkpoint=state["control"], control=t.control)
         control_applied = -1
     return StartState(ckpt.graph, int(state["seq"]), offsets, specs, committed, set(state["removed"]),
                       control_applied, ckpt.retired, ends, state)
 
 
-def _below_every_shard(cfg: dict, conf: dict, ckpt, log):
+def _below_every_shard(cfg: Config, conf: dict, ckpt, log):
     """A cluster instance's checkpoint: the newest at or below every shard's progress (None: none
     is, so it rebuilds from [graph] initial). From a newer one it could not re-match a shard it
     gains from that shard's progress: the records in between would never be matched."""
     floor = lowest_progress(conf, cfg)
     if int(ckpt.state["offsets"].get("0", 0)) <= floor:
         return ckpt
-    older = read_checkpoint(cfg["checkpoint"]["dir"], log, at_most=floor)
+    older = read_checkpoint(cfg.checkpoint.dir, log, at_most=floor)
     log.info("the newest checkpoint is past the lowest shard progress: restoring one below it" if older else
              "every checkpoint is past the lowest shard progress: rebuilding from the initial graph",
              checkpoint_offset=ckpt.state["offsets"].get("0", 0), lowest_progress=floor,
@@ -136,14 +136,14 @@ def _below_every_shard(cfg: dict, conf: dict, ckpt, log):
     return older
 
 
-def config_specs(cfg: dict) -> list[QuerySpec]:
+def config_specs(cfg: Config) -> list[QuerySpec]:
     """The queries of `[queries] paths`, each checked (a bad file stops the start with its line)."""
-    paths = cfg["queries"]["paths"]
+    paths = cfg.queries.paths
     specs = []
     for p in query_files(paths) if paths else []:
         text = Path(p).read_text(encoding="utf-8", errors="replace")
         parse_query_text(text, str(p), label_names(cfg))
-        specs.append(QuerySpec(p.stem, text, cfg["queries"]["count_only"], cfg["queries"]["distinct"]))
+        specs.append(QuerySpec(p.stem, text, cfg.queries.count_only, cfg.queries.distinct))
     return specs
 
 
