@@ -141,6 +141,7 @@ def timed_case(tmp_path, seed: int, steps: int = 60, directed: bool = False):
         if k >= 3 and rng.random() < 0.5 and f" 0 {k - 1} " not in text and f" {k - 1} 0 " not in text:
             text += f"e 0 {k - 1} {rng.randrange(2)}\n"
         queries[f"q{i}"] = parse_query_text(text, f"q{i}", directed=directed)
+        (tmp_path / f"q{i}.graph").write_text(text)
     truth = {name: Counter() for name in queries}
     lines = []
     for lineno in range(1, steps + 1):
@@ -343,3 +344,52 @@ def test_a_restart_from_a_checkpoint_expires_what_an_uninterrupted_run_would(tmp
     assert ck.graph.high_ts == pipe.sequencer.clock.high
     _, rest = run(ck.graph, ck.state["seq"], ck.retired, updates[half:])
     assert first + rest == whole, seed
+
+
+def test_the_daemon_expires_by_event_time_and_a_kill_9_loses_nothing(tmp_path, kafka_bootstrap):
+    """[graph] time = "event" with a window: the deltas through Kafka, across a kill -9 and a
+    restart from a checkpoint, are csmd replay's (deduplicated by id); a record without a ts is a
+    dead letter; stats and metrics show the watermark and what expired."""
+    import signal
+    import time
+
+    from csmd.testing.kafka import DaemonProcess, daemon_config, dedup, metric, rows_of
+
+    queries, _, _, _ = timed_case(tmp_path, 11, steps=400)
+    spec = EventTime(30, 5)
+    table, results, _ = timed_replay(tmp_path, queries, spec, 64, "cpu")
+    assert results[0]["expired"] > 20 and results[0]["late"] > 5
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, [tmp_path / f"{name}.graph" for name in queries],
+                                 checkpoint=True, graph={"initial": str(tmp_path / "g0.graph"), "time": "event",
+                                                         "window": 30, "lateness": 5})
+    lines = (tmp_path / "stream.txt").read_text().splitlines()
+    d = DaemonProcess(cfg, tmp_path / "d1.log", port)
+    t.produce(t.input, lines[:200])
+    d.wait_offset(200)
+    time.sleep(1.0)  # a checkpoint mid-stream
+    t.produce(t.input, lines[200:300])
+    d.stop(signal.SIGKILL)
+    d = DaemonProcess(cfg, tmp_path / "d2.log", port)
+    t.produce(t.input, lines[300:])
+    stats = d.wait_offset(len(lines))
+    deduped, _ = dedup(t.deltas())
+    assert rows_of(deduped) == rows_of(table)
+    assert "restored checkpoint" in (tmp_path / "d2.log").read_text()
+    assert (stats["watermark"], stats["late"] > 0) == (results[0]["watermark"], True)
+    assert metric(d.get("/metrics"), "csmd_watermark") == results[0]["watermark"]
+    t.produce(t.input, ["e 10 12 0"])  # no ts: refused, named
+    dead = t.read(t.dead_letter, until=lambda m: len(m) >= 1)
+    assert b"no ts: event time" in dead[0].value() or any(b"no ts" in v for _, v in dead[0].headers() or [])
+    assert d.stop() == 0
+
+
+def test_a_window_without_event_time_is_refused_naming_the_setting():
+    from csmd.errors import CsmdError
+    from csmd.service.config import load_config
+
+    with pytest.raises(CsmdError, match=r'CSMD_GRAPH__WINDOW: \[graph\] window needs \[graph\] time = "event"'):
+        load_config(env={"CSMD_GRAPH__WINDOW": "10"})
+    cfg = load_config(env={"CSMD_GRAPH__TIME": "event", "CSMD_GRAPH__WINDOW": "10"})
+    assert cfg.graph.event_time() == EventTime(10, 0)
+    assert load_config(env={"CSMD_GRAPH__TIME": "event"}).graph.event_time() == EventTime(None, 0)
+    assert load_config(env={}).graph.event_time() is None

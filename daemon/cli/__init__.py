@@ -180,7 +180,7 @@ def cmd_replay(args) -> int:
     if args.time == "event" or args.window is not None or args.lateness is not None:
         from csmd.pipeline.event_time import EventTime
 
-        event_time = EventTime(args.window, args.lateness or 0)
+        event_time = EventTime(args.window or None, args.lateness or 0)
     results, _ = replay(g0, args.stream, queries, batch_size=batch_size, count_only=args.count_only,
                         distinct=args.distinct, output=args.output, backend=args.backend,
                         max_id_bytes=args.max_id_bytes, labels=labels, started=STARTED, event_time=event_time)
@@ -383,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--time", choices=("none", "event"), default="none",
                    help="event: every edge line carries a ts (e u v label ts), and --window expires edges")
     r.add_argument("--window", type=_non_negative, metavar="W",
-                   help="event time: edges whose ts is below the watermark less W expire (implies --time event)")
+                   help="event time: edges whose ts is below the watermark less W expire (0: none; implies "
+                        "--time event)")
     r.add_argument("--lateness", type=_non_negative, metavar="L",
                    help="event time: the watermark trails the largest ts by L (default 0; implies --time event)")
     _id_options(r)

@@ -33,10 +33,10 @@ class EventTime:
     lateness: int = 0
 
     def __post_init__(self):
-        for name in ("window", "lateness"):
-            x = getattr(self, name)
-            if x is not None and (type(x) is not int or x < 0):
-                raise ValueError(f"event time: {name} must be an integer >= 0, got {x!r}")
+        if self.window is not None and (type(self.window) is not int or self.window <= 0):
+            raise ValueError(f"event time: window must be an integer > 0 (or None), got {self.window!r}")
+        if type(self.lateness) is not int or self.lateness < 0:
+            raise ValueError(f"event time: lateness must be an integer >= 0, got {self.lateness!r}")
 
 
 class Clock:

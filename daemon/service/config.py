@@ -26,6 +26,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from csmd.errors import CsmdError
 from csmd.model.labels import LabelNames
+from csmd.pipeline.event_time import EventTime
 
 
 def _setting(default, *, choices: tuple = (), positive: bool = False, non_negative: bool = False,
@@ -103,6 +104,16 @@ class GraphConfig:
     # edges are arcs: e u v is u -> v, and a query's edges need the same direction (model/direction.py);
     # the checkpoints and the cluster's deployment record hold it
     directed: bool = False
+    # event time (pipeline/event_time.py): "event" reads a ts on every edge update (refusing one
+    # without) and expires the edges whose ts falls below the watermark less `window` (0: none
+    # expire); the watermark trails the largest ts applied by `lateness`
+    time: str = _setting("none", choices=("none", "event"))
+    window: int = _setting(0, non_negative=True)
+    lateness: int = _setting(0, non_negative=True)
+
+    def event_time(self) -> EventTime | None:
+        """The pipeline's event-time settings (None: time = "none")."""
+        return EventTime(self.window or None, self.lateness) if self.time == "event" else None
 
 
 @dataclass(frozen=True)
@@ -362,6 +373,10 @@ def _check_together(cfg: Config, origin: dict) -> None:
         if "" in names or len(set(names)) < len(names):
             raise CsmdError(f"{origin.get(('output', key), 'defaults')}: [output] {key} must name each "
                             f"{key[6:-1]} once, none empty, got {names!r}")
+    g = cfg.graph
+    for key in ("window", "lateness"):
+        if getattr(g, key) and g.time != "event":
+            raise CsmdError(f"{origin.get(('graph', key), 'defaults')}: [graph] {key} needs [graph] time = \"event\"")
     p = cfg.pipeline
     if p.batch_size > p.max_batch:
         where = origin.get(("pipeline", "batch_size"), origin.get(("pipeline", "max_batch"), "defaults"))

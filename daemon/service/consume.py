@@ -71,8 +71,8 @@ class ConsumeLoop:
         as one block each (decoded together, one hand-off, one bookkeeping step: what every
         instance of a cluster pays for every record); the others, and every record while
         replayed control changes wait for their position, one at a time."""
-        if self.control.scheduled or len(self.source.partitions) > 1:  # a block is of one partition
-            items = records
+        if self.control.scheduled or len(self.source.partitions) > 1 or self.ctx.cfg.graph.time == "event":
+            items = records  # a block is of one partition, and holds no event times
         else:
             items = plain_runs(records, self.ctx.cfg.input.format, self.str_ids, self.ctx.carry)
         for item in items:
@@ -91,7 +91,7 @@ class ConsumeLoop:
         self.ctx.metrics.inc("csmd_records_total")
         try:
             updates = decode_updates(rec, cfg.input.format, self.str_ids, cfg.graph.max_id_bytes,
-                                     self.ctx.carry, self.ctx.labels)
+                                     self.ctx.carry, self.ctx.labels, cfg.graph.time == "event")
         except BadRecord as exc:
             self.dead_letter(rec, str(exc))
         else:

@@ -37,7 +37,7 @@ from csmd.errors import CsmdError
 from csmd.logs import get_logger
 from csmd.model.graph import Graph
 from csmd.pipeline.deltas import DeltaEncoder
-from csmd.pipeline.sequencer import IGNORED_REASONS
+from csmd.pipeline.sequencer import IGNORED_REASONS, LATE
 from csmd.pipeline.shards import ShardChange
 from csmd.pipeline.stages import Pipeline
 from csmd.service.brokers import BrokerWatch
@@ -139,7 +139,8 @@ class Daemon:
             self.pipe = Pipeline(st.graph, engine=engine, batch_size=bs.batch_size,
                                  batch_wait=bs.batch_wait_ms / 1000, queue_depth=bs.queue_depth,
                                  max_batch=bs.max_batch, first_seq=st.seq,
-                                 retired=st.retired)  # deleted vertices keep their ids
+                                 retired=st.retired,  # deleted vertices keep their ids
+                                 event_time=self.cfg.graph.event_time())  # the clock starts from st.graph's ts
             for s in st.specs:
                 s.register(self.pipe, self.labels)
             self.pipe.warm()  # the queries' joined tables and the threads: not in the first record's latency
@@ -161,6 +162,10 @@ class Daemon:
             self.metrics.query(s.name)
         self.metrics.bind("csmd_ignored_updates_total", lambda: {(r,): pipe.ignored.get(r, 0) for r in IGNORED_REASONS})
         self.metrics.bind("csmd_gc_released_total", lambda: {(): pipe.gc.released})
+        clock = pipe.sequencer.clock
+        if clock is not None:
+            self.metrics.bind("csmd_expired_updates_total", lambda: {(): clock.expired})
+            self.metrics.bind("csmd_watermark", lambda: {} if clock.watermark is None else {(): clock.watermark})
         tracker = self.tracker = DeliveryTracker(
             on_done=lambda t0: self.metrics.latency.observe(time.monotonic() - np.asarray(t0)))
         sink = self.sink = KafkaSink(conf, t.output, t.max_message_bytes, ctx.fail, cfg.delivery.timeout_s,
@@ -269,6 +274,7 @@ class Daemon:
             "dead_letters": self.metrics.get("csmd_dead_letters_total"),
             "lag": self.metrics.series("csmd_consumer_lag"),
             "ignored": dict(pipe.ignored), "gc_live_versions": pipe.engine_stats()["live_versions"],
+            **self._event_time_stats(),
             "offsets": dict(self.next_offsets),  # handed to the pipeline
             # records done (executed, deltas acknowledged), as the next offset of the done prefix
             "acknowledged": {p: o for (topic, p), o in tracker.committable().items()
@@ -277,6 +283,14 @@ class Daemon:
                         if n in queries.specs},
             "cluster": self.cluster.stats() if self.cluster is not None else None,
         }
+
+
+    def _event_time_stats(self) -> dict:
+        """Under event time: the watermark, and the updates expired and ignored as late."""
+        clock = self.pipe.sequencer.clock
+        if clock is None:
+            return {}
+        return {"watermark": clock.watermark, "expired": clock.expired, "late": self.pipe.ignored.get(LATE, 0)}
 
 
 def on_stop_signal(daemon: Daemon, signum: int) -> None:

@@ -18,7 +18,7 @@ from collections import deque
 import numpy as np
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, PlatformCollector, ProcessCollector,
                                disable_created_metrics, generate_latest)
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from csmd.latency import _NB, LatencyHistogram
 from csmd.pipeline.sequencer import IGNORED_REASONS
@@ -73,15 +73,17 @@ class _LatencyCollector:
 
 
 class _KeptElsewhere:
-    """A counter another part keeps (the sequencer's ignored updates, the GC's releases),
-    read when scraped: `read()` gives {label values: count}; zeros until `bind`."""
+    """A counter (or gauge) another part keeps (the sequencer's ignored updates, the GC's
+    releases, the event-time clock), read when scraped: `read()` gives {label values: value};
+    `zeros` until `bind`."""
 
-    def __init__(self, name: str, help_text: str, labels: tuple, zeros: dict):
+    def __init__(self, name: str, help_text: str, labels: tuple, zeros: dict, family=None):
         self.name, self.help, self.labels = name, help_text, labels
+        self.family = family or CounterMetricFamily
         self.read = lambda: zeros
 
     def collect(self):
-        fam = CounterMetricFamily(self.name, self.help, labels=self.labels)
+        fam = self.family(self.name, self.help, labels=self.labels)
         for key, value in self.read().items():
             fam.add_metric(list(key), value)
         yield fam
@@ -132,7 +134,12 @@ class Metrics:
         self._read = {c.name: c for c in (
             _KeptElsewhere("csmd_ignored_updates_total", "Updates that changed nothing, by reason", ("reason",),
                            {(r,): 0 for r in IGNORED_REASONS}),
-            _KeptElsewhere("csmd_gc_released_total", "Versions released by the garbage collector", (), {(): 0}))}
+            _KeptElsewhere("csmd_gc_released_total", "Versions released by the garbage collector", (), {(): 0}),
+            _KeptElsewhere("csmd_expired_updates_total", "Edges deleted because they left the event-time window",
+                           (), {(): 0}),
+            _KeptElsewhere("csmd_watermark", "Event time: the largest ts applied less [graph] lateness (absent "
+                                             "before the first timed update, and without event time)", (), {},
+                           GaugeMetricFamily))}
         for collector in self._read.values():
             self.registry.register(collector)
         self.set("csmd_cluster_gc_holder", -1)

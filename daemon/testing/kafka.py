@@ -154,12 +154,13 @@ def daemon_config(tmp_path: Path, bootstrap: str, queries=QUERIES, *, checkpoint
 
 
 def config_text(t: Topics, query_names, *, admin_port: int, checkpoint_dir=None, **overrides) -> str:
-    """A daemon config (TOML) for topics `t`; overrides: section=dict of settings."""
+    """A daemon config (TOML) for topics `t`; query_names: of the human sample, or paths of query
+    files; overrides: section=dict of settings."""
     cfg = {
         "kafka": {"bootstrap": t.bootstrap, "group": f"g-{t.input}"},
         "topics": {"input": t.input, "output": t.output, "control": t.control, "dead_letter": t.dead_letter},
         "graph": {"initial": str(HUMAN / "data.graph")},
-        "queries": {"paths": [str(HUMAN / "queries" / f"{q}.graph") for q in query_names]},
+        "queries": {"paths": [str(q if isinstance(q, Path) else HUMAN / "queries" / f"{q}.graph") for q in query_names]},
         "admin": {"listen": f"127.0.0.1:{admin_port}"},
         "log": {"format": "json", "level": "info"},
     }
