@@ -393,3 +393,15 @@ def test_a_window_without_event_time_is_refused_naming_the_setting():
     assert cfg.graph.event_time() == EventTime(10, 0)
     assert load_config(env={"CSMD_GRAPH__TIME": "event"}).graph.event_time() == EventTime(None, 0)
     assert load_config(env={}).graph.event_time() is None
+
+
+def test_cluster_instances_of_another_event_time_differ():
+    from csmd.service.config import load_config
+    from csmd.service.deployment import describe, differences
+
+    ours = describe(load_config(env={"CSMD_GRAPH__TIME": "event", "CSMD_GRAPH__WINDOW": "60"}), [], "a")
+    theirs = describe(load_config(env={}), [], "b")
+    assert differences(ours, theirs) == ["[graph] time, window, lateness: event, window 60, lateness 0 here, none in "
+                                         "the deployment"]
+    assert differences(ours, describe(load_config(env={"CSMD_GRAPH__TIME": "event", "CSMD_GRAPH__WINDOW": "60"}),
+                                      [], "b")) == []

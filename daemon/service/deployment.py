@@ -41,6 +41,7 @@ def describe(cfg: Config, specs, instance: str) -> dict:
     return {"input": cfg.topics.input, "output": cfg.topics.output, "shards": cfg.cluster.shards,
             "graph": _file_digest(initial) if initial else "", "ids": f"{kind}, at most {g.max_id_bytes} bytes",
             "direction": "directed" if g.directed else "undirected",
+            "time": f"event, window {g.window}, lateness {g.lateness}" if g.time == "event" else "none",
             "queries": {s.name: _query_digest(s.text, s.name, label_names(cfg)) + (" count-only" if s.count_only else "")
                         + (" distinct" if s.distinct else "") for s in specs},
             "instance": instance, "host": socket.gethostname(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -75,6 +76,9 @@ def differences(ours: dict, theirs: dict) -> list[str]:
         out.append(f"vertex ids: {ours['ids']} here, {theirs['ids']} in the deployment")
     if theirs.get("direction", "undirected") != ours["direction"]:  # one written before directed graphs: undirected
         out.append(f"[graph] directed: {ours['direction']} here, {theirs.get('direction', 'undirected')} in the "
+                   f"deployment")
+    if theirs.get("time", "none") != ours["time"]:  # one written before event time: none
+        out.append(f"[graph] time, window, lateness: {ours['time']} here, {theirs.get('time', 'none')} in the "
                    f"deployment")
     q, t = ours["queries"], theirs.get("queries") or {}
     for what, names in (("queries only here", [n for n in q if n not in t]),
