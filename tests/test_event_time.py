@@ -16,7 +16,8 @@ import pytest
 from csmd.connectors.records import BadRecord, Record, decode_updates
 from csmd.errors import InputError
 from csmd.jobs.replay import replay
-from csmd.model.formats import parse_query_text, parse_update, read_graph
+from csmd.model.formats import parse_query_text, parse_update, read_graph, read_query
+from csmd.model.labels import LabelNames
 from csmd.pipeline.event_time import EventTime
 
 from brute import directed_embeddings, embeddings
@@ -39,6 +40,21 @@ class TimedModel:
                     self.edges[self.key(*rng.sample((a, b), 2))] = (0, rng.choice([None, rng.randrange(-20, 40)]))
         self.high = None
         self.next_id = 10 + 2 * n
+
+    @classmethod
+    def read(cls, path, directed: bool = False, window: int | None = None, lateness: int = 0, names=None):
+        """The model of a graph text file (labels by number, or by `names`; an edge's fifth field its ts)."""
+        g = cls.__new__(cls)
+        g.directed, g.window, g.lateness, g.high, g.vlabel, g.edges, g.next_id = directed, window, lateness, None, {}, {}, 0
+        label = (lambda x: names[x]) if names else int
+        for line in path.read_text().splitlines():
+            f = line.split()
+            if f and f[0] == "v":
+                g.vlabel[int(f[1])] = label(f[2])
+            elif f and f[0] == "e":
+                g.edges[g.key(int(f[1]), int(f[2]))] = (label(f[3]), int(f[4]) if len(f) > 4 else None)
+        g.next_id = max(g.vlabel, default=0) + 2
+        return g
 
     def key(self, a, b):
         return (a, b) if self.directed else frozenset((a, b))
@@ -182,21 +198,8 @@ def test_every_timed_delta_equals_the_model(tmp_path, seed, backend):
         assert res["watermark"] == (None if model.high is None else model.high - spec.lateness)
     # the live matches (every delta's sign summed) are the matches of the edges still in the window
     for name, q in queries.items():
-        before = len(_initial(tmp_path, directed).matches(q))
+        before = len(TimedModel.read(tmp_path / "g0.graph", directed).matches(q))
         assert before + sum(s * c for (_, s, _), c in truth[name].items()) == len(model.matches(q))
-
-
-def _initial(tmp_path, directed: bool) -> TimedModel:
-    """The initial graph as g0.graph has it, for counting its matches."""
-    g = TimedModel.__new__(TimedModel)
-    g.vlabel, g.edges, g.directed = {}, {}, directed
-    for line in (tmp_path / "g0.graph").read_text().splitlines():
-        op, *f = line.split()
-        if op == "v":
-            g.vlabel[int(f[0])] = int(f[1])
-        else:
-            g.edges[g.key(int(f[0]), int(f[1]))] = (int(f[2]), None)
-    return g
 
 
 @pytest.mark.parametrize("seed", range(100, 106))
@@ -405,3 +408,41 @@ def test_cluster_instances_of_another_event_time_differ():
                                          "the deployment"]
     assert differences(ours, describe(load_config(env={"CSMD_GRAPH__TIME": "event", "CSMD_GRAPH__WINDOW": "60"}),
                                       [], "b")) == []
+
+
+def test_the_readme_windows_example_prints_what_the_model_counts():
+    """The README's timed money-flow example, run as written, prints the instances (--distinct)
+    that appear and vanish as the model applies the window."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    block = (repo / "README.md").read_text().split("<!-- example: money-flow-timed")[1].split("\n", 1)[1]
+    command, table = block.split("\n\n")[:2]
+    command = command.replace("\\\n", " ").split()
+    shown = {f[0]: (int(f[1]), int(f[2])) for f in (line.split() for line in table.splitlines()[1:])}
+    run = subprocess.run([sys.executable, "-m", "csmd", *command[1:], "--json", "--backend", "cpu"], cwd=repo,
+                         capture_output=True, text=True, check=True)
+    got = {r["query"]: (r["positive"], r["negative"]) for r in map(json.loads, run.stdout.splitlines())}
+    sample = repo / "samples" / "money-flow"
+    names = {"account": 0, "device": 1, "transfer": 0, "login": 1}  # labels.toml's, for the model
+    model = TimedModel.read(sample / "timed-graph.graph", True, int(command[command.index("--window") + 1]),
+                            names=names)
+    labels = LabelNames.load(sample / "labels.toml")
+    queries = {q: read_query(sample / "queries" / f"{q}.graph", labels, directed=True) for q in ("cycle3", "cycle4")}
+
+    def instances(q):  # --distinct: one per set of arcs
+        s, d, _ = q.arcs()
+        return {frozenset((m[a], m[b]) for a, b in zip(s.tolist(), d.tolist())) for m in model.matches(q)}
+
+    truth = {q: [0, 0] for q in queries}
+    for line in (sample / "timed-stream.txt").read_text().splitlines():
+        if line.startswith("e"):
+            op, u, v, lab, ts = line.split()
+            for step in model.steps(f"{op} {u} {v} {names[lab]} {ts}"):
+                before = {q: instances(g) for q, g in queries.items()}
+                step()
+                for q, g in queries.items():
+                    after = instances(g)
+                    truth[q][0] += len(after - before[q])
+                    truth[q][1] += len(before[q] - after)
+    assert got == shown == {q: tuple(t) for q, t in truth.items()}
