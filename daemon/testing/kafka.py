@@ -226,6 +226,9 @@ RUNNING: list["DaemonProcess"] = []  # killed by the tests' teardown if a test f
 
 
 CSMD = [sys.executable, "-m", "csmd"]
+# `csmd` whose cluster members commit no shard progress (hold_progress.py): a test kills them
+# before any progress moved, at a point no commit races
+HOLD_PROGRESS = [sys.executable, "-m", "csmd.testing.hold_progress"]
 
 
 class DaemonProcess:
