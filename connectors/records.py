@@ -380,9 +380,14 @@ def _arrow(rec: Record, str_ids: bool, max_id_bytes: int, carry: Carry, labels: 
                                  arrow_text(table.schema.field("label").type)):
         raise BadRecord(f"Arrow record: column 'label' is {table.schema.field('label').type}, expected integer "
                         f"(or string: label names)")
-    if "ts" in names and not (arrow_integer(table.schema.field("ts").type) or pa.types.is_null(table.schema.field("ts").type)):
-        raise BadRecord(f"Arrow record: column 'ts' is {table.schema.field('ts').type}, expected integer (event time)")
-    cols = {name: table.column(name).to_pylist() for name in ("op", "u", "v", "label", "ts") if name in names}
+    ts = table.column("ts") if "ts" in names else None
+    if ts is not None and pa.types.is_timestamp(ts.type):  # event times: its unit since the epoch
+        ts = ts.cast(pa.int64())
+    if ts is not None and not (arrow_integer(ts.type) or pa.types.is_null(ts.type)):
+        raise BadRecord(f"Arrow record: column 'ts' is {ts.type}, expected integers or timestamps (event time)")
+    cols = {name: table.column(name).to_pylist() for name in ("op", "u", "v", "label") if name in names}
+    if ts is not None:
+        cols["ts"] = ts.to_pylist()
     none = [None] * table.num_rows
     base = carry.record(rec.key, rec.headers)
     carried = [f for f in carry.fields if f in names]

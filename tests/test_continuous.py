@@ -306,7 +306,7 @@ def test_bad_stream_line_stops_replay_with_file_line_reason(tmp_path):
     cases = {
         "e 1 3\nx 1 2\n": "stream.txt:2: unknown op 'x'",
         "e 1 3\n-e 1 zz\n": "stream.txt:2: bad integer 'zz' for vertex id",
-        "# c\n\ne 1 3 0 9\n": "stream.txt:3: wrong field count: 'e' takes u v [label], got 4 fields",
+        "# c\n\ne 1 3 0 9 8\n": "stream.txt:3: wrong field count: 'e' takes u v [label [ts]], got 5 fields",
         "v 7\n": "stream.txt:1: wrong field count: 'v' takes id label, got 1 fields",
     }
     for text, message in cases.items():

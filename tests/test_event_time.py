@@ -446,3 +446,37 @@ def test_the_readme_windows_example_prints_what_the_model_counts():
                     truth[q][0] += len(after - before[q])
                     truth[q][1] += len(before[q] - after)
     assert got == shown == {q: tuple(t) for q, t in truth.items()}
+
+
+def test_what_a_new_user_tried_a_self_loop_a_timestamp_column_and_a_window_without_time(tmp_path):
+    """A timed self-loop in the initial graph is dropped with the graph's self-loops (it used to be
+    expired, a crash); a table's ts may be a timestamp column, and one of another type is not
+    read as event times (a table read without them must load); --time none --window is refused."""
+    import pyarrow.parquet as pq
+
+    (tmp_path / "g.graph").write_text("v 1 0\nv 2 0\ne 1 1 0 3\ne 1 2 0 100\n")
+    (tmp_path / "stream.txt").write_text("e 5 6 0 100\n")
+    edge = {"edge": parse_query_text("v 0 0\nv 1 0\ne 0 1\n", "edge")}
+    for directed in (False, True):
+        results, _ = replay(read_graph(tmp_path / "g.graph", directed=directed), tmp_path / "stream.txt",
+                            list(edge.items()), batch_size=1, count_only=True, show_progress=False, backend="cpu",
+                            event_time=EventTime(10))
+        assert (results[0]["expired"], results[0]["updates"]) == (0, 1)
+    stamps = pa.array([10, 50], pa.timestamp("ms"))
+    pq.write_table(pa.table({"src": [1, 2], "dst": [2, 3], "ts": stamps}), tmp_path / "t.parquet")
+    assert read_graph(tmp_path / "t.parquet").edge_ts[2].tolist() == [10, 50]
+    pq.write_table(pa.table({"src": [1, 2], "dst": [2, 3], "ts": [1.5, 2.5]}), tmp_path / "f.parquet")
+    g = read_graph(tmp_path / "f.parquet")
+    assert g.num_edges == 2 and g.edge_ts is None
+    sink = pa.BufferOutputStream()
+    table = pa.table({"op": ["e"], "u": [1], "v": [2], "ts": pa.array([7], pa.timestamp("s"))})
+    with ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    assert decode_updates(Record("in", 0, 7, sink.getvalue().to_pybytes()), event_time=True)[0].ts == 7
+    (tmp_path / "q.graph").write_text("v 0 0\nv 1 0\ne 0 1\n")
+    base = [sys.executable, "-m", "csmd", "replay", "--data", str(tmp_path / "g.graph"), "--stream",
+            str(tmp_path / "stream.txt"), "--query", str(tmp_path / "q.graph"), "--backend", "cpu"]
+    for extra, message in ((["--time", "none", "--window", "5"], "--window needs --time event"),
+                           (["--window", str(2**63)], "--window: must be >= 0 and below 2^63")):
+        bad = subprocess.run(base + extra, capture_output=True, text=True)
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

@@ -41,10 +41,11 @@ def _batch_size(text: str) -> int:
     return val
 
 
-def _non_negative(text: str) -> int:
+def _ts_span(text: str) -> int:
+    """A window or lateness: a span of event time, in the int64 the ts are."""
     val = _number(int, text)
-    if val < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
+    if not 0 <= val < 2**63:
+        raise argparse.ArgumentTypeError("must be >= 0 and below 2^63")
     return val
 
 
@@ -177,6 +178,8 @@ def cmd_replay(args) -> int:
     queries = [(p.stem, read_query(p, labels)) for p in query_files(args.query)]
     batch_size = args.batch_size or (COUNT_ONLY_REPLAY_BATCH if args.count_only else DEFAULT_BATCH_SIZE)
     event_time = None
+    if args.time == "none" and (args.window is not None or args.lateness is not None):
+        raise CsmdError(f"--{'window' if args.window is not None else 'lateness'} needs --time event")
     if args.time == "event" or args.window is not None or args.lateness is not None:
         from csmd.pipeline.event_time import EventTime
 
@@ -380,12 +383,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", type=Path, help="write every delta to this Arrow IPC file (a pipe or device: the "
                    "IPC stream format; '-': the stream on standard output, the table on standard error)")
     r.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
-    r.add_argument("--time", choices=("none", "event"), default="none",
+    r.add_argument("--time", choices=("none", "event"),
                    help="event: every edge line carries a ts (e u v label ts), and --window expires edges")
-    r.add_argument("--window", type=_non_negative, metavar="W",
+    r.add_argument("--window", type=_ts_span, metavar="W",
                    help="event time: edges whose ts is below the watermark less W expire (0: none; implies "
                         "--time event)")
-    r.add_argument("--lateness", type=_non_negative, metavar="L",
+    r.add_argument("--lateness", type=_ts_span, metavar="L",
                    help="event time: the watermark trails the largest ts by L (default 0; implies --time event)")
     _id_options(r)
     _labels_option(r)

@@ -325,6 +325,24 @@ def vertices_path(path: Path) -> Path:
     return path.with_name(path.stem + ".vertices" + path.suffix)
 
 
+def ts_column(table, where):
+    """A table's `ts` column as integers (a timestamp column: its count of its unit since the
+    epoch), or None where it has none. A column of another type is not event times: it is left
+    alone, with a warning (a table read without event time must not fail on it)."""
+    if "ts" not in table.column_names:
+        return None
+    col = table.column("ts")
+    if pa.types.is_timestamp(col.type):
+        return col.cast(pa.int64())
+    if arrow_integer(col.type) or pa.types.is_null(col.type):
+        return col
+    from csmd.logs import get_logger
+
+    get_logger().warning("column ts is not read as event times (integers or timestamps are)", path=str(where),
+                         type=str(col.type))
+    return None
+
+
 def _read_table_graph(path: Path, max_id_bytes: int = MAX_ID_BYTES, directed: bool = False) -> Graph:
     """An edge table (and its vertex table); one with no rows is an empty graph of its columns' id kind."""
     edges = _read_table(path)
@@ -369,10 +387,8 @@ def _read_table_graph(path: Path, max_id_bytes: int = MAX_ID_BYTES, directed: bo
     _warn_both_ways(path, both)
     ext_ids = None if ext.dtype.kind in "iu" and np.array_equal(ext, np.arange(len(ext))) else ext
     g = Graph.from_edges(labels, internal[0], internal[1], el, ext_ids, directed)
-    if "ts" in edges.column_names:  # event times; a null one: that edge has none
-        col = edges.column("ts")
-        if not arrow_integer(col.type):
-            raise InputError(path, None, f"column 'ts' is {col.type}, expected integer (event time)")
+    col = ts_column(edges, path)
+    if col is not None:  # event times; a null one: that edge has none
         given = ~col.is_null().to_numpy(zero_copy_only=False)
         if given.any():
             ts = col.to_numpy(zero_copy_only=False)[given]
@@ -599,7 +615,7 @@ def parse_update(line: str, path, lineno, source: str | None = None, origin: tup
     defaults (path:lineno, (path, 0, lineno)) where the line is part of a larger record.
     str_ids: the vertex ids are the tokens as written (a graph keyed by strings; at most
     max_id_bytes each), else int64. labels: the names that may stand for labels. An edge line's
-    fourth field is its ts (`e u v label ts`); event_time: every edge line must have one."""
+    ts may follow its label (`e u v label ts`); event_time: every edge line must have one."""
     parts = line.split()
     if not parts or parts[0][0] == "#":
         return None

@@ -84,7 +84,7 @@ class Clock:
             return
         for u, v, ts in zip(*(c.tolist() for c in edge_ts)):
             key = self.key(u, v)
-            if key not in self.ts:
+            if u != v and key not in self.ts:  # a self-loop is no edge (the graph dropped it)
                 self.write(key, ts)
 
     def forget(self, key: tuple) -> None:

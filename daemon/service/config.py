@@ -375,8 +375,11 @@ def _check_together(cfg: Config, origin: dict) -> None:
                             f"{key[6:-1]} once, none empty, got {names!r}")
     g = cfg.graph
     for key in ("window", "lateness"):
+        if getattr(g, key) >= 2**63:
+            raise CsmdError(f"{origin.get(('graph', key), 'defaults')}: [graph] {key} must be below 2^63 (ts are int64)")
         if getattr(g, key) and g.time != "event":
-            raise CsmdError(f"{origin.get(('graph', key), 'defaults')}: [graph] {key} needs [graph] time = \"event\"")
+            raise CsmdError(f"{origin.get(('graph', key), 'defaults')}: [graph] {key} needs [graph] time = \"event\" "
+                            f"(time is {g.time!r}: {origin.get(('graph', 'time'), 'the default')})")
     p = cfg.pipeline
     if p.batch_size > p.max_batch:
         where = origin.get(("pipeline", "batch_size"), origin.get(("pipeline", "max_batch"), "defaults"))

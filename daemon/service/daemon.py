@@ -22,6 +22,7 @@ delta ids.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -165,7 +166,7 @@ class Daemon:
         clock = pipe.sequencer.clock
         if clock is not None:
             self.metrics.bind("csmd_expired_updates_total", lambda: {(): clock.expired})
-            self.metrics.bind("csmd_watermark", lambda: {} if clock.watermark is None else {(): clock.watermark})
+            self.metrics.bind("csmd_watermark", lambda: {(): math.nan if clock.watermark is None else clock.watermark})
         tracker = self.tracker = DeliveryTracker(
             on_done=lambda t0: self.metrics.latency.observe(time.monotonic() - np.asarray(t0)))
         sink = self.sink = KafkaSink(conf, t.output, t.max_message_bytes, ctx.fail, cfg.delivery.timeout_s,

@@ -11,6 +11,7 @@ exports them folded into a few standard buckets by a custom collector.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -137,9 +138,9 @@ class Metrics:
             _KeptElsewhere("csmd_gc_released_total", "Versions released by the garbage collector", (), {(): 0}),
             _KeptElsewhere("csmd_expired_updates_total", "Edges deleted because they left the event-time window",
                            (), {(): 0}),
-            _KeptElsewhere("csmd_watermark", "Event time: the largest ts applied less [graph] lateness (absent "
-                                             "before the first timed update, and without event time)", (), {},
-                           GaugeMetricFamily))}
+            _KeptElsewhere("csmd_watermark", "Event time: the largest ts applied less [graph] lateness (NaN "
+                                             "before the first timed update, and without event time)", (),
+                           {(): math.nan}, GaugeMetricFamily))}
         for collector in self._read.values():
             self.registry.register(collector)
         self.set("csmd_cluster_gc_holder", -1)
