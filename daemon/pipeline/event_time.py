@@ -24,6 +24,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+import numpy as np
+import pyarrow as pa
+
 
 @dataclass(frozen=True)
 class EventTime:
@@ -86,6 +89,28 @@ class Clock:
             key = self.key(u, v)
             if u != v and key not in self.ts:  # a self-loop is no edge (the graph dropped it)
                 self.write(key, ts)
+
+    def ts_of(self, vertices, a: np.ndarray, b: np.ndarray) -> pa.Array:
+        """The ts of the live edges (a[i], b[i]) (internal ids; pipeline/sequencer.py Vertices),
+        null where one has none: one sort and search, not a look-up per edge (a checkpoint
+        takes every edge's)."""
+        n = max(vertices.n, 1)
+        keys = list(self.ts)
+        u = vertices.lookup([k[0] for k in keys])
+        v = vertices.lookup([k[1] for k in keys])
+        have = self._pair_keys(u, v, n)
+        order = np.argsort(have)
+        have, ts = have[order], np.fromiter(self.ts.values(), np.int64, len(keys))[order]
+        want = self._pair_keys(np.asarray(a, np.int64), np.asarray(b, np.int64), n)
+        at = np.minimum(np.searchsorted(have, want), max(len(have) - 1, 0))
+        found = have[at] == want if len(have) else np.zeros(len(want), bool)
+        return pa.array(ts[at] if len(have) else np.zeros(len(want), np.int64), pa.int64(), mask=~found)
+
+    def _pair_keys(self, a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
+        """One int64 per edge: an arc's (a, b), an undirected pair's smaller id first."""
+        if not self.directed:
+            a, b = np.minimum(a, b), np.maximum(a, b)
+        return a * n + b
 
     def forget(self, key: tuple) -> None:
         self.ts.pop(key, None)

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
 
 from csmd.engine import ContinuousEngine, QueryDeltas, UpdateBatch
 from csmd.latency import LatencyHistogram
@@ -137,7 +138,7 @@ class GraphState:
     directed: bool = False
     # event time (pipeline/event_time.py): each edge's ts (None: it has none) and the largest ts
     # applied; None where event time is off
-    edge_ts: list | None = None
+    edge_ts: pa.Array | None = None
     high_ts: int | None = None
 
     def live_graph(self) -> Graph:
@@ -254,8 +255,7 @@ class Pipeline:
                 src, dst, lab = arcs_of(src, dst, lab)
             vx = self.vertices
             clock = self.sequencer.clock
-            edge_ts = None if clock is None else [clock.ts.get(clock.key(vx.ext_ids[a], vx.ext_ids[b]))
-                                                  for a, b in zip(src.tolist(), dst.tolist())]
+            edge_ts = None if clock is None else clock.ts_of(vx, src, dst)
             return GraphState(list(vx.ext_ids), vx.labels.copy(), vx.alive(), src, dst, lab, self.next_seq, vx.str_ids,
                               self.directed, edge_ts, None if clock is None else clock.high)
 

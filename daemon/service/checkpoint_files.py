@@ -69,7 +69,7 @@ def write_checkpoint(directory, graph: GraphState, state: dict, keep: int = 2, f
     # under event time each edge's ts too (null: none), and the largest ts applied
     _write_table(pa.table({"src": pa.array(graph.src, pa.int64()), "dst": pa.array(graph.dst, pa.int64()),
                            "label": pa.array(graph.elabel, pa.int32()),
-                           **({} if graph.edge_ts is None else {"ts": pa.array(graph.edge_ts, pa.int64())})},
+                           **({} if graph.edge_ts is None else {"ts": graph.edge_ts})},
                           metadata={"directed": "true"} if graph.directed else None), tmp / "edges.arrow")
     if graph.edge_ts is not None:
         state = {**state, "high_ts": graph.high_ts}
