@@ -238,7 +238,7 @@ def decode_updates(rec: Record, fmt: str = "auto", str_ids: bool = False, max_id
     `carry`: what of the record its updates' deltas carry (Update.context). Fields other than
     op, u, v and label (JSON) or columns (Arrow) are allowed: carried if named there, else ignored.
     `labels`: the names that may stand for labels (a JSON or Arrow label may be a string then).
-    An edge update's event time is its `ts` (JSON field, Arrow column, a text line's fourth field);
+    An edge update's event time is its `ts` (JSON field, Arrow column, after a text line's label);
     `event_time`: every edge update must have one (a vertex update's is ignored).
     """
     if rec.value is None or not len(rec.value):

@@ -325,22 +325,27 @@ def vertices_path(path: Path) -> Path:
     return path.with_name(path.stem + ".vertices" + path.suffix)
 
 
-def ts_column(table, where):
-    """A table's `ts` column as integers (a timestamp column: its count of its unit since the
-    epoch), or None where it has none. A column of another type is not event times: it is left
+def table_edge_ts(table, src: np.ndarray, dst: np.ndarray, where) -> tuple | None:
+    """Graph.edge_ts of an edge table whose rows are the edges (src[i], dst[i]) (external ids):
+    from its `ts` column of integers or timestamps (their unit since the epoch), null for an edge
+    without one; None where it has none. A column of another type is not event times: it is left
     alone, with a warning (a table read without event time must not fail on it)."""
     if "ts" not in table.column_names:
         return None
     col = table.column("ts")
     if pa.types.is_timestamp(col.type):
-        return col.cast(pa.int64())
-    if arrow_integer(col.type) or pa.types.is_null(col.type):
-        return col
-    from csmd.logs import get_logger
+        col = col.cast(pa.int64())
+    elif not (arrow_integer(col.type) or pa.types.is_null(col.type)):
+        from csmd.logs import get_logger
 
-    get_logger().warning("column ts is not read as event times (integers or timestamps are)", path=str(where),
-                         type=str(col.type))
-    return None
+        get_logger().warning("column ts is not read as event times (integers or timestamps are)", path=str(where),
+                             type=str(col.type))
+        return None
+    given = ~col.is_null().to_numpy(zero_copy_only=False)
+    ts = col.to_numpy(zero_copy_only=False)[given]
+    if ts.dtype == np.uint64 and len(ts) and ts.max() > np.iinfo(np.int64).max:
+        raise InputError(where, None, "column 'ts' holds a value past int64")
+    return src[given], dst[given], ts.astype(np.int64)
 
 
 def _read_table_graph(path: Path, max_id_bytes: int = MAX_ID_BYTES, directed: bool = False) -> Graph:
@@ -387,14 +392,7 @@ def _read_table_graph(path: Path, max_id_bytes: int = MAX_ID_BYTES, directed: bo
     _warn_both_ways(path, both)
     ext_ids = None if ext.dtype.kind in "iu" and np.array_equal(ext, np.arange(len(ext))) else ext
     g = Graph.from_edges(labels, internal[0], internal[1], el, ext_ids, directed)
-    col = ts_column(edges, path)
-    if col is not None:  # event times; a null one: that edge has none
-        given = ~col.is_null().to_numpy(zero_copy_only=False)
-        if given.any():
-            ts = col.to_numpy(zero_copy_only=False)[given]
-            if ts.dtype == np.uint64 and ts.max() > np.iinfo(np.int64).max:
-                raise InputError(path, None, "column 'ts' holds a value past int64")
-            g.edge_ts = (src[given], dst[given], ts.astype(np.int64))
+    g.edge_ts = table_edge_ts(edges, src, dst, path)
     return g
 
 

@@ -37,7 +37,8 @@ import numpy as np
 
 from csmd.engine import ContinuousEngine, UpdateBatch
 from csmd.model.direction import HALF, HALF_MASK, MAX_DIRECTED_LABEL, PRESENT, arc_code, arcs_of, flip
-from csmd.model.formats import DELETE_EDGE, DELETE_VERTEX, INSERT_EDGE, INSERT_VERTEX, OPS, Update, UpdateBlock
+from csmd.model.formats import (DELETE_EDGE, DELETE_VERTEX, EDGE_OPS, INSERT_EDGE, INSERT_VERTEX, OPS, Update,
+                                UpdateBlock)
 from csmd.model.graph import Graph, scalar
 from csmd.pipeline.event_time import Clock, EventTime
 
@@ -461,7 +462,8 @@ class Sequencer:
             seq = self.next_seq
             self.next_seq += 1
             record_of[seq] = rec
-            timed = clock is not None and rec.op in (INSERT_EDGE, DELETE_EDGE)
+            # (an edge update without a ts, which the decoders refuse under event time, is applied untimed)
+            timed = clock is not None and rec.op in EDGE_OPS and rec.ts is not None
             if timed:
                 if clock.late(rec.ts):
                     self.ignored[LATE] += 1
@@ -475,7 +477,7 @@ class Sequencer:
                 else:
                     a = vertex(rec.u, 0, seq)
                     b = vertex(rec.v, 0, seq)
-                    key = timed and clock.key(rec.u, rec.v)
+                    key = clock.key(rec.u, rec.v) if timed else None
                     if not has(a, b):
                         edge(seq, a, b, +1, rec.label)
                     elif not timed or clock.ts.get(key) == rec.ts:

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from csmd.errors import CsmdError
+from csmd.model.formats import table_edge_ts
 from csmd.model.graph import Graph
 from csmd.pipeline.stages import GraphState
 
@@ -112,9 +113,7 @@ def _read_one(folder: Path) -> Checkpoint:
     src, dst = edges.column("src").to_numpy(), edges.column("dst").to_numpy()
     g = Graph.from_edges(verts.column("label").to_numpy(), src, dst, edges.column("label").to_numpy(), ids, directed)
     if "ts" in edges.column_names:  # written under event time: the clock restarts from them and high_ts
-        given = ~edges.column("ts").is_null().to_numpy(zero_copy_only=False)
-        g.edge_ts = (ids[src[given]], ids[dst[given]], edges.column("ts").to_numpy(zero_copy_only=False)[given]
-                     .astype(np.int64))
+        g.edge_ts = table_edge_ts(edges, ids[src], ids[dst], folder / "edges.arrow")
         g.high_ts = state.get("high_ts")
     return Checkpoint(g, ~verts.column("alive").to_numpy(zero_copy_only=False), state)
 
