@@ -480,3 +480,17 @@ def test_what_a_new_user_tried_a_self_loop_a_timestamp_column_and_a_window_witho
                            (["--window", str(2**63)], "--window: must be >= 0 and below 2^63")):
         bad = subprocess.run(base + extra, capture_output=True, text=True)
         assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_an_edge_update_without_a_ts_that_reaches_the_sequencer_is_applied_untimed():
+    """The decoders refuse it under event time; one made in code must not stop the pipeline."""
+    from csmd.backends import continuous_engine
+    from csmd.model.formats import Update
+    from csmd.pipeline.stages import Pipeline
+
+    from csmd.model.graph import Graph
+
+    g = Graph.from_edges([0, 0, 0], [], [], ext_ids=[1, 2, 3])
+    pipe = Pipeline(g, engine=continuous_engine("cpu", g), threaded=False, event_time=EventTime(5))
+    pipe.run(iter([Update("e", 1, 2), Update("e", 2, 3, ts=100), Update("e", 1, 3, ts=200)]), lambda r: None)
+    assert pipe.graph_state().edge_ts.to_pylist() in ([None, 200], [200, None])  # 2-3 expired, 1-2 never does
