@@ -83,20 +83,21 @@ def static_matcher(backend: str) -> StaticMatcher:
     return CpuMatcher()
 
 
-def continuous_engine(backend: str, g0: Graph, setting: str = "--backend", threads: int | None = None
-                      ) -> ContinuousEngine:
+def continuous_engine(backend: str, g0: Graph, setting: str = "--backend", threads: int | None = None,
+                      timed: bool = False) -> ContinuousEngine:
     """A continuous engine holding g0, for `backend` (cpu, gpu or auto: the GPU when there is one);
-    threads: the compiled engine's (None: CSMD_THREADS, else the cores)."""
+    threads: the compiled engine's (None: CSMD_THREADS, else the cores); timed: under event time
+    (its graph keeps every edge's ts, its searches the queries' time constraints)."""
     if resolve_backend(backend, setting) == "gpu":
         from csmd.gpu.engine import GpuEngine
 
-        return GpuEngine(g0)
+        return GpuEngine(g0, timed=timed)
     compiled = _compiled() if backend != "numpy" else None
     if compiled is not None:
-        return compiled.CompiledEngine(g0, threads)
+        return compiled.CompiledEngine(g0, threads, timed)
     from csmd.cpu.numpy_engine import CpuEngine
 
-    return CpuEngine(g0)
+    return CpuEngine(g0, timed)
 
 
 def sampler_backend(name: str, directed: bool = False) -> str:

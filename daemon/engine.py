@@ -85,6 +85,11 @@ class UpdateBatch:
     arrived: np.ndarray = field(default_factory=lambda: np.zeros(0))  # arrival time of each update (latency)
     records: int = 0
     stored: tuple | None = None  # the ops the multi-version graph applies, where they differ from the edge ops
+    # under event time (None: off), per edge op the ts of its arcs a -> b and b -> a (undirected:
+    # the edge's twice; model/time_constraints.py NO_TS: none), as the pair holds them after an
+    # insertion and before a deletion; stored_ts the same for the stored ops
+    edge_ts: np.ndarray | None = None  # int64 (ops, 2)
+    stored_ts: np.ndarray | None = None
 
     def storage_ops(self) -> tuple:
         """(seq, a, b, label, sign) of the ops the multi-version graph applies."""
@@ -92,12 +97,17 @@ class UpdateBatch:
             return self.stored
         return self.edge_seq, self.edge_a, self.edge_b, self.edge_label, self.edge_sign
 
+    def storage_ts(self) -> np.ndarray | None:
+        """The (a -> b, b -> a) ts of each op storage_ops gives (None: event time is off)."""
+        return self.stored_ts if self.stored is not None else self.edge_ts
+
     def take(self, edges: np.ndarray, vertices: np.ndarray) -> "UpdateBatch":
         """The ops selected by the masks or positions, to be matched (nothing in it is applied again)."""
         return UpdateBatch(self.first_seq, self.end_seq, self.edge_seq[edges], self.edge_a[edges],
                            self.edge_b[edges], self.edge_label[edges], self.edge_sign[edges],
                            self.vertex_seq[vertices], self.vertex_id[vertices], self.vertex_sign[vertices],
-                           self.new_labels[:0], self.first_vertex, self.record_of)
+                           self.new_labels[:0], self.first_vertex, self.record_of,
+                           edge_ts=None if self.edge_ts is None else self.edge_ts[edges])
 
 
 @dataclass
@@ -130,11 +140,13 @@ class Matches:
     """One query's matches for one batch, as an engine returns them (any order).
 
     With rows (every match, int32, query-vertex order) seq gives each row's update;
-    count-only, seq lists updates and counts their numbers of matches."""
+    count-only, seq lists updates and counts their numbers of matches. Under event time, ts
+    holds each row's smallest and largest edge ts (int64 (rows, 2); NO_TS where it has none)."""
 
     seq: np.ndarray
     rows: np.ndarray | None = None
     counts: np.ndarray | None = None
+    ts: np.ndarray | None = None
 
 
 @dataclass

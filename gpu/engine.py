@@ -18,6 +18,7 @@ import cupy as cp
 import numpy as np
 
 from csmd.engine import ContinuousEngine, ContinuousQuery, Done, EngineStats, SearchResult, StaticMatcher, UpdateBatch
+from csmd.errors import InputError
 from csmd.model.graph import Graph
 from csmd.model.plan import greedy_orders, symmetry_constraints
 
@@ -100,10 +101,20 @@ class GpuMatcher(StaticMatcher):
     name = "gpu"
 
     def match(self, g, q, *, distinct=False, limit=None, time_limit=None, sink=None):
+        _untimed(q, "query")
         return match(g, q, distinct=distinct, limit=limit, time_limit=time_limit, sink=sink)
 
     def match_many(self, g, queries, *, distinct=False, time_limit=None):
+        for q in queries:
+            _untimed(q, "query")
         return match_many(g, queries, distinct=distinct, time_limit=time_limit)
+
+
+def _untimed(q: Graph, name: str) -> None:
+    """Refuse a query with time constraints: the device graph keeps no event times yet."""
+    if q.time is not None and q.time.constrained:
+        raise InputError(name, None, "time constraints (w, o lines) are searched by the cpu engine only for now: "
+                                     "use --backend cpu ([pipeline] backend = \"cpu\")")
 
 
 RELEASE_VERSIONS = 256  # versions the GC freed, returned to the device pool together
@@ -122,8 +133,11 @@ class GpuEngine(ContinuousEngine):
 
     name = "gpu"
 
-    def __init__(self, g0: Graph | DeviceGraph):
-        """g0 on the host, or already on the device (a graph built there: R-MAT)."""
+    def __init__(self, g0: Graph | DeviceGraph, timed: bool = False):
+        """g0 on the host, or already on the device (a graph built there: R-MAT). timed: under event
+        time; the device graph keeps no ts yet, so a query's time constraints are refused (prepare)
+        and its deltas carry no ts_min / ts_max."""
+        self.timed = timed
         on_device = isinstance(g0, DeviceGraph)
         self.mvg = DeviceMVG.from_device_graph(g0) if on_device else DeviceMVG.from_graph(g0)
         self.executor = Executor(cp.cuda.Stream(non_blocking=True))
@@ -196,6 +210,7 @@ class GpuEngine(ContinuousEngine):
             return self.mvg.live_edges()
 
     def prepare(self, query: ContinuousQuery) -> PreparedQuery:
+        _untimed(query.q, query.name)
         return self.executor.prepare(query)
 
     def warm(self, queries: list[PreparedQuery]) -> None:

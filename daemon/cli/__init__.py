@@ -7,6 +7,7 @@ import json
 import sys
 import threading
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from csmd import STARTED
@@ -77,8 +78,6 @@ def _report_stream(output: Path | None):
 
 def _labels(args):
     """How graph text is read: the label names of --labels (none without it), and --directed."""
-    from dataclasses import replace
-
     from csmd.model.labels import NO_NAMES, LabelNames
 
     return replace(LabelNames.load(args.labels) if args.labels else NO_NAMES, directed=args.directed)
@@ -173,10 +172,6 @@ def cmd_replay(args) -> int:
     _check_output(args.output)
     if not args.stream.exists():
         raise missing(args.stream)
-    labels = _labels(args)
-    g0 = initial_graph(args.data, args.ids, args.max_id_bytes, labels=labels)
-    queries = [(p.stem, read_query(p, labels)) for p in query_files(args.query)]
-    batch_size = args.batch_size or (COUNT_ONLY_REPLAY_BATCH if args.count_only else DEFAULT_BATCH_SIZE)
     event_time = None
     if args.time == "none" and (args.window is not None or args.lateness is not None):
         raise CsmdError(f"--{'window' if args.window is not None else 'lateness'} needs --time event")
@@ -184,6 +179,10 @@ def cmd_replay(args) -> int:
         from csmd.pipeline.event_time import EventTime
 
         event_time = EventTime(args.window or None, args.lateness or 0)
+    labels = replace(_labels(args), timed=event_time is not None)
+    g0 = initial_graph(args.data, args.ids, args.max_id_bytes, labels=labels)
+    queries = [(p.stem, read_query(p, labels)) for p in query_files(args.query)]
+    batch_size = args.batch_size or (COUNT_ONLY_REPLAY_BATCH if args.count_only else DEFAULT_BATCH_SIZE)
     results, _ = replay(g0, args.stream, queries, batch_size=batch_size, count_only=args.count_only,
                         distinct=args.distinct, output=args.output, backend=args.backend,
                         max_id_bytes=args.max_id_bytes, labels=labels, started=STARTED, event_time=event_time)

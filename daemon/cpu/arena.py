@@ -19,6 +19,9 @@ from csmd.model.direction import HALF, HALF_MASK, LABEL_BITS
 hot = njit(cache=True, nogil=True, _nrt=False)
 
 
+_UNTIMED = np.zeros(0, np.int64)  # e_ts and e_tsin without event time
+
+
 class GraphView(NamedTuple):
     """The arrays of a multi-version graph that a search reads (see mvg.py for their meaning)."""
 
@@ -33,6 +36,8 @@ class GraphView(NamedTuple):
     e_el: np.ndarray
     e_ct: np.ndarray  # int64 per entry
     e_dt: np.ndarray
+    e_ts: np.ndarray  # int64 per entry under event time (else empty): the ts of the arc to the neighbour
+    e_tsin: np.ndarray  # and of the arc back (model/time_constraints.py)
     v_es: np.ndarray  # int64 per version: its entries (the updater copies them)
     v_ee: np.ndarray
     v_gs: np.ndarray  # int64 per version: its groups
@@ -44,7 +49,7 @@ def graph_view(mvg, cur: np.ndarray | None = None) -> GraphView:
     but `cur` is updated in place: a search that may overlap the updater passes a copy."""
     return GraphView(mvg.labels.view(), mvg.cur.a if cur is None else cur, mvg.v_ct_min.a, mvg.v_prev.a,
                      mvg.g_key.view(), mvg.g_start.a, mvg.g_end.a, mvg.e_nbr.a, mvg.e_el.a, mvg.e_ct.a, mvg.e_dt.a,
-                     mvg.v_es.a, mvg.v_ee.a, mvg.v_gs.a, mvg.v_ge.a)
+                     mvg.e_ts.a if mvg.timed else _UNTIMED, mvg.e_tsin.a if mvg.timed else _UNTIMED, mvg.v_es.a, mvg.v_ee.a, mvg.v_gs.a, mvg.v_ge.a)
 
 
 @hot

@@ -37,7 +37,7 @@ _arenas: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> its
 
 def _view(g):
     if g not in _arenas:
-        _arenas[g] = graph_view(MultiVersionGraph(g))
+        _arenas[g] = graph_view(MultiVersionGraph(g, timed=g.edge_ts is not None))
     return _arenas[g]
 
 
@@ -134,8 +134,8 @@ class CompiledEngine(CpuEngine):
     name = "cpu"
     graph_type = CompiledGraph
 
-    def __init__(self, g0, threads: int | None = None):
-        super().__init__(g0)
+    def __init__(self, g0, threads: int | None = None, timed: bool = False):
+        super().__init__(g0, timed)
         self.threads = thread_count() if threads is None else threads
         # query lists submitted (their ids) -> _QuerySet: a cluster instance submits one per set of
         # shards its queries select, so several alternate from batch to batch

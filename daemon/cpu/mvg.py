@@ -14,7 +14,8 @@ readers can observe, so the executor may read at timestamp T while later
 batches are applied.
 
 Storage is one arena, like the GPU's memory pool: entries (neighbor, edge label,
-ct, dt) of every version laid out version after version, each version's entries
+ct, dt; under event time also the ts of the arc to the neighbour and of the arc back,
+model/time_constraints.py) of every version laid out version after version, each version's entries
 sorted by (neighbor label, neighbor). `e_key = group << 31 | neighbor` and
 `g_key = version << 31 | label` are then globally sorted, so "neighbors of v with
 label l at T" and "edge {a, b} at T" are vectorized searchsorted calls. A version's
@@ -33,6 +34,7 @@ import numpy as np
 
 from csmd.model.direction import flip
 from csmd.model.graph import Graph, gather_ranges
+from csmd.model.time_constraints import NO_TS
 
 INF = np.iinfo(np.int64).max
 SHIFT = np.int64(31)
@@ -81,13 +83,44 @@ class _Buf:
         return self.a[: self.n]
 
 
+def _entry_ts(g: Graph, owner: np.ndarray, nbr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The event times g.edge_ts gives the entries (owner, nbr) (internal ids): of the arc owner ->
+    nbr and of the arc back (undirected: the edge's, twice); NO_TS where it gives none. An edge given
+    twice keeps its first ts, as the clock does (pipeline/event_time.py)."""
+    none = np.full(len(nbr), NO_TS, np.int64)
+    if g.edge_ts is None or not len(nbr):
+        return none, none.copy()
+    u, v, ts = g.edge_ts
+    ids = np.asarray(g.ext_ids)
+    by_id = np.argsort(ids, kind="stable")
+    iu = by_id[np.minimum(np.searchsorted(ids[by_id], u), len(ids) - 1)]
+    iv = by_id[np.minimum(np.searchsorted(ids[by_id], v), len(ids) - 1)]
+    n = np.int64(max(g.n, 1))
+    if g.directed:
+        keys = iu.astype(np.int64) * n + iv
+    else:
+        keys = np.minimum(iu, iv).astype(np.int64) * n + np.maximum(iu, iv)
+    keys, first = np.unique(keys, return_index=True)
+    ts = ts[first]
+
+    def look(a, b):
+        k = (a.astype(np.int64) * n + b) if g.directed else np.minimum(a, b).astype(np.int64) * n + np.maximum(a, b)
+        at = np.minimum(np.searchsorted(keys, k), len(keys) - 1)
+        return np.where(keys[at] == k, ts[at], NO_TS)
+
+    out = look(owner, nbr.astype(np.int64))
+    return out, look(nbr.astype(np.int64), owner) if g.directed else out.copy()
+
+
 class MultiVersionGraph:
     """Vertex labels and the versioned adjacency (external ids live in the sequencer's vertex table)."""
 
     keyed = True  # keeps e_key (the numpy reads' searchsorted needs it)
 
-    def __init__(self, g: Graph):
+    def __init__(self, g: Graph, timed: bool = False):
+        """timed: entries keep their arcs' event times (e_ts, e_tsin), the initial ones g.edge_ts's."""
         n = g.n
+        self.timed = timed
         self.directed = g.directed  # entry labels are the codes of a pair's arcs (model/direction.py)
         self.labels = _Buf(np.int32, g.labels)
         self.cur = _Buf(np.int64, np.arange(n))  # newest version of each vertex, -1: none
@@ -114,6 +147,9 @@ class MultiVersionGraph:
         self.e_el = _Buf(np.int32, els)
         self.e_ct = _Buf(np.int64, np.full(len(nbrs), -1))
         self.e_dt = _Buf(np.int64, np.full(len(nbrs), INF))
+        ts_out, ts_in = _entry_ts(g, owner, nbrs) if timed else (np.zeros(0, np.int64),) * 2
+        self.e_ts = _Buf(np.int64, ts_out)
+        self.e_tsin = _Buf(np.int64, ts_in)
         if self.keyed:
             group_of = np.repeat(np.arange(len(starts)), ends - starts)
             self.e_key = _Buf(np.int64, (group_of.astype(np.int64) << SHIFT) | nbrs)
@@ -225,8 +261,9 @@ class MultiVersionGraph:
         """The labels of ops (a, b), as a sees them, as b sees them."""
         return flip(label) if self.directed else label
 
-    def apply(self, seq, a, b, label, sign):
-        """Apply one batch of edge ops (arrays in update order, each op valid where it stands).
+    def apply(self, seq, a, b, label, sign, event_ts=None):
+        """Apply one batch of edge ops (arrays in update order, each op valid where it stands);
+        event_ts: under event time, each op's (a -> b, b -> a) ts (UpdateBatch.storage_ts).
 
         Works on all touched vertices at once, as the GPU updater does: per vertex the
         deletions before its first insertion set dt in place; from that insertion on,
@@ -239,11 +276,16 @@ class MultiVersionGraph:
         # each undirected op touches both endpoints; order by (vertex, time)
         own = np.concatenate([a, b]).astype(np.int64)
         nbr = np.concatenate([b, a]).astype(np.int32)
-        ts = np.concatenate([seq, seq]).astype(np.int64)
         lab = np.concatenate([label, self.label_seen_by_b(label)]).astype(np.int32)
         sgn = np.concatenate([sign, sign])
+        if self.timed:  # the ts of the arc to the neighbour, and of the one back
+            arc = np.concatenate([event_ts[:, 0], event_ts[:, 1]]).astype(np.int64)
+            back = np.concatenate([event_ts[:, 1], event_ts[:, 0]]).astype(np.int64)
+        ts = np.concatenate([seq, seq]).astype(np.int64)
         order = np.lexsort((ts, own))
         own, nbr, ts, lab, sgn = own[order], nbr[order], ts[order], lab[order], sgn[order]
+        if self.timed:
+            arc, back = arc[order], back[order]
         verts, first = np.unique(own, return_index=True)
         # the first insertion of each touched vertex (INF: none)
         ins_ts = np.where(sgn > 0, ts, INF)
@@ -270,6 +312,9 @@ class MultiVersionGraph:
         slot = np.searchsorted(vs, own[late])  # which new version an op belongs to
         l_nbr, l_ts, l_lab, l_sgn = nbr[late], ts[late], lab[late], sgn[late]
         ins = l_sgn > 0
+        if self.timed:
+            n_ts = np.concatenate([self.e_ts.a[idx], arc[late][ins]])
+            n_tsin = np.concatenate([self.e_tsin.a[idx], back[late][ins]])
         # new entries: copied ones, then inserted ones (ct = their timestamp)
         n_owner = np.concatenate([c_owner, slot[ins]])
         n_nbr = np.concatenate([self.e_nbr.a[idx], l_nbr[ins]])
@@ -291,6 +336,9 @@ class MultiVersionGraph:
         lab_of = self.labels.a[n_nbr]
         o = np.lexsort((n_ct, n_nbr, lab_of, n_owner))
         n_owner, n_nbr, n_el, n_ct, n_dt, lab_of = n_owner[o], n_nbr[o], n_el[o], n_ct[o], n_dt[o], lab_of[o]
+        if self.timed:
+            self.e_ts.extend(n_ts[o])
+            self.e_tsin.extend(n_tsin[o])
         vid0 = self.v_vertex.n
         vids = vid0 + np.arange(len(vs))
         counts = np.bincount(n_owner, minlength=len(vs))
@@ -388,6 +436,9 @@ class MultiVersionGraph:
         self.e_el = _Buf(np.int32, self.e_el.a[take])
         self.e_ct = _Buf(np.int64, self.e_ct.a[take])
         self.e_dt = _Buf(np.int64, self.e_dt.a[take])
+        if self.timed:
+            self.e_ts = _Buf(np.int64, self.e_ts.a[take])
+            self.e_tsin = _Buf(np.int64, self.e_tsin.a[take])
         self.e_key = _Buf(np.int64, (group_of.astype(np.int64) << SHIFT) | nbr)
         self.g_start = _Buf(np.int64, g_start)
         self.g_end = _Buf(np.int64, g_end)

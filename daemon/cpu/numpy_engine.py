@@ -39,8 +39,9 @@ class CpuEngine(ContinuousEngine):
     staged_threads = False
     graph_type = MultiVersionGraph  # the storage: the compiled engine's compiles apply and compaction
 
-    def __init__(self, g0: Graph):
-        self.mvg = self.graph_type(g0)
+    def __init__(self, g0: Graph, timed: bool = False):
+        """timed: under event time (the graph keeps each edge's ts; model/time_constraints.py)."""
+        self.mvg = self.graph_type(g0, timed)
         self._writing = threading.Lock()
         self._searches = 0  # searches in flight
         self._idle = threading.Condition()  # notified when that count drops to 0
@@ -50,7 +51,7 @@ class CpuEngine(ContinuousEngine):
         with self._writing:
             if len(batch.new_labels):
                 self.mvg.add_vertices(batch.new_labels)
-            return self.mvg.apply(*batch.storage_ops())
+            return self.mvg.apply(*batch.storage_ops(), batch.storage_ts())
 
     def release(self, tokens) -> None:
         with self._writing:

@@ -32,6 +32,8 @@ class Arena(NamedTuple):
     e_el: np.ndarray
     e_ct: np.ndarray
     e_dt: np.ndarray
+    e_ts: np.ndarray  # under event time (else empty): the ts of the arc to the neighbour
+    e_tsin: np.ndarray  # and of the arc back
     g_key: np.ndarray
     g_start: np.ndarray
     g_end: np.ndarray
@@ -46,6 +48,8 @@ class Arena(NamedTuple):
 
 
 _NONE = np.int64(1) << 62  # a label or neighbour beyond every real one
+_UNTIMED = np.zeros(0, np.int64)  # e_ts and e_tsin without event time
+_NO_OPS_TS = np.zeros((0, 2), np.int64)
 COUNTING_SORT = 8  # a batch's ops are put in endpoint order by counting while the graph has at most
                    # this many vertices per op endpoint (the counts cost one pass over the vertices):
                    # a mergesort of the endpoints was 40% of the apply of a human batch of 16384
@@ -95,14 +99,16 @@ def _by_vertex(labels, a, b):
 def _copy(ar, i, e, dt):
     """Entry i to position e, closed at dt."""
     ar.e_nbr[e], ar.e_el[e], ar.e_ct[e], ar.e_dt[e] = ar.e_nbr[i], ar.e_el[i], ar.e_ct[i], dt
+    if ar.e_ts.shape[0]:
+        ar.e_ts[e], ar.e_tsin[e] = ar.e_ts[i], ar.e_tsin[i]
 
 
 @njit(cache=True, nogil=True)
-def _version(ar, old, v, e, g, first, order, nbr, key, seq, label, label_b, x, xe):
+def _version(ar, old, v, e, g, first, order, nbr, key, seq, label, label_b, ts, x, xe):
     """Write a vertex's new version v from entry e and group g: the live entries of its old
     version merged, label group by label group, with the ops order[x:xe] at or after `first`
     (sorted by key = neighbour label << 32 | neighbour, then time; label_b: the op's label as
-    its b sees it). Returns (e, g)."""
+    its b sees it; ts: under event time its (a -> b, b -> a) ts). Returns (e, g)."""
     gi, ge = (ar.v_gs[old], ar.v_ge[old]) if old >= 0 else (0, 0)  # the old version's groups
     while True:
         while x < xe and seq[order[x] >> 1] < first:
@@ -141,6 +147,8 @@ def _version(ar, old, v, e, g, first, order, nbr, key, seq, label, label_b, x, x
                 closed = x + 1 < xe and key[order[x + 1]] == key[order[x]]
                 ar.e_nbr[e], ar.e_el[e], ar.e_ct[e] = w, label_b[op] if order[x] & 1 else label[op], seq[op]
                 ar.e_dt[e] = seq[order[x + 1] >> 1] if closed else INF
+                if ar.e_ts.shape[0]:  # from b (order[x] odd) the arc to the neighbour is b -> a
+                    ar.e_ts[e], ar.e_tsin[e] = ts[op, order[x] & 1], ts[op, 1 - (order[x] & 1)]
                 x += 2 if closed else 1
             e += 1
         if e > gs:
@@ -149,7 +157,7 @@ def _version(ar, old, v, e, g, first, order, nbr, key, seq, label, label_b, x, x
 
 
 @njit(cache=True, nogil=True)
-def _apply(ar, used, seq, a, b, label, label_b, sign):
+def _apply(ar, used, seq, a, b, label, label_b, sign, ts):
     """Apply a batch of edge ops (in time order, each valid where it stands) to the arena, whose
     first used[0] entries, used[1] groups and used[2] versions are in use (used is advanced).
     Returns (done, ok, entries, groups, versions, replaced versions, the last replaced_at):
@@ -201,7 +209,8 @@ def _apply(ar, used, seq, a, b, label, label_b, sign):
         u = own[order[starts[r]]]
         old = ar.cur[u]
         es, gs = e, g
-        e, g = _version(ar, old, v, e, g, first[r], order, nbr, key, seq, label, label_b, starts[r], starts[r + 1])
+        e, g = _version(ar, old, v, e, g, first[r], order, nbr, key, seq, label, label_b, ts, starts[r],
+                        starts[r + 1])
         ar.v_vertex[v], ar.v_ct_min[v], ar.v_prev[v], ar.v_es[v], ar.v_ee[v] = u, first[r], old, es, e
         ar.v_gs[v], ar.v_ge[v] = gs, g
         ar.v_live[v] = True
@@ -232,6 +241,8 @@ def _compact(ar, used, new_id):
             for j in range(s, t):
                 ar.e_nbr[e + j - s], ar.e_el[e + j - s], ar.e_ct[e + j - s], ar.e_dt[e + j - s] = (
                     ar.e_nbr[j], ar.e_el[j], ar.e_ct[j], ar.e_dt[j])
+                if ar.e_ts.shape[0]:
+                    ar.e_ts[e + j - s], ar.e_tsin[e + j - s] = ar.e_ts[j], ar.e_tsin[j]
         gs, gt = ar.v_gs[v], ar.v_ge[v]
         for x in range(gs, gt):
             ar.g_key[g + x - gs] = (k << 31) | (ar.g_key[x] & 0x7FFFFFFF)
@@ -269,7 +280,10 @@ class CompiledGraph(MultiVersionGraph):
         """The arrays as the kernels take them, kept until a buffer is reallocated (add_vertices,
         apply's growth): building the tuple costs more than a small batch's kernel call."""
         if self._ar is None:
-            self._ar = Arena(self.labels.a, self.cur.a, *(buf.a for buf in self._entries + self._versions))
+            entries = [buf.a for buf in self._entry_bufs]
+            if not self.timed:
+                entries += [_UNTIMED, _UNTIMED]
+            self._ar = Arena(self.labels.a, self.cur.a, *entries, *(buf.a for buf in self._group_bufs + self._versions))
         return self._ar
 
     def add_vertices(self, labels: np.ndarray) -> None:
@@ -277,8 +291,13 @@ class CompiledGraph(MultiVersionGraph):
         self._ar = None
 
     @property
-    def _entries(self):
-        return self.e_nbr, self.e_el, self.e_ct, self.e_dt, self.g_key, self.g_start, self.g_end
+    def _entry_bufs(self):
+        timed = (self.e_ts, self.e_tsin) if self.timed else ()
+        return (self.e_nbr, self.e_el, self.e_ct, self.e_dt) + timed
+
+    @property
+    def _group_bufs(self):
+        return self.g_key, self.g_start, self.g_end
 
     @property
     def _versions(self):
@@ -289,28 +308,29 @@ class CompiledGraph(MultiVersionGraph):
 
     def _set_used(self, used: np.ndarray) -> None:
         entries, groups, versions = used.tolist()
-        for buf in self._entries[:4]:
+        for buf in self._entry_bufs:
             buf.n = entries
-        for buf in self._entries[4:]:
+        for buf in self._group_bufs:
             buf.n = groups
         for buf in self._versions:
             buf.n = versions
 
-    def apply(self, seq, a, b, label, sign):
+    def apply(self, seq, a, b, label, sign, ts=None):
         if not len(seq):
             return []
         # contiguous always: one compiled variant, the one the start-up warm-up loads (a general
         # batch's columns are strided, a numpy-sequenced one's are not)
         ops = [np.ascontiguousarray(x, np.int64) for x in (seq, a, b, label, self.label_seen_by_b(label), sign)]
+        ops.append(np.ascontiguousarray(ts, np.int64) if self.timed else _NO_OPS_TS)
         used = self._used()
         while True:
             done, ok, n_e, n_g, n_v, old, at = _apply(self._arena(), used, *ops)
             if done:
                 break
             self._ar = None
-            for buf in self._entries[:4]:
+            for buf in self._entry_bufs:
                 buf.reserve(n_e)
-            for buf in self._entries[4:]:
+            for buf in self._group_bufs:
                 buf.reserve(n_g)
             for buf in self._versions:
                 buf.reserve(n_v)

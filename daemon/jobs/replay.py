@@ -71,7 +71,7 @@ def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: i
     started = time.monotonic() if started is None else started
     load_scanner()
     warm_once(resolve_backend(backend))  # before the engine: the GPU's pool keeps what the warm-up freed
-    engine = continuous_engine(backend, g0)
+    engine = continuous_engine(backend, g0, timed=event_time is not None)
     pipe = Pipeline(g0, engine=engine, batch_size=batch_size,
                     threaded=engine.staged_threads if threaded is None else threaded, executor_lag=executor_lag,
                     max_batch=max_batch, event_time=event_time)

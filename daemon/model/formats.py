@@ -27,6 +27,7 @@ from csmd.errors import InputError, missing
 from csmd.model.direction import MAX_DIRECTED_LABEL
 from csmd.model.graph import Graph, id_array, scalar
 from csmd.model.labels import NO_NAMES, LabelNames, unknown_label
+from csmd.model.time_constraints import query_time
 
 MAX_QUERY_VERTICES = 32
 TABLE_SUFFIXES = (".arrow", ".ipc", ".feather", ".parquet")
@@ -138,6 +139,7 @@ def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNa
     els: list[int] = []
     edge_lines: list[int] = []
     timed: list[tuple[int, int, int]] = []  # (u, v, ts) of the edges given an event time
+    span, order = None, []  # a query's time constraints (model/time_constraints.py)
     header = None
     for lineno, line in _lines(path) if lines is None else lines:
         parts = line.split()
@@ -173,6 +175,23 @@ def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNa
             edge_lines.append(lineno)
             if len(parts) == 5:
                 timed.append((u, v, _ts(parts[4], path, lineno)))
+        elif tag in ("w", "o") and query and not names.timed:
+            raise InputError(path, lineno, f"'{tag}' (a time constraint) needs event time: [graph] time = \"event\" "
+                                           f"(csmd replay --time event; csmd match: a graph whose edges have a ts)")
+        elif tag == "w" and query:
+            if len(parts) != 2:
+                raise InputError(path, lineno, f"wrong field count: 'w' takes SPAN, got {len(parts) - 1} fields")
+            if span is not None:
+                raise InputError(path, lineno, "a second 'w' line: a query has one span")
+            span = _ts(parts[1], path, lineno)
+            if span < 0:
+                raise InputError(path, lineno, f"span {span}: must be >= 0 (the largest ts less the smallest)")
+        elif tag == "o" and query:
+            if len(parts) != 3:
+                raise InputError(path, lineno, f"wrong field count: 'o' takes i j (edge i before edge j), got "
+                                               f"{len(parts) - 1} fields")
+            order.append((_int(parts[1], path, lineno, "edge number"), _int(parts[2], path, lineno, "edge number"),
+                          lineno))
         elif tag == "t":
             if header is not None or labels or src:
                 raise InputError(path, lineno, "'t' header must be the first record")
@@ -180,7 +199,7 @@ def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNa
                 raise InputError(path, lineno, f"wrong field count: 't' takes N M, got {len(parts) - 1} fields")
             header = (lineno, _int(parts[1], path, lineno, "N"), _int(parts[2], path, lineno, "M"))
         else:
-            raise InputError(path, lineno, f"unknown record type {tag!r} (expected t, v or e)")
+            raise InputError(path, lineno, f"unknown record type {tag!r} (expected t, v or e{', w or o' if query else ''})")
     if not labels:
         raise InputError(path, None, "no vertices")
     if header is not None:
@@ -200,6 +219,7 @@ def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNa
         _warn_both_ways(path, both)
     ext_ids = None if np.array_equal(ext, np.arange(len(ext))) else ext
     g = Graph.from_edges(labels, src, dst, els, ext_ids, directed)
+    g.time = query_time(list(zip(src, dst)), span, order, directed, path)
     if timed:
         g.edge_ts = tuple(np.array(c, np.int64) for c in zip(*timed))
     return g

@@ -46,7 +46,8 @@ class Graph:
     them). Derived indexes used by the matchers (sorted edge keys, label-grouped adjacency)
     are built on first use. edge_ts: the event times its file gave edges, as (u, v, ts) arrays
     of external ids (None: none; pipeline/event_time.py expires them); high_ts: a checkpoint's
-    largest ts applied (the watermark before lateness), where the graph is one.
+    largest ts applied (the watermark before lateness), where the graph is one; time: a query's
+    span and order constraints.
     """
 
     def __init__(self, labels, indptr, indices, elabels, ext_ids=None, directed: bool = False):
@@ -62,6 +63,7 @@ class Graph:
         self._grouped = None
         self.edge_ts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.high_ts: int | None = None
+        self.time = None  # a query's time constraints (model/time_constraints.py QueryTime), None: none
 
     # ---- construction -------------------------------------------------------
     @property

@@ -32,11 +32,13 @@ _SHOWN = 12  # names listed in an error at most
 class LabelNames:
     """Name -> label, for vertices and for edges (empty: numbers only); with how a deployment
     reads graph text: `directed`, its edges are arcs ([graph] directed, --directed), so that a
-    query sent to it is read as its graph is."""
+    query sent to it is read as its graph is; `timed`, its edges have event times, so that a query
+    may hold time constraints (model/time_constraints.py)."""
 
     vertex: dict = field(default_factory=dict)
     edge: dict = field(default_factory=dict)
     directed: bool = False
+    timed: bool = False
 
     @staticmethod
     def from_tables(vertex: dict, edge: dict, where: str, section: str = "") -> "LabelNames":

@@ -13,6 +13,7 @@ import numpy as np
 
 from csmd.model.direction import flip, label_test, passes
 from csmd.model.graph import Graph, gather_ranges
+from csmd.model.time_constraints import arcs_of_check, checked_at
 
 REFINE_ROUNDS = 3  # arc-consistency rounds; later rounds rarely remove anything
 
@@ -28,7 +29,10 @@ class Plan:
     same_label[i] lists earlier depths with the same vertex label that are not
     adjacent (the only ones an injectivity check can fail on); less[i] lists
     earlier depths j whose image must be smaller (symmetry breaking, --distinct);
-    greater[i] the earlier depths whose image must be larger.
+    greater[i] the earlier depths whose image must be larger. Time constraints
+    (model/time_constraints.py): arcs[i] gives, per backward[i] entry, the query edge numbers
+    of its arcs (earlier -> order[i], order[i] -> earlier; -1: none); before[i] the order pairs
+    (edge a before edge b) depth i is the first to know both of; span the query's span.
     """
 
     query: Graph
@@ -38,6 +42,14 @@ class Plan:
     same_label: list[list[int]] = field(default_factory=list)
     less: list[list[int]] = field(default_factory=list)
     greater: list[list[int]] = field(default_factory=list)
+    arcs: list[list[tuple[int, int]]] = field(default_factory=list)
+    before: list[list[tuple[int, int]]] = field(default_factory=list)
+    span: int | None = None
+
+    @property
+    def constrained(self) -> bool:
+        """Whether its matches must keep a span or an order (no counting shortcut holds then)."""
+        return self.span is not None or any(self.before)
 
     @property
     def depth(self) -> int:
@@ -176,7 +188,8 @@ def matching_order(q: Graph, cand: list[np.ndarray]) -> list[int]:
 def make_plan(q: Graph, cand: list[np.ndarray], order: list[int], sym: list[tuple[int, int]] = ()) -> Plan:
     """Derive the per-depth checks from an order; `sym` holds (x, y) with f(x) < f(y)."""
     pos = {u: i for i, u in enumerate(order)}
-    plan = Plan(q, order, cand)
+    t = q.time
+    plan = Plan(q, order, cand, before=checked_at(t, order), span=None if t is None else t.span)
     for i, u in enumerate(order):
         nbrs = q.neighbors(u)
         els = q.elabels[q.indptr[u]:q.indptr[u + 1]]
@@ -185,6 +198,7 @@ def make_plan(q: Graph, cand: list[np.ndarray], order: list[int], sym: list[tupl
         back = sorted((pos[int(w)], int(e)) for w, e in zip(nbrs, els) if pos[int(w)] < i)
         adjacent = {j for j, _ in back}
         plan.backward.append(back)
+        plan.arcs.append([arcs_of_check(t, q.directed, order[j], u) for j, _ in back])
         plan.same_label.append([j for j in range(i) if j not in adjacent and q.labels[order[j]] == q.labels[u]])
         plan.less.append(sorted(pos[x] for x, y in sym if y == u and pos[x] < i))
         plan.greater.append(sorted(pos[y] for x, y in sym if x == u and pos[y] < i))

@@ -40,6 +40,7 @@ from csmd.model.direction import HALF, HALF_MASK, MAX_DIRECTED_LABEL, PRESENT, a
 from csmd.model.formats import (DELETE_EDGE, DELETE_VERTEX, EDGE_OPS, INSERT_EDGE, INSERT_VERTEX, OPS, Update,
                                 UpdateBlock)
 from csmd.model.graph import Graph, scalar
+from csmd.model.time_constraints import NO_TS
 from csmd.pipeline.event_time import Clock, EventTime
 
 FIRST_WINDOW, MAX_WINDOW = 1 << 11, 1 << 16  # block rows checked ahead: at first, at most
@@ -370,6 +371,8 @@ class Sequencer:
         edge_ops: list[tuple[int, int, int, int, int]] = []
         stored: list[tuple[int, int, int, int, int]] = []  # directed: the multi-version graph's ops
         vertex_ops: list[tuple[int, int, int]] = []
+        edge_ts: list[tuple[int, int]] = []  # under event time: per edge op (and stored op) its arcs' ts
+        stored_ts: list[tuple[int, int]] = []
         record_of: dict[int, Update] = {}
         # this batch's view of the latest edges over what the engine holds (-1: none), by pair
         # (lo, hi): the label, or a directed pair's code as lo sees it
@@ -399,8 +402,17 @@ class Sequencer:
             c = live_label(a, b)
             return c >= 0 and (not directed or bool(c & PRESENT))
 
-        def edge(seq, a, b, sign, label):
-            """The update (a, b) with its label (a deletion: the stored edge's, it is what vanishes)."""
+        def arc_ts(a: int, b: int) -> int:
+            """The ts the clock holds for the edge (a, b) (internal ids; directed: the arc a -> b)."""
+            return clock.ts.get(clock.key(vx.ext_ids[a], vx.ext_ids[b]), NO_TS)
+
+        def edge(seq, a, b, sign, label, ts=None):
+            """The update (a, b) with its label (a deletion: the stored edge's, it is what vanishes)
+            and, under event time, its ts (None: the clock's now)."""
+            if clock is not None:
+                ts = arc_ts(a, b) if ts is None else ts
+                back = arc_ts(b, a) if directed else ts  # the pair's other arc keeps its own
+                edge_ts.append((ts, back))
             if not directed:
                 overlay[(min(a, b), max(a, b))] = label if sign > 0 else -1
                 edge_ops.append((seq, a, b, label, sign))
@@ -412,8 +424,12 @@ class Sequencer:
             edge_ops.append((seq, a, b, new if sign > 0 else old, sign))  # the pair's code with the arc
             if old >= 0:
                 stored.append((seq, a, b, old, -1))
+                if clock is not None:
+                    stored_ts.append((ts, back))
             if new:
                 stored.append((seq, a, b, new, +1))
+                if clock is not None:
+                    stored_ts.append((ts if sign > 0 else NO_TS, back))
 
         def vertex(ext, label, seq) -> int:
             v = vx.index.get(ext)
@@ -456,7 +472,7 @@ class Sequencer:
                 a, b = vx.index[key[0]], vx.index[key[1]]
                 gone = replace(rec, op=DELETE_EDGE, u=key[0], v=key[1], label=0, source=f"expired by {rec.source}",
                                context=None, ts=ts)
-                edge(numbered(gone), a, b, -1, live_label(a, b))
+                edge(numbered(gone), a, b, -1, live_label(a, b), ts)
 
         for rec in records:
             seq = self.next_seq
@@ -479,12 +495,12 @@ class Sequencer:
                     b = vertex(rec.v, 0, seq)
                     key = clock.key(rec.u, rec.v) if timed else None
                     if not has(a, b):
-                        edge(seq, a, b, +1, rec.label)
+                        edge(seq, a, b, +1, rec.label, rec.ts if timed else NO_TS)
                     elif not timed or clock.ts.get(key) == rec.ts:
                         self.ignored[DUPLICATE_INSERT] += 1
                     else:  # a new ts replaces the edge: it goes, then comes back under its new ts
                         edge(seq, a, b, -1, live_label(a, b))
-                        edge(numbered(rec), a, b, +1, rec.label)
+                        edge(numbered(rec), a, b, +1, rec.label, rec.ts)
                     if timed:
                         clock.write(key, rec.ts)
             elif rec.op == DELETE_EDGE:
@@ -521,6 +537,8 @@ class Sequencer:
         e = np.array(edge_ops, np.int64).reshape(-1, 5)
         vo = np.array(vertex_ops, np.int64).reshape(-1, 3)
         st = np.array(stored, np.int64).reshape(-1, 5)
+        timed = None if clock is None else (np.array(edge_ts, np.int64).reshape(-1, 2),
+                                            np.array(stored_ts, np.int64).reshape(-1, 2))
         return UpdateBatch(first, self.next_seq, e[:, 0], e[:, 1], e[:, 2], e[:, 3], e[:, 4], vo[:, 0], vo[:, 1],
                            vo[:, 2], vx.labels[first_vertex:].copy(), first_vertex, record_of, arrived, len(records),
-                           tuple(st.T) if directed else None)
+                           tuple(st.T) if directed else None, *(timed or (None, None)))

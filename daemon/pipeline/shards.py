@@ -66,7 +66,8 @@ def shard_of(partition, offset, shards: int, query: str) -> np.ndarray:
 def _concat(parts: list[UpdateBatch], record_of: dict) -> UpdateBatch:
     return UpdateBatch(parts[0].first_seq, parts[-1].end_seq, new_labels=parts[0].new_labels[:0],
                        first_vertex=parts[0].first_vertex, record_of=record_of,
-                       **{n: np.concatenate([getattr(p, n) for p in parts]) for n in _ARRAYS})
+                       **{n: None if getattr(parts[0], n) is None else np.concatenate([getattr(p, n) for p in parts])
+                          for n in _ARRAYS})  # edge_ts: None without event time
 
 
 class _Kept:

@@ -335,8 +335,8 @@ def load_config(path=None, env=None) -> Config:
 
 
 def label_names(cfg: Config) -> LabelNames:
-    """[graph] labels and edge_labels (checked when the config loaded), and [graph] directed."""
-    return LabelNames(cfg.graph.labels, cfg.graph.edge_labels, cfg.graph.directed)
+    """[graph] labels and edge_labels (checked when the config loaded), [graph] directed and time."""
+    return LabelNames(cfg.graph.labels, cfg.graph.edge_labels, cfg.graph.directed, cfg.graph.time == "event")
 
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
