@@ -21,6 +21,7 @@ from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import MultiVersionGraph
 from csmd.cpu.updater import CompiledGraph
 from csmd.cpu.workers import chunks, run_chunks, start_tasks, thread_count
+from csmd.errors import CsmdError
 from csmd.engine import ContinuousQuery, Done, Matches, Pending, SearchResult, StaticMatcher, UpdateBatch
 from csmd.model.plan import Plan, make_plan, plan_query
 
@@ -32,6 +33,7 @@ STATIC_MEMO_BYTES = 64 << 20  # a static search memoises segment counts when tha
 GRAINS_PER_THREAD = 256  # a search's threads take its (op, plan) units in about this many pieces each:
                          # a thread that took a deep unit leaves the rest to the others
 _ALL = np.zeros((0, 0), np.bool_)  # plan_units' select with no rows: every (query, op)
+_NO_OPS_TS = np.zeros((0, 2), np.int64)  # match_units' e_ts without event time
 _arenas: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> its arena (`csmd match` runs many queries on one)
 
 
@@ -54,6 +56,8 @@ def search(g, plan: Plan, *, limit=None, time_limit=None, sink=None,
     """
     t0 = time.monotonic()
     deadline = None if time_limit is None else t0 + time_limit
+    if plan.constrained and g.edge_ts is None:
+        raise CsmdError("the query has time constraints (w, o lines), but the graph's edges have no ts")
     ps = plan_set([plan], [0])
     cand = np.stack([plan.cand[u] for u in plan.order])
     roots = np.flatnonzero(plan.cand[plan.order[0]]).astype(np.int32)
@@ -79,7 +83,8 @@ def _search_roots(view, ps, cand, roots, depth, deadline, limit, sink, budget_by
     while limit is None or count < limit:
         if deadline is not None and time.monotonic() > deadline:
             break
-        why, rows, found = static_step(view, ps, cand, memo, roots, st, out, sink is not None, STEP_CANDIDATES,
+        why, rows, found = static_step(view, ps, cand, memo, roots, st, out, _NO_OPS_TS, sink is not None,
+                                       STEP_CANDIDATES,
                                        -1 if limit is None else limit - count)
         count += found
         if rows:  # the chunk leaves before the search goes on (FULL resumes there)
@@ -166,9 +171,9 @@ class CompiledEngine(CpuEngine):
         if memo is None or memo.stamp.shape[0] < depth or memo.stamp.shape[1] < len(view.labels):
             shape = (max(depth, 0 if memo is None else memo.stamp.shape[0]), len(view.labels))
             mine.memo, mine.sid = Memo(np.zeros(shape, np.int64), np.zeros(shape, np.int64)), 0
-        rows, row_q, row_op, mine.sid = match_units(view, qs.ps, *units, *ops, counts.reshape(-1), taken, grain,
-                                                    qs.materialize, qs.width, mine.memo, mine.sid)
-        return rows, row_q, row_op
+        rows, row_q, row_op, row_ts, mine.sid = match_units(view, qs.ps, *units, *ops, counts.reshape(-1), taken,
+                                                            grain, qs.materialize, qs.width, mine.memo, mine.sid)
+        return rows, row_q, row_op, row_ts
 
     def submit(self, batch: UpdateBatch, queries: list[CompiledQuery], select: np.ndarray | None = None) -> Pending:
         qs = self._query_set(queries)
@@ -181,7 +186,8 @@ class CompiledEngine(CpuEngine):
         if not len(searched):
             return Done({})
         seq = batch.edge_seq[searched]
-        ops = (seq, edge_a[searched], edge_b[searched])
+        ops = (seq, edge_a[searched], edge_b[searched],
+               _NO_OPS_TS if batch.edge_ts is None else np.ascontiguousarray(batch.edge_ts[searched]))
         with self._writing:
             self._search_started()
             view = graph_view(self.mvg, self.mvg.cur.view().copy())
@@ -201,8 +207,9 @@ class CompiledEngine(CpuEngine):
         return _Search(self, wait, qs, seq, counts, len(units[0]))
 
     def _matches(self, counts, found, queries: list[CompiledQuery], seq: np.ndarray) -> dict[str, Matches]:
-        """The matches of a search by query: counts per (query, op), and each thread's (rows, query, op)."""
-        rows, row_q, row_op = found[0] if len(found) == 1 else (np.concatenate([f[i] for f in found]) for i in range(3))
+        """The matches of a search by query: counts per (query, op), and each thread's (rows, query, op, ts)."""
+        rows, row_q, row_op, row_ts = found[0] if len(found) == 1 else (np.concatenate([f[i] for f in found])
+                                                                         for i in range(4))
         out = {}
         counted = [i for i, cq in enumerate(queries) if cq.count_only]
         if counted:  # one pass over the counts of all of them: a batch has a hundred queries, most with a few hits
@@ -215,7 +222,8 @@ class CompiledEngine(CpuEngine):
             if not cq.count_only:
                 mine = np.flatnonzero(row_q == i)
                 if len(mine):
-                    out[cq.name] = Matches(seq[row_op[mine]], rows=np.ascontiguousarray(rows[mine, : cq.q.n]))
+                    out[cq.name] = Matches(seq[row_op[mine]], rows=np.ascontiguousarray(rows[mine, : cq.q.n]),
+                                           ts=row_ts[mine] if len(row_ts) else None)
         return out
 
 

@@ -20,7 +20,10 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from csmd.cpu.arena import find_entry, group_range, hot, label_ok, seed_ways
-from csmd.cpu.plans import BACKWARD, GREATER, LESS, SAME_LABEL, new_state
+from csmd.cpu.plans import BACKWARD, GREATER, LESS, ORDER, SAME_LABEL, new_state
+from csmd.model.time_constraints import NO_TS
+
+LATEST = np.iinfo(np.int64).max  # tlo before any edge with a ts
 
 # why a search stopped
 DONE, FULL, BUDGET, LIMIT = range(4)
@@ -63,9 +66,10 @@ def _ordered(chk, chk_j, m, r, c):
 
 
 @hot
-def _accept(e_nbr, e_el, e_ct, e_dt, chk, chk_j, chk_test, cand, m, rs, re, piv, r, d, t, i):
+def _accept(e_nbr, e_el, e_ct, e_dt, chk, chk_j, chk_test, cand, m, rs, re, hit, piv, r, d, t, i):
     """Is entry i of depth d's candidate range (plan row r, walked from backward range piv) an
-    image for that depth? The arrays are GraphView's, PlanSet's and State's."""
+    image for that depth? The arrays are GraphView's, PlanSet's and State's; hit[d] gets the
+    entry each backward check found (the edges' ts are read from them: _timely)."""
     if not (e_ct[i] < t and t <= e_dt[i]):
         return False
     c = e_nbr[i]
@@ -79,12 +83,72 @@ def _accept(e_nbr, e_el, e_ct, e_dt, chk, chk_j, chk_test, cand, m, rs, re, piv,
             return False
     if not _ordered(chk, chk_j, m, r, c):
         return False
+    hit[d, piv] = i
     for k in range(chk[r, BACKWARD + 1] - lo):
         if k != piv:
             j = find_entry(e_nbr, e_ct, e_dt, rs[d, k], re[d, k], c, t)
             if j < 0 or not label_ok(e_el[j], chk_test[lo + k]):
                 return False
+            hit[d, k] = j
     return True
+
+
+# ---- time constraints (model/time_constraints.py) -------------------------------------------------
+@inline
+def _arc(ets, x, t, lo, hi):
+    """Query edge x (-1: none) is matched by an arc with ts t: keep it, widen (lo, hi)."""
+    if x < 0:
+        return lo, hi
+    ets[x] = t
+    if t == NO_TS:  # an edge without a ts constrains nothing
+        return lo, hi
+    return min(lo, t), max(hi, t)
+
+
+@hot
+def _in_time(ps, st, r, d, p, lo, hi):
+    """Do depth d's edges (their ts in st.ets, the span so far (lo, hi)) keep plan p's span and
+    row r's order pairs? If so, (lo, hi) is depth d's."""
+    span = ps.span[p]
+    # as unsigned: the difference of two int64 ts may not fit an int64
+    if span >= 0 and hi != NO_TS and np.uint64(hi - lo) > np.uint64(span):
+        return False
+    for x in range(ps.chk[r, ORDER], ps.chk[r, ORDER + 1]):
+        a, b = st.ets[ps.chk_j[x]], st.ets[ps.chk_test[x]]
+        if a != NO_TS and b != NO_TS and not a < b:
+            return False
+    st.tlo[d], st.thi[d] = lo, hi
+    return True
+
+
+@hot
+def _timely(gv, ps, st, r, d, p):
+    """Does the candidate _accept took at depth d keep the time constraints? Reads the ts of the
+    entries its backward checks found."""
+    lo, hi = st.tlo[d - 1], st.thi[d - 1]
+    b = ps.chk[r, BACKWARD]
+    for k in range(ps.chk[r, BACKWARD + 1] - b):
+        j = st.hit[d, k]
+        lo, hi = _arc(st.ets, ps.chk_out[b + k], gv.e_ts[j], lo, hi)
+        lo, hi = _arc(st.ets, ps.chk_back[b + k], gv.e_tsin[j], lo, hi)
+    return _in_time(ps, st, r, d, p, lo, hi)
+
+
+@hot
+def _timely_seed(ps, st, r, p, t_out, t_back):
+    """Does a seed (depths 0 and 1, plan row r of depth 1) whose arcs have these ts keep them?"""
+    st.tlo[0], st.thi[0] = LATEST, NO_TS
+    b = ps.chk[r, BACKWARD]
+    lo, hi = _arc(st.ets, ps.chk_out[b], t_out, LATEST, NO_TS)
+    lo, hi = _arc(st.ets, ps.chk_back[b], t_back, lo, hi)
+    return _in_time(ps, st, r, 1, p, lo, hi)
+
+
+@hot
+def _write_ts(st, d, out_ts, n):
+    """Row n of out_ts: the smallest and the largest ts of the match ending at depth d."""
+    out_ts[n, 0] = st.tlo[d] if st.thi[d] != NO_TS else NO_TS
+    out_ts[n, 1] = st.thi[d]
 
 
 @inline
@@ -187,7 +251,7 @@ def _segment_count(gv, ps, off, y0, t, st, cand, memo, sid):
             i = pos[d]
             pos[d] = i + 1
             if _accept(gv.e_nbr, gv.e_el, gv.e_ct, gv.e_dt, ps.chk, ps.chk_j, ps.chk_test, cand, m, st.rs, st.re,
-                       st.piv[d], r, d, t, i):
+                       st.hit, st.piv[d], r, d, t, i):
                 m[d] = gv.e_nbr[i]
                 if d + 1 == seg[r]:  # a segment of one depth: one completion per candidate
                     acc[d] += 1
@@ -234,10 +298,13 @@ def _write(ps, off, k, m, out, n):
 
 
 @hot
-def _run(gv, ps, p, t, cand, memo, sid, st, d0, out, n_out, materialize, budget, limit):
+def _run(gv, ps, p, t, cand, memo, sid, st, d0, out, out_ts, n_out, materialize, budget, limit):
     """Continue plan p's search below depth d0 - 1 (fixed images) until it is exhausted (DONE), out
     is full (FULL), `budget` candidates were looked at (BUDGET, -1: none) or `limit` matches were
-    found (LIMIT, -1: none). Returns (why, rows in out, matches found, budget left)."""
+    found (LIMIT, -1: none). Returns (why, rows in out, matches found, budget left). out_ts (no
+    rows: none wanted) gets each row's smallest and largest ts; the edges' ts are followed when
+    it is wanted or the plan has time constraints."""
+    timely = ps.timed[p] or (materialize and out_ts.shape[0] > 0)
     off, k = ps.off[p], ps.depth[p]
     d = st.at[0]
     found = 0
@@ -253,7 +320,7 @@ def _run(gv, ps, p, t, cand, memo, sid, st, d0, out, n_out, materialize, budget,
         budget -= 1
         r = off + d
         if not _accept(gv.e_nbr, gv.e_el, gv.e_ct, gv.e_dt, ps.chk, ps.chk_j, ps.chk_test, cand, st.m, st.rs, st.re,
-                       st.piv[d], r, d, t, i):
+                       st.hit, st.piv[d], r, d, t, i) or (timely and not _timely(gv, ps, st, r, d, p)):
             st.pos[d] = i + 1
             continue
         if d + 1 < k:
@@ -277,6 +344,8 @@ def _run(gv, ps, p, t, cand, memo, sid, st, d0, out, n_out, materialize, budget,
                 break
             st.m[d] = gv.e_nbr[i]
             _write(ps, off, k, st.m, out, n_out)
+            if timely and out_ts.shape[0]:
+                _write_ts(st, d, out_ts, n_out)
             n_out += 1
         st.pos[d] = i + 1
         found += 1
@@ -288,10 +357,10 @@ def _run(gv, ps, p, t, cand, memo, sid, st, d0, out, n_out, materialize, budget,
 
 
 @hot
-def static_step(gv, ps, cand, memo, roots, st, out, materialize, budget, limit):
+def static_step(gv, ps, cand, memo, roots, st, out, no_ts, materialize, budget, limit):
     """Search plan 0 from roots[st.at[1]:] until done, out full, budget spent or limit reached.
     Returns (why, rows in out, matches found); st holds where to resume. The memo's search id is
-    1: the graph does not change."""
+    1: the graph does not change. no_ts: an empty (0, 2) array (no row's ts is wanted)."""
     k = ps.depth[0]
     n_out, found = 0, 0
     while True:
@@ -319,10 +388,11 @@ def static_step(gv, ps, cand, memo, roots, st, out, materialize, budget, limit):
                 if budget <= 0:
                     return BUDGET, n_out, found
                 continue
+            st.tlo[0], st.thi[0] = LATEST, NO_TS
             _open(gv, ps, 1, 1, 0, st)
             st.at[0] = 1
-        why, n_out, f, budget = _run(gv, ps, 0, 0, cand, memo, 1, st, 1, out, n_out, materialize, budget,
-                                     -1 if limit < 0 else limit - found)
+        why, n_out, f, budget = _run(gv, ps, 0, 0, cand, memo, 1, st, 1, out, no_ts, n_out, materialize,
+                                     budget, -1 if limit < 0 else limit - found)
         found += f
         if why != DONE:
             return why, n_out, found
@@ -402,8 +472,8 @@ def nonzero_rows(counts, rows):
 
 
 @njit(cache=True, nogil=True)
-def match_units(gv, ps, unit_e, unit_p, unit_w, e_seq, e_a, e_b, counts, taken, grain, materialize, width, memo,
-                sid):
+def match_units(gv, ps, unit_e, unit_p, unit_w, e_seq, e_a, e_b, e_ts, counts, taken, grain, materialize, width,
+                memo, sid):
     """Incremental matching of a batch's edge ops, unit by unit (plan_units: an op with one plan
     of a query), the units taken `grain` at a time from the counter `taken` that every thread of
     the search shares. A unit is smaller than an (op, query) pair: a pair that finds much is
@@ -413,13 +483,16 @@ def match_units(gv, ps, unit_e, unit_p, unit_w, e_seq, e_a, e_b, counts, taken, 
     orientations unit_w allows (plan_units), and the rest of the plan is searched at that timestamp. Adds the matches to
     counts[query * ops + op] (atomically: a pair's units may run on several threads) and returns,
     for the queries with materialize[q], every match this thread found: rows (query-vertex
-    order, padded to width), their query and their op. memo and sid: segment counts (Memo), and
-    the last search id used with it; returns the new last id too.
+    order, padded to width), their query and their op, and under event time (e_ts: each op's
+    (a -> b, b -> a) ts; no rows: off) each row's smallest and largest ts. memo and sid: segment
+    counts (Memo), and the last search id used with it; returns the new last id too.
     """
     n_ops, n_units = len(e_seq), len(unit_e)
+    timed = e_ts.shape[0] > 0
     out = np.zeros((64, width), np.int32)
     out_q = np.zeros(64, np.int64)
     out_op = np.zeros(64, np.int64)
+    out_ts = np.zeros((64 if timed else 0, 2), np.int64)
     none = np.zeros((0, 0), np.bool_)
     n_out = 0
     st = new_state()
@@ -433,6 +506,7 @@ def match_units(gv, ps, unit_e, unit_p, unit_w, e_seq, e_a, e_b, counts, taken, 
             mat, t = materialize[q], e_seq[e]
             off, k = ps.off[p], ps.depth[p]
             lx, ly = ps.qlab[off], ps.qlab[off + 1]
+            timely = ps.timed[p] or (mat and timed)
             sid += 1  # a new (plan, timestamp): the memo's counts so far do not hold
             found = 0
             for o in range(2):
@@ -442,34 +516,39 @@ def match_units(gv, ps, unit_e, unit_p, unit_w, e_seq, e_a, e_b, counts, taken, 
                 st.m[0], st.m[1] = u0, u1
                 if not _ordered(ps.chk, ps.chk_j, st.m, off + 1, u1):  # the seed's own constraint (distinct)
                     continue
+                if timely and not _timely_seed(ps, st, off + 1, p, e_ts[e, o] if timed else NO_TS,
+                                               e_ts[e, 1 - o] if timed else NO_TS):
+                    continue
                 first = n_out
                 if k == 2:
                     if mat:
                         if n_out == out.shape[0]:
-                            out, out_q, out_op = _grow(out, out_q, out_op)
+                            out, out_q, out_op, out_ts = _grow(out, out_q, out_op, out_ts)
                         _write(ps, off, 2, st.m, out, n_out)
+                        if timed:
+                            _write_ts(st, 1, out_ts, n_out)
                         n_out += 1
                     found += 1
-                elif not mat:
+                elif not mat and not ps.timed[p]:
                     found += _count(gv, ps, off, 2, k, t, st, none, memo, sid)
                 else:
                     _open(gv, ps, off + 2, 2, t, st)
                     st.at[0] = 2
                     while True:
-                        why, n_out, f, _ = _run(gv, ps, p, t, none, memo, sid, st, 2, out, n_out, mat, -1, -1)
+                        why, n_out, f, _ = _run(gv, ps, p, t, none, memo, sid, st, 2, out, out_ts, n_out, mat, -1, -1)
                         found += f
                         if why != FULL:
                             break
-                        out, out_q, out_op = _grow(out, out_q, out_op)
+                        out, out_q, out_op, out_ts = _grow(out, out_q, out_op, out_ts)
                 out_q[first:n_out] = q
                 out_op[first:n_out] = e
             if found:
                 _fetch_add(counts, q * n_ops + e, found)
-    return out[:n_out], out_q[:n_out], out_op[:n_out], sid
+    return out[:n_out], out_q[:n_out], out_op[:n_out], out_ts[:n_out], sid
 
 
 @njit(cache=True, nogil=True)
-def _grow(out, out_q, out_op):
+def _grow(out, out_q, out_op, out_ts):
     n = out.shape[0]
     big = np.zeros((2 * n, out.shape[1]), np.int32)
     big[:n] = out
@@ -477,4 +556,6 @@ def _grow(out, out_q, out_op):
     big_q[:n] = out_q
     big_op = np.zeros(2 * n, np.int64)
     big_op[:n] = out_op
-    return big, big_q, big_op
+    big_ts = np.zeros((2 * n if out_ts.shape[0] else 0, 2), np.int64)
+    big_ts[: out_ts.shape[0]] = out_ts
+    return big, big_q, big_op, big_ts

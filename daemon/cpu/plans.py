@@ -16,10 +16,12 @@ from numba import njit
 from csmd.model.direction import label_test
 from csmd.model.graph import Graph
 from csmd.model.plan import Plan
+from csmd.model.time_constraints import MAX_ARCS
 
 MAX_DEPTH = 32  # query vertices (docs/design.md section 1)
-# the checks of one depth, in this order: backward edges, same-label (injectivity), less, greater
-BACKWARD, SAME_LABEL, LESS, GREATER = range(4)
+# the checks of one depth, in this order: backward edges, same-label (injectivity), less, greater,
+# the time order pairs it is the first to know both edges of (model/time_constraints.py)
+BACKWARD, SAME_LABEL, LESS, GREATER, ORDER = range(5)
 
 
 class PlanSet(NamedTuple):
@@ -31,12 +33,18 @@ class PlanSet(NamedTuple):
     tail: np.ndarray  # int64 per plan: the first depth of its independent tail (see _tail)
     order: np.ndarray  # int64 per row: the query vertex matched at that depth
     qlab: np.ndarray  # int32 per row: its label
-    chk: np.ndarray  # int64 (rows, 5): check kind k of a row is chk_j[chk[r, k]:chk[r, k + 1]]
-    chk_j: np.ndarray  # int64: the earlier depth a check refers to
-    chk_test: np.ndarray  # int64: the edge-label test of a backward check (model/direction.py label_test)
+    chk: np.ndarray  # int64 (rows, 6): check kind k of a row is chk_j[chk[r, k]:chk[r, k + 1]]
+    chk_j: np.ndarray  # int64: the earlier depth a check refers to (ORDER: the edge that comes first)
+    chk_test: np.ndarray  # int64: the edge-label test of a backward check (model/direction.py label_test);
+                          # ORDER: the edge that comes later
+    chk_out: np.ndarray  # int64: the query edge number of a backward check's arc earlier -> later (-1: none)
+    chk_back: np.ndarray  # int64: and of its arc back (Plan.arcs)
     seg: np.ndarray  # int64 per row: where the independent segment that starts at it ends (_segments)
     memo: np.ndarray  # int64 per row: the one earlier depth its segment refers to (its count is memoised
                       # by that depth's image), -1 when it refers to several
+    span: np.ndarray  # int64 per plan: its query's span, -1: none
+    timed: np.ndarray  # bool per plan: it has time constraints (a search keeps its edges' ts, and counts
+                       # each match: no product of segment counts holds then)
 
 
 def _refers(plan: Plan) -> list[set[int]]:
@@ -109,7 +117,7 @@ def plan_set(plans: list[Plan], query_of: list[int]) -> PlanSet:
     """Flatten plans (plans[i] belongs to query query_of[i])."""
     depth = np.array([p.depth for p in plans], np.int64)
     off = np.concatenate([[0], np.cumsum(depth)[:-1]]).astype(np.int64)
-    order, qlab, chk, chk_j, chk_test, seg, memo = [], [], [], [], [], [], []
+    order, qlab, chk, chk_j, chk_test, chk_out, chk_back, seg, memo = [], [], [], [], [], [], [], [], []
     for p in plans:
         if p.depth > MAX_DEPTH:
             raise ValueError(f"a query has {p.depth} vertices; at most {MAX_DEPTH} are supported")
@@ -120,19 +128,30 @@ def plan_set(plans: list[Plan], query_of: list[int]) -> PlanSet:
             order.append(u)
             qlab.append(int(p.query.labels[u]))
             row = [len(chk_j)]
-            for j, el in p.backward[i]:
+            for (j, el), (out, back) in zip(p.backward[i], p.arcs[i]):
                 chk_j.append(j)
                 chk_test.append(int(label_test(el, p.query.directed)))
+                chk_out.append(out)
+                chk_back.append(back)
             for kind in (p.same_label[i], p.less[i], p.greater[i]):
                 row.append(len(chk_j))
                 chk_j.extend(kind)
                 chk_test.extend([0] * len(kind))
             row.append(len(chk_j))
+            for a, b in p.before[i]:
+                chk_j.append(a)
+                chk_test.append(b)
+            row.append(len(chk_j))
             chk.append(row)
-    tail = np.array([_tail(p) for p in plans], np.int64)
+            chk_out.extend([-1] * (len(chk_j) - len(chk_out)))
+            chk_back.extend([-1] * (len(chk_j) - len(chk_back)))
+    timed = np.array([p.constrained for p in plans], np.bool_)
+    tail = np.array([p.depth if p.constrained else _tail(p) for p in plans], np.int64)
+    span = np.array([-1 if p.span is None else p.span for p in plans], np.int64)
     return PlanSet(off, depth, np.array(query_of, np.int64), tail, np.array(order, np.int64), np.array(qlab, np.int32),
-                   np.array(chk, np.int64).reshape(-1, 5), np.array(chk_j, np.int64), np.array(chk_test, np.int64),
-                   np.array(seg, np.int64), np.array(memo, np.int64))
+                   np.array(chk, np.int64).reshape(-1, 6), np.array(chk_j, np.int64), np.array(chk_test, np.int64),
+                   np.array(chk_out, np.int64), np.array(chk_back, np.int64), np.array(seg, np.int64),
+                   np.array(memo, np.int64), span, timed)
 
 
 def joined(sets: list[PlanSet]) -> PlanSet:
@@ -144,11 +163,13 @@ def joined(sets: list[PlanSet]) -> PlanSet:
     checks = np.cumsum([0] + [len(s.chk_j) for s in sets[:-1]])
 
     def cat(field, shift=None):
-        return np.concatenate([getattr(s, field) + (0 if shift is None else shift[i]) for i, s in enumerate(sets)])
+        return np.concatenate([getattr(s, field) if shift is None else getattr(s, field) + shift[i]
+                               for i, s in enumerate(sets)])
 
     query = np.concatenate([np.full(len(s.off), i, np.int64) for i, s in enumerate(sets)])
     return PlanSet(cat("off", rows), cat("depth"), query, cat("tail"), cat("order"), cat("qlab"), cat("chk", checks),
-                   cat("chk_j"), cat("chk_test"), cat("seg"), cat("memo"))
+                   cat("chk_j"), cat("chk_test"), cat("chk_out"), cat("chk_back"), cat("seg"), cat("memo"), cat("span"),
+                   cat("timed"))
 
 
 class State(NamedTuple):
@@ -164,6 +185,10 @@ class State(NamedTuple):
     acc: np.ndarray  # int64 (MAX_DEPTH,): counting, per depth: the segment's completions so far
     prod: np.ndarray  # int64 (MAX_DEPTH,): counting: the product along the current candidate's chain
     stack: np.ndarray  # int64 (MAX_DEPTH,): counting: the depths of the open segments
+    hit: np.ndarray  # int64 (MAX_DEPTH, MAX_DEPTH): the entry each backward check found for the candidate
+    tlo: np.ndarray  # int64 (MAX_DEPTH,): with time: the smallest ts of the edges matched down to a depth
+    thi: np.ndarray  # and the largest (NO_TS and its opposite while none of them has a ts)
+    ets: np.ndarray  # int64 (MAX_ARCS,): with time: the ts of each query edge matched (NO_TS: none)
 
 
 @njit(cache=True, nogil=True)
@@ -171,7 +196,8 @@ def new_state():
     d = MAX_DEPTH
     return State(np.zeros(d, np.int32), np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros(d, np.int64),
                  np.zeros((d, d), np.int64), np.zeros((d, d), np.int64), np.zeros(3, np.int64),
-                 np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros(d, np.int64))
+                 np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros((d, d), np.int64),
+                 np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros(MAX_ARCS, np.int64))
 
 
 class Memo(NamedTuple):
