@@ -596,3 +596,29 @@ def test_a_client_that_hangs_up_before_the_answer_leaves_no_traceback(capsys):
         server.shutdown()
     err = capsys.readouterr().err
     assert "Traceback" not in err and "BrokenPipe" not in err and "ConnectionReset" not in err, err
+
+
+def test_a_query_the_engine_refuses_is_an_answer_to_the_control_request_not_a_crash():
+    """A query whose time constraints the engine cannot search (the GPU engine, for now) reaches the
+    executor as any added query does: the engine's refusal becomes the request's error."""
+    from csmd.backends import continuous_engine
+    from csmd.errors import InputError
+    from csmd.model.graph import Graph
+    from csmd.model.labels import LabelNames
+    from csmd.pipeline.event_time import EventTime
+    from csmd.pipeline.stages import Pipeline
+    from csmd.service.control import QueryChange, QuerySpec
+
+    g0 = Graph.from_edges([0] * 3, [0, 1], [1, 2])
+    engine = continuous_engine("cpu", g0, timed=True)
+
+    def refuse(query):
+        raise InputError(query.name, None, "time constraints (w, o lines) are searched by the cpu engine only")
+
+    engine.prepare = refuse
+    pipe = Pipeline(g0, engine=engine, threaded=False, event_time=EventTime(10))
+    text = "v 0 0\nv 1 0\nv 2 0\ne 0 1\ne 1 2\nw 5\n"
+    change = QueryChange("add", QuerySpec("q", text), 0, {}, True, LabelNames(timed=True))
+    change.at_executor(pipe)
+    assert change.error == "q: time constraints (w, o lines) are searched by the cpu engine only"
+    assert "q" not in pipe.queries

@@ -146,6 +146,8 @@ class CompiledEngine(CpuEngine):
         # shards its queries select, so several alternate from batch to batch
         self._sets: dict[tuple, _QuerySet] = {}
         self._memos = threading.local()  # per thread: its Memo and the memo's last search id
+        self.partial_matches = 0  # made by enumeration in every search so far (what time constraints cut)
+        self._made = threading.Lock()
 
     def prepare(self, query: ContinuousQuery) -> CompiledQuery:
         return CompiledQuery(query)
@@ -171,8 +173,10 @@ class CompiledEngine(CpuEngine):
         if memo is None or memo.stamp.shape[0] < depth or memo.stamp.shape[1] < len(view.labels):
             shape = (max(depth, 0 if memo is None else memo.stamp.shape[0]), len(view.labels))
             mine.memo, mine.sid = Memo(np.zeros(shape, np.int64), np.zeros(shape, np.int64)), 0
-        rows, row_q, row_op, row_ts, mine.sid = match_units(view, qs.ps, *units, *ops, counts.reshape(-1), taken,
-                                                            grain, qs.materialize, qs.width, mine.memo, mine.sid)
+        rows, row_q, row_op, row_ts, mine.sid, made = match_units(view, qs.ps, *units, *ops, counts.reshape(-1), taken,
+                                                                  grain, qs.materialize, qs.width, mine.memo, mine.sid)
+        with self._made:
+            self.partial_matches += made
         return rows, row_q, row_op, row_ts
 
     def submit(self, batch: UpdateBatch, queries: list[CompiledQuery], select: np.ndarray | None = None) -> Pending:

@@ -323,6 +323,7 @@ def _run(gv, ps, p, t, cand, memo, sid, st, d0, out, out_ts, n_out, materialize,
                        st.hit, st.piv[d], r, d, t, i) or (timely and not _timely(gv, ps, st, r, d, p)):
             st.pos[d] = i + 1
             continue
+        st.at[3] += 1
         if d + 1 < k:
             st.pos[d] = i + 1
             st.m[d] = gv.e_nbr[i]
@@ -485,7 +486,8 @@ def match_units(gv, ps, unit_e, unit_p, unit_w, e_seq, e_a, e_b, e_ts, counts, t
     for the queries with materialize[q], every match this thread found: rows (query-vertex
     order, padded to width), their query and their op, and under event time (e_ts: each op's
     (a -> b, b -> a) ts; no rows: off) each row's smallest and largest ts. memo and sid: segment
-    counts (Memo), and the last search id used with it; returns the new last id too.
+    counts (Memo), and the last search id used with it; returns the new last id too, and the
+    partial matches it made by enumeration (State.at[3]).
     """
     n_ops, n_units = len(e_seq), len(unit_e)
     timed = e_ts.shape[0] > 0
@@ -544,7 +546,7 @@ def match_units(gv, ps, unit_e, unit_p, unit_w, e_seq, e_a, e_b, e_ts, counts, t
                 out_op[first:n_out] = e
             if found:
                 _fetch_add(counts, q * n_ops + e, found)
-    return out[:n_out], out_q[:n_out], out_op[:n_out], out_ts[:n_out], sid
+    return out[:n_out], out_q[:n_out], out_op[:n_out], out_ts[:n_out], sid, st.at[3]
 
 
 @njit(cache=True, nogil=True)

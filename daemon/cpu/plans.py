@@ -181,7 +181,8 @@ class State(NamedTuple):
     piv: np.ndarray  # int64 (MAX_DEPTH,): which backward range the candidates come from
     rs: np.ndarray  # int64 (MAX_DEPTH, MAX_DEPTH): start of each backward range
     re: np.ndarray
-    at: np.ndarray  # int64 (3,): the current depth, the next root (static search), candidates counted
+    at: np.ndarray  # int64 (4,): the current depth, the next root (static search), candidates counted,
+                    # partial matches made by enumeration (what time constraints cut: bench/temporal.py)
     acc: np.ndarray  # int64 (MAX_DEPTH,): counting, per depth: the segment's completions so far
     prod: np.ndarray  # int64 (MAX_DEPTH,): counting: the product along the current candidate's chain
     stack: np.ndarray  # int64 (MAX_DEPTH,): counting: the depths of the open segments
@@ -195,7 +196,7 @@ class State(NamedTuple):
 def new_state():
     d = MAX_DEPTH
     return State(np.zeros(d, np.int32), np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros(d, np.int64),
-                 np.zeros((d, d), np.int64), np.zeros((d, d), np.int64), np.zeros(3, np.int64),
+                 np.zeros((d, d), np.int64), np.zeros((d, d), np.int64), np.zeros(4, np.int64),
                  np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros((d, d), np.int64),
                  np.zeros(d, np.int64), np.zeros(d, np.int64), np.zeros(MAX_ARCS, np.int64))
 

@@ -66,7 +66,10 @@ class QueryChange(Marker):
             if self.spec.name in pipe.queries:  # replacing it would change what its deltas mean mid-stream
                 self.error = f"a query named {self.spec.name!r} is registered already (remove it first)"
                 return
-            self.spec.register(pipe, q=self._query)
+            try:
+                self.spec.register(pipe, q=self._query)
+            except CsmdError as exc:  # what the engine refuses (the GPU's time constraints): an answer, not a crash
+                self.error = str(exc)
         elif not pipe.remove_query(self.spec.name):
             self.error = f"no query named {self.spec.name!r}"
 
