@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 import numpy as np
 
 from csmd.cpu.executor import PreparedQuery, match_batch
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES, search
-from csmd.cpu.mvg import MultiVersionGraph
-from csmd.engine import ContinuousEngine, ContinuousQuery, Done, EngineStats, StaticMatcher, UpdateBatch
+from csmd.cpu.mvg import INF, MultiVersionGraph
+from csmd.engine import ContinuousEngine, ContinuousQuery, Done, EngineStats, SearchResult, StaticMatcher, UpdateBatch
+from csmd.errors import InputError
 from csmd.model.graph import Graph
-from csmd.model.plan import plan_query
+from csmd.model.plan import Plan, plan_query
+
+
+_timed_graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> its timed MVG (`csmd match`
+                                                                       # runs many queries on one graph)
 
 
 class CpuMatcher(StaticMatcher):
@@ -26,7 +32,23 @@ class CpuMatcher(StaticMatcher):
         t0 = time.monotonic()
         plan = plan_query(g, q, distinct=distinct)
         remaining = None if time_limit is None else max(0.0, time_limit - (time.monotonic() - t0))
+        if plan.constrained:
+            return self._timed(g, plan, limit, remaining, sink)
         return search(g, plan, limit=limit, time_limit=remaining, sink=sink, budget_bytes=self.budget_bytes)
+
+    def _timed(self, g: Graph, plan: Plan, limit, time_limit, sink) -> SearchResult:
+        """A query with time constraints on a static graph: the search of a multi-version graph
+        that keeps g's edge ts, read after every edge (the executor's search, from every root)."""
+        if g.edge_ts is None:
+            raise InputError("data graph", None, "the query has time constraints ('w' or 'o' lines) but the graph's "
+                                                 "edges have no ts (a fifth field on e lines, or a ts column)")
+        if g not in _timed_graphs:
+            _timed_graphs[g] = MultiVersionGraph(g, timed=True)
+        roots = np.flatnonzero(plan.cand[plan.order[0]]).astype(np.int32)[:, None]
+        res = search(_timed_graphs[g], plan, roots, np.full(len(roots), INF - 1, np.int64),
+                     limit=limit, time_limit=time_limit, sink=None if sink is None else lambda rows, _: sink(rows),
+                     budget_bytes=self.budget_bytes)
+        return SearchResult(res.count, res.complete, res.seconds)
 
 
 class CpuEngine(ContinuousEngine):
