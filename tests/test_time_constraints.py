@@ -261,3 +261,38 @@ def test_a_static_match_keeps_the_constraints_and_needs_a_graph_with_ts(tmp_path
     (tmp_path / "untimed.graph").write_text("v 1 0\nv 2 0\ne 1 2 0\n")
     with pytest.raises(InputError, match="edges have no ts"):
         static_matcher(backend).match(read_graph(tmp_path / "untimed.graph"), path)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_deletion_without_a_ts_takes_the_edge_out_of_the_clock(backend):
+    """An edge update without a ts under event time is applied untimed: a deletion must still
+    forget the edge's ts, or its expiry would later delete an edge that is gone (the graph raised
+    'deleting an edge that is not live')."""
+    from csmd.model.formats import Update
+    from csmd.pipeline.stages import Pipeline
+
+    g0 = Graph.from_edges([0] * 4, [], [], ext_ids=[1, 2, 3, 4])
+    pipe = Pipeline(g0, engine=continuous_engine(backend, g0, timed=True), batch_size=1, threaded=False,
+                    event_time=EventTime(5))
+    ups = [Update("e", 1, 2, 0, "s:1", ts=10), Update("-e", 1, 2, 0, "s:2"), Update("e", 3, 4, 0, "s:3", ts=100)]
+    pipe.run(iter(ups), lambda r: None)
+    assert pipe.sequencer.clock.expired == 0
+    assert sorted(zip(*(x.tolist() for x in pipe.engine.live_edges()[:2]))) == [(2, 3)]
+
+
+def test_distinct_with_an_order_is_refused_naming_the_query():
+    """--distinct keeps one embedding of an instance by vertex ids; with an order on the edges,
+    which one it keeps would decide whether the instance matches (a path 0-1-2 with o 0 1 gave 1
+    on a graph and 0 on its mirror image)."""
+    from csmd.pipeline.stages import Pipeline
+
+    g0 = Graph.from_edges([0] * 3, [0, 1], [1, 2])
+    pipe = Pipeline(g0, engine=continuous_engine("cpu", g0, timed=True), threaded=False, event_time=EventTime(None))
+    q = parse_query_text("v 0 0\nv 1 0\nv 2 0\ne 0 1\ne 1 2\no 0 1\n", "chain", TIMED)
+    with pytest.raises(InputError, match="^chain: --distinct cannot be combined with 'o' lines"):
+        pipe.add_query("chain", q, distinct=True)
+    pipe.add_query("chain", q)  # without --distinct it is a query like any other
+    w = parse_query_text("v 0 0\nv 1 0\nv 2 0\ne 0 1\ne 1 2\nw 5\n", "span", TIMED)
+    pipe.add_query("span", w, distinct=True)  # a span holds for every embedding of an instance alike
+    with pytest.raises(InputError, match="--distinct cannot be combined"):
+        static_matcher("cpu").match(g0, q, distinct=True)

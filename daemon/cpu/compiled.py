@@ -21,9 +21,9 @@ from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import MultiVersionGraph
 from csmd.cpu.updater import CompiledGraph
 from csmd.cpu.workers import chunks, run_chunks, start_tasks, thread_count
-from csmd.errors import CsmdError
 from csmd.engine import ContinuousQuery, Done, Matches, Pending, SearchResult, StaticMatcher, UpdateBatch
 from csmd.model.plan import Plan, make_plan, plan_query
+from csmd.model.time_constraints import require_ts
 
 STEP_CANDIDATES = 1 << 20  # candidates a static search looks at between two time-limit checks (a few ms)
 SPLIT_SECONDS = 0.0005  # a batch is split over threads when its search should take longer (the last
@@ -56,8 +56,8 @@ def search(g, plan: Plan, *, limit=None, time_limit=None, sink=None,
     """
     t0 = time.monotonic()
     deadline = None if time_limit is None else t0 + time_limit
-    if plan.constrained and g.edge_ts is None:
-        raise CsmdError("the query has time constraints (w, o lines), but the graph's edges have no ts")
+    if plan.constrained:
+        require_ts(g)
     ps = plan_set([plan], [0])
     cand = np.stack([plan.cand[u] for u in plan.order])
     roots = np.flatnonzero(plan.cand[plan.order[0]]).astype(np.int32)

@@ -83,7 +83,7 @@ class _Buf:
         return self.a[: self.n]
 
 
-def _entry_ts(g: Graph, owner: np.ndarray, nbr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def entry_ts(g: Graph, owner: np.ndarray, nbr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The event times g.edge_ts gives the entries (owner, nbr) (internal ids): of the arc owner ->
     nbr and of the arc back (undirected: the edge's, twice); NO_TS where it gives none. An edge given
     twice keeps its first ts, as the clock does (pipeline/event_time.py)."""
@@ -147,7 +147,7 @@ class MultiVersionGraph:
         self.e_el = _Buf(np.int32, els)
         self.e_ct = _Buf(np.int64, np.full(len(nbrs), -1))
         self.e_dt = _Buf(np.int64, np.full(len(nbrs), INF))
-        ts_out, ts_in = _entry_ts(g, owner, nbrs) if timed else (np.zeros(0, np.int64),) * 2
+        ts_out, ts_in = entry_ts(g, owner, nbrs) if timed else (np.zeros(0, np.int64),) * 2
         self.e_ts = _Buf(np.int64, ts_out)
         self.e_tsin = _Buf(np.int64, ts_in)
         if self.keyed:

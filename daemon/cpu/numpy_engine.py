@@ -13,9 +13,9 @@ from csmd.cpu.executor import PreparedQuery, match_batch
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES, search
 from csmd.cpu.mvg import INF, MultiVersionGraph
 from csmd.engine import ContinuousEngine, ContinuousQuery, Done, EngineStats, SearchResult, StaticMatcher, UpdateBatch
-from csmd.errors import InputError
 from csmd.model.graph import Graph
 from csmd.model.plan import Plan, plan_query
+from csmd.model.time_constraints import require_ts
 
 
 _timed_graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> its timed MVG (`csmd match`
@@ -39,9 +39,7 @@ class CpuMatcher(StaticMatcher):
     def _timed(self, g: Graph, plan: Plan, limit, time_limit, sink) -> SearchResult:
         """A query with time constraints on a static graph: the search of a multi-version graph
         that keeps g's edge ts, read after every edge (the executor's search, from every root)."""
-        if g.edge_ts is None:
-            raise InputError("data graph", None, "the query has time constraints ('w' or 'o' lines) but the graph's "
-                                                 "edges have no ts (a fifth field on e lines, or a ts column)")
+        require_ts(g)
         if g not in _timed_graphs:
             _timed_graphs[g] = MultiVersionGraph(g, timed=True)
         roots = np.flatnonzero(plan.cand[plan.order[0]]).astype(np.int32)[:, None]

@@ -13,7 +13,7 @@ import numpy as np
 
 from csmd.model.direction import flip, label_test, passes
 from csmd.model.graph import Graph, gather_ranges
-from csmd.model.time_constraints import arcs_of_check, checked_at
+from csmd.model.time_constraints import arcs_of_check, check_distinct, checked_at, query_edges
 
 REFINE_ROUNDS = 3  # arc-consistency rounds; later rounds rarely remove anything
 
@@ -188,7 +188,7 @@ def matching_order(q: Graph, cand: list[np.ndarray]) -> list[int]:
 def make_plan(q: Graph, cand: list[np.ndarray], order: list[int], sym: list[tuple[int, int]] = ()) -> Plan:
     """Derive the per-depth checks from an order; `sym` holds (x, y) with f(x) < f(y)."""
     pos = {u: i for i, u in enumerate(order)}
-    t = q.time
+    t, ends = q.time, query_edges(q)
     plan = Plan(q, order, cand, before=checked_at(t, order), span=None if t is None else t.span)
     for i, u in enumerate(order):
         nbrs = q.neighbors(u)
@@ -198,7 +198,7 @@ def make_plan(q: Graph, cand: list[np.ndarray], order: list[int], sym: list[tupl
         back = sorted((pos[int(w)], int(e)) for w, e in zip(nbrs, els) if pos[int(w)] < i)
         adjacent = {j for j, _ in back}
         plan.backward.append(back)
-        plan.arcs.append([arcs_of_check(t, q.directed, order[j], u) for j, _ in back])
+        plan.arcs.append([arcs_of_check(ends, q.directed, order[j], u) for j, _ in back])
         plan.same_label.append([j for j in range(i) if j not in adjacent and q.labels[order[j]] == q.labels[u]])
         plan.less.append(sorted(pos[x] for x, y in sym if y == u and pos[x] < i))
         plan.greater.append(sorted(pos[y] for x, y in sym if x == u and pos[y] < i))
@@ -207,6 +207,8 @@ def make_plan(q: Graph, cand: list[np.ndarray], order: list[int], sym: list[tupl
 
 def plan_query(g: Graph, q: Graph, distinct: bool = False) -> Plan:
     """The static plan: filtered candidates, an order, and symmetry constraints if asked."""
+    if distinct:
+        check_distinct(q, "query")
     cand = filter_candidates(g, q)
     sym = symmetry_constraints(q)[0] if distinct else []
     return make_plan(q, cand, matching_order(q, cand), sym)

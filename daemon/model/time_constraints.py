@@ -82,13 +82,40 @@ def query_time(lines: list[tuple[int, int]], span: int | None, order: list[tuple
     return QueryTime(span, tuple(sorted({(a, b) for a, b, _ in pairs})), tuple(ends))
 
 
-def arcs_of_check(t: QueryTime | None, directed: bool, earlier: int, later: int) -> tuple[int, int]:
-    """The edge numbers of the arcs a backward check reads: (earlier -> later, later -> earlier),
-    -1 where the query has no such edge (undirected: the pair's number, then -1)."""
-    if t is None:
-        return -1, -1
+def require_ts(g) -> None:
+    """A static search of a query with time constraints needs the graph's edge ts (InputError)."""
+    from csmd.errors import InputError
+
+    if g.edge_ts is None:
+        raise InputError("data graph", None, "the query has time constraints ('w' or 'o' lines) but the graph's "
+                                             "edges have no ts (a fifth field on e lines, or a ts column)")
+
+
+def check_distinct(q, name) -> None:
+    """--distinct keeps one embedding of each subgraph instance, by vertex ids (symmetry
+    breaking): with `o` lines the embeddings of one instance differ in which edge comes first,
+    so which one is kept would decide whether the instance matches. Refused (InputError)."""
+    from csmd.errors import InputError
+
+    if q.time is not None and q.time.order:
+        raise InputError(name, None, "--distinct cannot be combined with 'o' lines (an order on the query's edges): "
+                                     "an instance would match or not by which of its embeddings is kept")
+
+
+def query_edges(q) -> tuple[tuple[int, int], ...]:
+    """The ends of q's edges by number: QueryTime.ends, or without time constraints q's own edges
+    (arcs) in its order: a timed search keeps every match's ts_min and ts_max all the same."""
+    if q.time is not None:
+        return q.time.ends
+    s, d, _ = q.arcs()
+    return tuple(zip(s.tolist(), d.tolist()))
+
+
+def arcs_of_check(ends, directed: bool, earlier: int, later: int) -> tuple[int, int]:
+    """The edge numbers (query_edges) of the arcs a backward check reads: (earlier -> later,
+    later -> earlier), -1 where the query has no such edge (undirected: the pair's number, then -1)."""
     out = back = -1
-    for n, (u, v) in enumerate(t.ends):
+    for n, (u, v) in enumerate(ends):
         if (u, v) == (earlier, later) or (not directed and (v, u) == (earlier, later)):
             out = n
         elif directed and (u, v) == (later, earlier):

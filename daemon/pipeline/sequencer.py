@@ -509,7 +509,7 @@ class Sequencer:
                     self.ignored[MISSING_DELETE] += 1
                 else:
                     edge(seq, a, b, -1, live_label(a, b))  # the stored edge's label: it is what vanishes
-                    if timed:
+                    if clock is not None:  # (with a ts or without: the edge is gone, it cannot expire)
                         clock.forget(clock.key(rec.u, rec.v))
             elif rec.op == INSERT_VERTEX:
                 v = vx.index.get(rec.u)

@@ -49,6 +49,7 @@ from csmd.latency import LatencyHistogram
 from csmd.model.direction import arcs_of
 from csmd.model.formats import Update, UpdateBlock
 from csmd.model.graph import Graph, id_array
+from csmd.model.time_constraints import check_distinct
 from csmd.pipeline.event_time import EventTime
 from csmd.pipeline.gc import GarbageCollector
 from csmd.pipeline.queries import canonical, continuous_query, vertex_matches
@@ -231,6 +232,8 @@ class Pipeline:
     def add_query(self, name: str, q: Graph, count_only: bool = False, distinct: bool = False) -> None:
         """Register (or replace) a query: before run, or from a marker's at_executor. distinct: one
         delta per subgraph instance (continuous_query)."""
+        if distinct:
+            check_distinct(q, name)
         cq = continuous_query(name, q, self.vertices.labels, count_only, distinct)
         self.queries[name] = (cq, self.engine.prepare(cq) if q.n > 1 else None)
 
