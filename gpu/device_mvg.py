@@ -207,12 +207,14 @@ class DeviceMVG:
     _small: tuple[int, int, int] | None = None
 
     def __init__(self, labels: cp.ndarray, indptr: cp.ndarray, nbrs: cp.ndarray, els: cp.ndarray | None,
-                 directed: bool = False):
+                 directed: bool = False, ts: cp.ndarray | None = None):
         """From a device CSR whose slices are sorted by (neighbour label, neighbour).
 
         Vertex v gets version v (ct_min -1: older than every update), in a block of its
         size class; the entry pool starts with half its size spare for the first batches.
         directed: the labels are the codes of vertex pairs' arcs (daemon/model/direction.py).
+        ts: under event time, the entries' arc ts (2 rows: the arc to the neighbour, the arc
+        back; daemon/model/time_constraints.py NO_TS where none); None: untimed.
         """
         if DeviceMVG._dtype is None:
             DeviceMVG._dtype, DeviceMVG._small = _view_dtype(), _small_layout()
@@ -220,6 +222,7 @@ class DeviceMVG:
         self.stream = cp.cuda.Stream(non_blocking=True)
         n, m = len(labels), len(nbrs)
         self.n, self.directed = n, directed
+        self.timed = ts is not None
         # some edge, now or ever, has a non-zero label; until then readers may skip the label
         # test (monotone: a batch sets it in apply, before its search is submitted)
         self.has_edge_labels = els is not None and bool(els.any())
@@ -238,7 +241,7 @@ class DeviceMVG:
             self.sorted = True
             self.dropped = 0  # released empty versions: no block, id not reused
             self.e_nbr = self.e_lab = self.e_el = cp.empty(1, cp.int32)
-            self.e_ct = self.e_dt = cp.empty(1, cp.int64)
+            self.e_ct = self.e_dt = self.e_ts = self.e_tsin = cp.empty(1, cp.int64)
             self._view = None
             # the fused small-batch path's scratch (gpu/mvg.cu GuSmall), its counters and its
             # copy space (grown by doubling); only the updater's stream uses them, one batch after another
@@ -266,18 +269,27 @@ class DeviceMVG:
             size = self.bump + self.bump // 2 + 4096
             self.e_nbr, self.e_lab, self.e_el = (cp.empty(size, cp.int32) for _ in range(3))
             self.e_ct, self.e_dt = (cp.empty(size, cp.int64) for _ in range(2))
+            if self.timed:
+                self.e_ts, self.e_tsin = (cp.empty(size, cp.int64) for _ in range(2))
             self._view = None
             g = self.view()
             _launch("mvg_build_versions", n, (g, indptr, cap_end))
             _launch("mvg_build_entries", m, (g, i64(m), indptr, nbrs.astype(cp.int32, copy=False),
-                                             None if els is None else els.astype(cp.int32, copy=False)))
+                                             None if els is None else els.astype(cp.int32, copy=False),
+                                             None if ts is None else cp.ascontiguousarray(ts, cp.int64)))
         self.stream.synchronize()
 
     @classmethod
-    def from_graph(cls, g: Graph) -> "DeviceMVG":
-        _, nbrs, els = g.grouped
+    def from_graph(cls, g: Graph, timed: bool = False) -> "DeviceMVG":
+        """timed: the entries keep their arcs' ts, the initial ones g.edge_ts's."""
+        gk, nbrs, els = g.grouped
+        ts = None
+        if timed:
+            from csmd.cpu.mvg import entry_ts
+
+            ts = cp.asarray(np.stack(entry_ts(g, gk // max(g.num_labels, 1), nbrs)))
         return cls(cp.asarray(g.labels), cp.asarray(g.indptr), cp.asarray(nbrs),
-                   cp.asarray(els) if g.elabels.any() else None, g.directed)
+                   cp.asarray(els) if g.elabels.any() else None, g.directed, ts)
 
     @classmethod
     def from_device_graph(cls, dg) -> "DeviceMVG":
@@ -292,7 +304,8 @@ class DeviceMVG:
         if self._view is None:
             v = np.zeros(1, self._dtype)
             for name in self._dtype.names:
-                v[name] = self.n if name == "n" else getattr(self, name).data.ptr
+                untimed = name in ("e_ts", "e_tsin") and not self.timed  # null: the kernels write no ts
+                v[name] = self.n if name == "n" else 0 if untimed else getattr(self, name).data.ptr
             self._view = v[0]
         return self._view
 
@@ -306,7 +319,7 @@ class DeviceMVG:
         """Bytes the pool holds (vertices, version table, free list, entries)."""
         return sum(a.nbytes for a in (self.labels, self.cur, self.v_ct_min, self.v_dt_max, self.v_start, self.v_prev,
                                       self.v_size, self.v_cls, self.v_live, self.v_ct_hi, self.free_keys, self.e_nbr,
-                                      self.e_lab, self.e_el, self.e_ct, self.e_dt))
+                                      self.e_lab, self.e_el, self.e_ct, self.e_dt, self.e_ts, self.e_tsin))
 
     def _reserve(self, vertices: int = 0, versions: int = 0, entries: int = 0, free: int = 0) -> None:
         """Make room for that many vertices, versions, entries and free-list keys: twice the size, or
@@ -316,7 +329,8 @@ class DeviceMVG:
             (("labels", "cur"), vertices, None),
             (("v_ct_min", "v_dt_max", "v_start", "v_prev", "v_size", "v_cls", "v_live", "v_ct_hi"), versions, None),
             (("free_keys",), free, INF),
-            (("e_nbr", "e_lab", "e_el", "e_ct", "e_dt"), entries, None)) if need > len(getattr(self, names[0]))]
+            (("e_nbr", "e_lab", "e_el", "e_ct", "e_dt") + (("e_ts", "e_tsin") if self.timed else ()), entries, None))
+            if need > len(getattr(self, names[0]))]
         if not grow:
             return
         with self.swap:
@@ -341,9 +355,10 @@ class DeviceMVG:
         return first
 
     # ---- the graph updater ---------------------------------------------------------------------
-    def apply(self, seq, a, b, label, sign) -> Replaced:
+    def apply(self, seq, a, b, label, sign, ts=None) -> Replaced:
         """Apply one batch of edge ops (host arrays in update order, each op valid where it
-        stands; sign > 0 inserts), as csmd.mvg.MultiVersionGraph.apply does.
+        stands; sign > 0 inserts), as csmd.mvg.MultiVersionGraph.apply does; ts: under event
+        time, each op's (a -> b, b -> a) ts (UpdateBatch.storage_ts).
 
         Per touched vertex the deletions before its first insertion set dt in place; from
         that insertion on it gets a new version: its live entries merged with the inserted
@@ -354,13 +369,16 @@ class DeviceMVG:
         k = len(seq)
         if not k:
             return Replaced(None)
-        host = self._batch.host_view(6 * k).reshape(6, k)
+        rows = 8 if self.timed else 6
+        host = self._batch.host_view(rows * k).reshape(rows, k)
         host[0], host[1], host[2], host[3], host[4] = seq, a, b, label, sign
         host[5] = flip(label) if self.directed else label  # as b sees the edge
+        if self.timed:
+            host[6], host[7] = ts[:, 0], ts[:, 1]
         self.has_edge_labels = self.has_edge_labels or bool(host[3].any())
         R, n_ins = 2 * k, 2 * int(np.count_nonzero(host[4] > 0))
         with self.stream:
-            batch = self._batch.upload(6 * k, self.stream)  # the one upload
+            batch = self._batch.upload(rows * k, self.stream)  # the one upload
             if R <= self.small_rows:
                 return self._apply_small(batch, k, R, n_ins)
             g = self.view()

@@ -111,10 +111,11 @@ class GpuMatcher(StaticMatcher):
 
 
 def _untimed(q: Graph, name: str) -> None:
-    """Refuse a query with time constraints: the device graph keeps no event times yet."""
+    """Refuse a query with time constraints in a static match: the device's static graph keeps no
+    event times (the continuous engine's does)."""
     if q.time is not None and q.time.constrained:
-        raise InputError(name, None, "time constraints (w, o lines) are searched by the cpu engine only for now: "
-                                     "use --backend cpu ([pipeline] backend = \"cpu\")")
+        raise InputError(name, None, "a static match with time constraints (w, o lines) runs on the cpu engine: "
+                                     "use --backend cpu")
 
 
 RELEASE_VERSIONS = 256  # versions the GC freed, returned to the device pool together
@@ -135,11 +136,12 @@ class GpuEngine(ContinuousEngine):
 
     def __init__(self, g0: Graph | DeviceGraph, timed: bool = False):
         """g0 on the host, or already on the device (a graph built there: R-MAT). timed: under event
-        time; the device graph keeps no ts yet, so a query's time constraints are refused (prepare)
-        and its deltas carry no ts_min / ts_max."""
+        time (the device graph keeps every edge's ts, the search the queries' time constraints)."""
         self.timed = timed
         on_device = isinstance(g0, DeviceGraph)
-        self.mvg = DeviceMVG.from_device_graph(g0) if on_device else DeviceMVG.from_graph(g0)
+        if on_device and timed:
+            raise ValueError("a graph built on the device has no event times")
+        self.mvg = DeviceMVG.from_device_graph(g0) if on_device else DeviceMVG.from_graph(g0, timed)
         self.executor = Executor(cp.cuda.Stream(non_blocking=True))
         self._writing = threading.Lock()
         # host copy of the labels: seeds are built on the host
@@ -159,7 +161,7 @@ class GpuEngine(ContinuousEngine):
                 if first != batch.first_vertex:  # the sequencer and the device disagree on vertex ids
                     raise RuntimeError(f"device MVG gave vertex id {first}, the sequencer {batch.first_vertex}")
                 self._add_labels(batch.new_labels)
-            token = self.mvg.apply(*batch.storage_ops())
+            token = self.mvg.apply(*batch.storage_ops(), batch.storage_ts())
             with self._events:
                 event = self._spare.pop() if self._spare else cp.cuda.Event(disable_timing=True)
                 event.record(self.mvg.stream)
@@ -210,8 +212,7 @@ class GpuEngine(ContinuousEngine):
             return self.mvg.live_edges()
 
     def prepare(self, query: ContinuousQuery) -> PreparedQuery:
-        _untimed(query.q, query.name)
-        return self.executor.prepare(query)
+        return self.executor.prepare(query, self.timed)
 
     def warm(self, queries: list[PreparedQuery]) -> None:
         self.executor.groups(queries)

@@ -23,12 +23,15 @@ import cupy as cp
 import numpy as np
 
 from csmd.engine import ContinuousQuery, Matches, UpdateBatch
+from csmd.errors import InputError
 from csmd.model.direction import HALF, HALF_MASK, flip
+from csmd.model.time_constraints import NO_TS, query_edges
 
 from .filtering import QueryBatch
 from .device_mvg import Staging
 from .launch import i32, i64, or_dummy
-from .layout import CTL_IDLE, CTL_OUTN, CTL_STARTED, CTL_STOP, MAXQ, STOP_FULL, structs
+from .layout import (CTL_IDLE, CTL_OUTN, CTL_STARTED, CTL_STOP, MAXQ, STOP_FULL, TMAXE, TT_EDGES, TT_EEND, TT_ORDERS,
+                     TT_WORDS, structs)
 from .matcher import WARPS_PER_BLOCK, Tuning, _grid, _warp_words, query_tables
 from .module import kernel
 
@@ -49,11 +52,35 @@ MAX_SEEDS = 1 << 20  # seeds searched in one launch sequence: bounds its buffers
 FEW_UPDATES = 32
 
 
+def time_words(q, order: list[int], name: str) -> tuple[np.ndarray, int]:
+    """A table's time words (gpu/layout.cuh) and span (-1: none) for the search of q in `order`
+    under event time: every query edge, by the depth that completes it, with the arc its ts is
+    read from; the order pairs by the depth that completes both of their edges."""
+    ends, t = query_edges(q), q.time
+    pairs = t.order if t is not None else ()
+    if len(ends) > TMAXE or len(pairs) > TMAXE:
+        raise InputError(name, None, f"under event time the gpu engine searches queries of at most {TMAXE} edges and {TMAXE} "
+                         f"order pairs")
+    pos = {u: d for d, u in enumerate(order)}
+    edges = sorted((max(pos[u], pos[v]), min(pos[u], pos[v]), int(pos[u] > pos[v]), n) for n, (u, v) in enumerate(ends))
+    at = {n: i for i, (*_, n) in enumerate(edges)}
+    words = np.zeros(TT_WORDS, np.int32)
+    words[0], words[1] = len(edges), len(pairs)
+    later = np.array([k for k, *_ in edges])
+    words[TT_EEND: TT_EEND + MAXQ] = np.searchsorted(later, np.arange(MAXQ), "right")
+    for i, (k, j, back, _) in enumerate(edges):
+        words[TT_EDGES + i] = j | k << 8 | back << 16
+    for i, (a, b) in enumerate(pairs):
+        words[TT_ORDERS + i] = at[a] | at[b] << 8 | max(edges[at[a]][0], edges[at[b]][0]) << 16
+    return words, -1 if t is None or t.span is None else t.span
+
+
 class PreparedQuery:
     """A registered query in the executor's form: one QueryTable (and edge-label table) per
-    anchor, in the anchor's order, with label-only candidates."""
+    anchor, in the anchor's order, with label-only candidates; under event time (timed) the
+    time words and span of each."""
 
-    def __init__(self, query: ContinuousQuery):
+    def __init__(self, query: ContinuousQuery, timed: bool = False):
         self.name, self.q, self.count_only = query.name, query.q, query.count_only
         self.n = query.q.n
         na = len(query.anchors)
@@ -67,6 +94,10 @@ class PreparedQuery:
         self.y = np.array([a.y for a in query.anchors], np.int64)
         self.anchor_el = np.array([a.el for a in query.anchors], np.int64)
         self.lx, self.ly = labels[self.x], labels[self.y]
+        self.timed = timed
+        words = [time_words(query.q, a.order, query.name) for a in query.anchors] if timed else []
+        self.tt = np.array([w for w, _ in words], np.int32).reshape(-1, TT_WORDS)
+        self.span = np.array([sp for _, sp in words], np.int64)
 
 
 def _index(values: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -88,8 +119,8 @@ class _Anchors:
         self.first = np.searchsorted(key[by_key], np.arange(n_keys + 2))  # the key of a misfit (n_keys) has none
 
     def seeds(self, key, src, dst, seq, op, select):
-        """(a, b, seq, table) of the seeds of the update sides (src, dst, seq, the op of each) whose
-        key is `key`, less those of (query, op) pairs that select (None: all) leaves out."""
+        """(a, b, seq, table, op) of the seeds of the update sides (src, dst, seq, the op of each)
+        whose key is `key`, less those of (query, op) pairs that select (None: all) leaves out."""
         lo = self.first[key]
         cnt = self.first[key + 1] - lo
         u = np.repeat(np.arange(len(key)), cnt)
@@ -101,7 +132,7 @@ class _Anchors:
         if self.tab_order is not None:
             keep = self.tab_order[tab] * (dst[u] - src[u]) >= 0  # a != b: no self-loops
             u, tab = u[keep], tab[keep]
-        return src[u], dst[u], seq[u], tab
+        return src[u], dst[u], seq[u], tab, op[u]
 
 
 class _Group:
@@ -117,10 +148,17 @@ class _Group:
         tables = cat([pq.tables for pq in queries])
         self.size = tables[:, 0].astype(np.int64)
         self.nmax = int(self.size.max())
-        self.width = self.nmax + 1  # the seed in the last column
+        # under event time (the queries' engine's): each table's time words and span
+        self.timed = queries[0].timed
+        tt, self.span = cat([pq.tt for pq in queries]), cat([pq.span for pq in queries])
+        self.tt_host = tt
+        constrained = (self.span >= 0) | (tt[:, 1] > 0) if self.timed else np.zeros(len(tables), bool)
+        # the seed in the last column; under event time a match's ts_min and ts_max before it
+        self.width = self.nmax + 1 + (4 if self.timed and not queries[0].count_only else 0)
         tables[:, 1] = self.width
-        tables[:, 2] = _fast(tables, self.size)
+        tables[:, 2] = np.where(constrained, 0, _fast(tables, self.size))  # a constrained match is counted one by one
         self.tables, self.el = cp.asarray(tables), cp.asarray(cat([pq.el for pq in queries]))
+        self.tt, self.tspan = (cp.asarray(tt), cp.asarray(self.span)) if self.timed else (None, None)
         lx, ly, ael = cat([pq.lx for pq in queries]), cat([pq.ly for pq in queries]), cat([pq.anchor_el for pq in queries])
         self.labels, self.elabels = np.unique(cat([lx, ly])), np.unique(ael)
         n_keys = len(self.labels) ** 2 * len(self.elabels)
@@ -194,10 +232,10 @@ class Executor:
         self._seeds = Staging()  # a search's one upload, and its read-back
         self._match_at = kernel("matcher", "match_at")
 
-    def prepare(self, query: ContinuousQuery) -> PreparedQuery:
+    def prepare(self, query: ContinuousQuery, timed: bool = False) -> PreparedQuery:
         """The query's tables, and match_at's grid for its depth: reading the device's attributes
-        would otherwise be the first batch's."""
-        pq = PreparedQuery(query)
+        would otherwise be the first batch's. timed: under event time."""
+        pq = PreparedQuery(query, timed)
         self._shape(self._match_at, pq.n)
         return pq
 
@@ -239,16 +277,22 @@ class Executor:
         sides = grp.sides(batch, labels)
         if sides is None:
             return {}
-        a, b, seq, tab = grp.searched.seeds(*sides, select)
+        a, b, seq, tab, op = grp.searched.seeds(*sides, select)
+        ts = _seed_ts(batch, a, op) if grp.timed else None  # the seeds' arcs' ts (an insertion is not visible at its T)
         counts = np.empty(len(seq), np.int64)
         found = []  # (rows, seed) from the search
         for at in range(0, len(seq), MAX_SEEDS):
             end = at + MAX_SEEDS
-            counts[at:end], rows = self._search(mvg, grp, a[at:end], b[at:end], seq[at:end], tab[at:end], emit)
+            counts[at:end], rows = self._search(mvg, grp, a[at:end], b[at:end], seq[at:end], tab[at:end], emit,
+                                                None if ts is None else ts[at:end])
             found += [(r, at + seed) for r, seed in rows]
-        # a two-vertex anchor's seed is its match
-        none = (np.zeros(0, np.int64),) * 4
-        pa, pb, pseq, ptab = grp.pairs.seeds(*sides, select) if len(grp.pairs.order) else none
+        # a two-vertex anchor's seed is its match (under event time, where it keeps the constraints)
+        none = (np.zeros(0, np.int64),) * 5
+        pa, pb, pseq, ptab, pop = grp.pairs.seeds(*sides, select) if len(grp.pairs.order) else none
+        pts = None
+        if grp.timed:
+            keep, pts = _pair_times(grp, batch, pa, ptab, pop)
+            pa, pb, pseq, ptab, pts = pa[keep], pb[keep], pseq[keep], ptab[keep], pts[keep]
         if not emit:
             if len(ptab):
                 tab, seq = np.concatenate((tab, ptab)), np.concatenate((seq, pseq))
@@ -258,9 +302,12 @@ class Executor:
         r = np.arange(len(ptab))
         rows2[r, grp.x[ptab]], rows2[r, grp.y[ptab]] = pa, pb
         seeds = [s for _, s in found]
+        ts = None
+        if grp.timed:  # the 4 columns before the seed: ts_min, ts_max as (low, high) int32 words
+            ts = np.concatenate([pts] + [np.ascontiguousarray(r[:, -5:-1]).view(np.int64) for r, _ in found])
         return _row_matches(grp.queries, grp.tab_query[np.concatenate([ptab] + [tab[s] for s in seeds])],
                             np.concatenate([pseq] + [seq[s] for s in seeds]),
-                            np.concatenate([rows2] + [r[:, : grp.nmax] for r, _ in found]))
+                            np.concatenate([rows2] + [r[:, : grp.nmax] for r, _ in found]), ts)
 
     def _shape(self, fn, depth: int) -> tuple[int, int]:
         """match_at's shared memory and grid for queries of that depth, worked out once: the grid
@@ -272,26 +319,29 @@ class Executor:
             self._shapes[depth] = smem, _grid(fn, smem, self.tuning.max_blocks_per_sm)
         return self._shapes[depth]
 
-    def _search(self, mvg, grp: _Group, a, b, seq, tab, emit: bool):
-        """Search the seeds: (matches per seed, valid until the next search; [(rows, seed index)
-        per drain])."""
+    def _search(self, mvg, grp: _Group, a, b, seq, tab, emit: bool, ts=None):
+        """Search the seeds (ts: under event time, the ts of their arcs a -> b and b -> a): (matches
+        per seed, valid until the next search; [(rows, seed index) per drain])."""
         S = len(seq)
         fn = self._match_at
         smem, blocks = self._shape(fn, grp.nmax)
         tn = self.tuning
         found = []
-        # the rows match_at reads (a, b, T, table), then its control words and the count of each
-        # seed, zeroed by the same upload (no allocation, no memset)
-        host = self._seeds.host_view(5 * S + 8)
-        staged = host[: 4 * S].reshape(4, S)
+        # the rows match_at reads (a, b, T, table; ts out and back), then its control words and the
+        # count of each seed, zeroed by the same upload (no allocation, no memset)
+        R = 4 if ts is None else 6
+        host = self._seeds.host_view((R + 1) * S + 8)
+        staged = host[: R * S].reshape(R, S)
         staged[0], staged[1], staged[2], staged[3] = a, b, seq, tab
-        host[4 * S:] = 0
+        if ts is not None:
+            staged[4], staged[5] = ts[:, 0], ts[:, 1]
+        host[R * S:] = 0
         with self.stream:
             if self._queue is None:
                 self._queue = cp.empty(tn.queue_tasks * structs().task, cp.uint8)
                 self._ready = cp.zeros(tn.queue_tasks, cp.int32)
-            seeds = self._seeds.upload(5 * S + 8, self.stream)  # the one upload
-            ctl, counts = (np.uint64(seeds.data.ptr + 8 * at) for at in (4 * S, 4 * S + 8))  # u64* arguments
+            seeds = self._seeds.upload((R + 1) * S + 8, self.stream)  # the one upload
+            ctl, counts = (np.uint64(seeds.data.ptr + 8 * at) for at in (R * S, R * S + 8))  # u64* arguments
             words = blocks * WARPS_PER_BLOCK * _warp_words(grp.nmax)
             if len(self._state) < words:  # a batch's launches end before the next batch's (its read-backs)
                 self._state = cp.empty(words, cp.uint64)
@@ -304,24 +354,25 @@ class Executor:
                     fn((blocks,), (WARPS_PER_BLOCK * 32,), (
                         mvg.view(), i32(not mvg.has_edge_labels), i32(grp.nmax), grp.tables, grp.el, seeds, i64(S),
                         ctl, self._queue, self._ready, i64(tn.queue_tasks), state, counts, i32(resume), i32(emit),
-                        out, i64(out_cap), i64(0), i64(int(tn.offload_us * 1e3))), shared_mem=smem)
+                        out, i64(out_cap), i64(0), i64(int(tn.offload_us * 1e3)), grp.tt, grp.tspan),
+                       shared_mem=smem)
                 if not emit:
-                    back = self._seeds.read_back(4 * S, 8 + S, self.stream)
+                    back = self._seeds.read_back(R * S, 8 + S, self.stream)
                     if back[CTL_STOP]:
                         raise RuntimeError(f"match_at stopped early ({int(back[CTL_STOP])})")
                     return back[8:], found
-                c = self._seeds.read_back(4 * S, 8, self.stream)
+                c = self._seeds.read_back(R * S, 8, self.stream)
                 if c[CTL_OUTN]:
                     k = int(c[CTL_OUTN])
                     rows = out[: k * grp.width].reshape(k, grp.width).get()
                     found.append((rows, rows[:, -1].astype(np.int64)))
                 if c[CTL_STOP] == 0:
-                    return self._seeds.read_back(4 * S + 8, S, self.stream), found
+                    return self._seeds.read_back(R * S + 8, S, self.stream), found
                 if c[CTL_STOP] != STOP_FULL:
                     raise RuntimeError(f"match_at stopped early ({int(c[CTL_STOP])})")
                 # the next launch's per-launch words: idle, stop, out rows, started
-                seeds[4 * S + CTL_IDLE: 4 * S + CTL_OUTN + 1] = 0
-                seeds[4 * S + CTL_STARTED] = 0
+                seeds[R * S + CTL_IDLE: R * S + CTL_OUTN + 1] = 0
+                seeds[R * S + CTL_STARTED] = 0
                 resume = True
 
 
@@ -388,5 +439,41 @@ def _count_matches(queries, query, seq, counts) -> dict[str, Matches]:
     return {queries[uq[lo]].name: Matches(useq[lo:hi], counts=sums[lo:hi]) for lo, hi in zip(runs, runs[1:])}
 
 
-def _row_matches(queries, query, seq, rows) -> dict[str, Matches]:
-    return {queries[qi].name: Matches(seq[pos], rows=rows[pos, : queries[qi].n]) for qi, pos in _by_query(query)}
+def _row_matches(queries, query, seq, rows, ts=None) -> dict[str, Matches]:
+    return {queries[qi].name: Matches(seq[pos], rows=rows[pos, : queries[qi].n], ts=None if ts is None else ts[pos])
+            for qi, pos in _by_query(query)}
+
+
+def _seed_ts(batch: UpdateBatch, src: np.ndarray, op: np.ndarray) -> np.ndarray:
+    """Per seed (src: its depth-0 image, the op's a or b), the ts of its arcs src -> other end and
+    back (int64 (seeds, 2)), from the op's (UpdateBatch.edge_ts)."""
+    fwd_is_ab = src == np.asarray(batch.edge_a)[op]
+    ts = batch.edge_ts[op]
+    return np.stack([np.where(fwd_is_ab, ts[:, 0], ts[:, 1]), np.where(fwd_is_ab, ts[:, 1], ts[:, 0])], 1)
+
+
+def _pair_times(grp: _Group, batch: UpdateBatch, src: np.ndarray, tab: np.ndarray, op: np.ndarray):
+    """Under event time, the seeds of two-vertex anchors (src: the image of x, the op's a or b):
+    which keep their table's span and order pairs (those of the one vertex pair), and each one's
+    (ts_min, ts_max), from the op's arcs' ts (as matched_at's in_time reads them from the graph)."""
+    arc = _seed_ts(batch, src, op)
+    words = grp.tt_host[tab]
+    n = words[:, 0]
+    keep = np.ones(len(tab), bool)
+    lo = np.full(len(tab), np.iinfo(np.int64).max)
+    hi = np.full(len(tab), NO_TS)
+    per_edge = np.full((len(tab), 2), NO_TS)  # a pair's query edges: at most its two arcs
+    for e in range(2):
+        has = n > e
+        t = np.where(has, arc[np.arange(len(tab)), (words[:, TT_EDGES + e] >> 16) & 1], NO_TS)
+        per_edge[:, e] = t
+        timed = t != NO_TS
+        lo, hi = np.where(timed, np.minimum(lo, t), lo), np.where(timed, np.maximum(hi, t), hi)
+    span = grp.span[tab]
+    keep &= ~((span >= 0) & (hi != NO_TS) & ((hi - lo).astype(np.uint64) > span.astype(np.uint64)))
+    for o in range(2):  # order pairs of one vertex pair: between its two arcs
+        w = words[:, TT_ORDERS + o]
+        has = words[:, 1] > o
+        a, b = per_edge[np.arange(len(tab)), w & 0xFF & 1], per_edge[np.arange(len(tab)), (w >> 8) & 0xFF & 1]
+        keep &= ~(has & (a != NO_TS) & (b != NO_TS) & ~(a < b))
+    return keep, np.stack([np.where(hi == NO_TS, NO_TS, lo), hi], 1)

@@ -30,6 +30,19 @@ __device__ __forceinline__ bool label_ok(int x, int q) {
     return (x & mask) == c;
 }
 
+// Under event time a table's time words (int, TT_WORDS per table; gpu/executor.py time_words):
+// [0] its query edges (0: the search keeps no ts), [1] its order pairs, [2 + d] the edges whose
+// later depth is <= d, then TMAXE edges (earlier depth | later depth << 8 | arc << 16: 0 the arc
+// from the earlier depth's image, 1 the arc back) in later-depth order, then TMAXE order pairs
+// (edge a | edge b << 8 | the depth that completes them << 16: edge a's ts < edge b's).
+#define TMAXE 64
+#define TT_EEND 2
+#define TT_EDGES 34
+#define TT_ORDERS 98
+#define TT_WORDS 162
+static_assert(TT_EDGES == TT_EEND + MAXQ && TT_ORDERS == TT_EDGES + TMAXE && TT_WORDS == TT_ORDERS + TMAXE,
+              "the time words' layout");
+
 #define STOP_FULL 1   // output buffer full: drain and resume
 #define STOP_LIMIT 2  // limit reached: final
 #define STOP_TIME 3   // deadline passed: final

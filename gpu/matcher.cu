@@ -32,13 +32,17 @@
 
 // The query a warp works on: its table (in the warp's shared memory), its candidate bits
 // (static view), its edge labels by depth ([d][j], read only with check_el), its count_last
-// prefix sums (static view) and the timestamp it reads at (versioned view).
+// prefix sums (static view), the timestamp it reads at (versioned view) and under event time
+// its time words (layout.cuh; null: the search keeps no ts) and span (-1: none).
 struct Query {
     const QueryTable* t;
     const unsigned* __restrict__ cbits;
     const int* __restrict__ el;
     const int* __restrict__ prefix;
     i64 T;
+    const int* __restrict__ tt;
+    i64 span;
+    i64 t_out, t_back;  // under event time, a seed's own arcs' ts: depth 0's image -> depth 1's, and back
 };
 
 struct StaticView {
@@ -96,11 +100,14 @@ struct Batch {
     const int* __restrict__ prefix;
     const i64* __restrict__ prefix_at;  // per table: offset into prefix, -1 none (static)
     const int* __restrict__ chunk_q;    // work id of each root-pool chunk (static)
-    const i64* __restrict__ seeds;      // versioned: rows a, b, T, table of the n_seeds work ids
+    const i64* __restrict__ seeds;      // versioned: rows a, b, T, table (under event time also the ts
+                                        // of the arcs a -> b, b -> a) of the n_seeds work ids
     i64 n, n_seeds;
+    const int* __restrict__ tt;         // versioned, under event time: TT_WORDS per table (else null)
+    const i64* __restrict__ tspan;      // and the span of each table (-1: none)
 };
 
-enum { SEED_A, SEED_B, SEED_T, SEED_TAB };
+enum { SEED_A, SEED_B, SEED_T, SEED_TAB, SEED_TS_OUT, SEED_TS_BACK };
 
 __device__ __forceinline__ i64 seed(const Batch& b, int row, int q) { return __ldg(b.seeds + row * b.n_seeds + q); }
 
@@ -109,8 +116,58 @@ __device__ __forceinline__ int table_of(const Batch& b, int q) { return b.seeds 
 __device__ __forceinline__ Query query_of(const Batch& b, const QueryTable* t, int q) {
     const int tab = table_of(b, q);
     const i64 at = b.prefix_at ? __ldg(b.prefix_at + tab) : -1;
+    const int* tt = b.tt && __ldg(b.tt + (i64)tab * TT_WORDS) ? b.tt + (i64)tab * TT_WORDS : nullptr;
     return {t, b.cbits ? b.cbits + (i64)tab * b.n : nullptr, b.el + (i64)tab * MAXQ * MAXQ,
-            at < 0 ? nullptr : b.prefix + at, b.seeds ? seed(b, SEED_T, q) : 0};
+            at < 0 ? nullptr : b.prefix + at, b.seeds ? seed(b, SEED_T, q) : 0, tt, tt ? __ldg(b.tspan + tab) : -1,
+            tt ? seed(b, SEED_TS_OUT, q) : 0, tt ? seed(b, SEED_TS_BACK, q) : 0};
+}
+
+// Does the query hold time constraints (a span or an order pair)?
+__device__ __forceinline__ bool constrained(const Query& qc) { return qc.tt && (qc.span >= 0 || __ldg(qc.tt + 1)); }
+
+// Under event time: the ts of the query edges of the prefix that candidate c at depth d (parent
+// slot s on level d - 1) completes, read from the MVG at the work's timestamp (the seed's own
+// pair, depths 0 and 1, from the seed: an inserted edge is not visible at its own timestamp);
+// their smallest and largest (lo, hi; an edge without a ts counts in neither), and whether they
+// keep the span and the order pairs that depth d completes (daemon/model/time_constraints.py).
+__device__ bool in_time(const VersionedView& g, const Query& qc, const Level* lv, int d, int c, int s, i64* lo,
+                        i64* hi) {
+    const int* tt = qc.tt;
+    int img[MAXQ];
+    img[d] = c;
+    for (int j = d - 1, slot = s; j >= 0; --j) {
+        img[j] = lv[j].v[slot];
+        slot = lv[j].parent[slot];
+    }
+    const int n = __ldg(tt + TT_EEND + d), no = __ldg(tt + 1);
+    i64 ts[TMAXE];
+    *lo = MVG_INF;
+    *hi = MVG_NO_TS;
+    for (int e = 0; e < n; ++e) {
+        const int w = __ldg(tt + TT_EDGES + e), j = w & 0xff, k = (w >> 8) & 0xff;
+        i64 t;
+        if (j == 0 && k == 1) {
+            t = (w >> 16) ? qc.t_back : qc.t_out;
+        } else {
+            const i64 pos = edge_at(g.m, img[j], img[k], qc.T, 0, false);
+            t = pos < 0 ? MVG_NO_TS : MVG_ENTRY(((w >> 16) ? g.m.e_tsin : g.m.e_ts) + pos);
+        }
+        ts[e] = t;
+        if (t != MVG_NO_TS) {
+            *lo = min(*lo, t);
+            *hi = max(*hi, t);
+        }
+    }
+    // as unsigned: the difference of two int64 ts may not fit an int64
+    if (qc.span >= 0 && *hi != MVG_NO_TS && (unsigned long long)(*hi - *lo) > (unsigned long long)qc.span)
+        return false;
+    for (int o = 0; o < no; ++o) {
+        const int w = __ldg(tt + TT_ORDERS + o);
+        if (((w >> 16) & 0xff) != d) continue;
+        const i64 a = ts[w & 0xff], b = ts[(w >> 8) & 0xff];
+        if (a != MVG_NO_TS && b != MVG_NO_TS && !(a < b)) return false;
+    }
+    return true;
 }
 
 // Make work q the warp's (copying its table) unless it already is.
@@ -194,7 +251,7 @@ __device__ bool take_roots(const View& g, QueryTable* Q, Level* lv, WarpState* w
         switch_query(Q, ws, b, q, lane);
         const i64 i = (i64)p + lane;
         auto root = [&](int j) { return b.seeds ? (int)seed(b, SEED_A + j, q) : pool[i * pool_m + j]; };
-        const bool have = b.seeds ? lane == 0 : __ldg(pool + i * pool_m) >= 0;
+        bool have = b.seeds ? lane == 0 : __ldg(pool + i * pool_m) >= 0;
         int v = 0;
         if (have) {
             for (int j = 0; j < pool_m - 1; ++j) {
@@ -205,7 +262,12 @@ __device__ bool take_roots(const View& g, QueryTable* Q, Level* lv, WarpState* w
         }
         i64 start = 0;
         int size = 0, piv = 0;
-        if (have) node_range(g, query_of(b, Q, ws->q), lv, pool_m - 1, v, lane, &start, &size, &piv);
+        const Query qc = query_of(b, Q, ws->q);
+        if constexpr (View::versioned) {
+            i64 lo, hi;  // a seed's own constraints (an order between the two arcs of its pair)
+            if (have && constrained(qc)) have = in_time(g, qc, lv, pool_m - 1, v, lane, &lo, &hi);
+        }
+        if (have) node_range(g, qc, lv, pool_m - 1, v, lane, &start, &size, &piv);
         if (build_level(&lv[pool_m - 1], have && size > 0, v, lane, start, size, piv, lane)) {
             start_work(lv, ws, pool_m, lane);
             return true;
@@ -554,6 +616,10 @@ __device__ __forceinline__ void search(const View& g, const Batch& b, const Run&
             pass = g.candidate(qc, pos, d, g.check_el ? qc.el[d * MAXQ + piv] : 0, &c);
             if (pass) pass = check_path(g, qc, lv, d, c, s, piv);
         }
+        i64 tlo = 0, thi = 0;  // under event time: the match's smallest and largest ts (emitted rows)
+        if constexpr (View::versioned) {
+            if (pass && qc.tt && (constrained(qc) || (d == last && emit))) pass = in_time(g, qc, lv, d, c, s, &tlo, &thi);
+        }
         if (d == last) {
             const unsigned bal = __ballot_sync(FULL_MASK, pass);
             const int k = __popc(bal);
@@ -573,7 +639,16 @@ __device__ __forceinline__ void search(const View& g, const Batch& b, const Run&
                         row[Q->outpos[j]] = lv[j].v[slot];
                         slot = lv[j].parent[slot];
                     }
-                    if constexpr (View::versioned) row[Q->width - 1] = ws->q;  // the seed of the row
+                    if constexpr (View::versioned) {
+                        row[Q->width - 1] = ws->q;  // the seed of the row
+                        if (qc.tt) {  // before it, the match's ts: lo then hi, each as (low, high) words
+                            if (thi == MVG_NO_TS) tlo = MVG_NO_TS;
+                            row[Q->width - 5] = (int)(tlo & 0xffffffffLL);
+                            row[Q->width - 4] = (int)((unsigned long long)tlo >> 32);
+                            row[Q->width - 3] = (int)(thi & 0xffffffffLL);
+                            row[Q->width - 2] = (int)((unsigned long long)thi >> 32);
+                        }
+                    }
                 }
                 if (lane == 0) ws->count += take;
                 if (take < k) break;  // limit reached
@@ -618,22 +693,23 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
                                  i64 out_cap, i64 limit_left, u64 count_limit, i64 budget_ns, i64 offload_ns) {
     const StaticView g{indptr, adj, adj_el, gadj, gadj_el, vlabel, {hub_of, hub_tab, num_labels, single_label},
                        check_el};
-    const Batch b{qtabs, cbits, qel, last_prefix, prefix_at, chunk_q, nullptr, n, 0};
+    const Batch b{qtabs, cbits, qel, last_prefix, prefix_at, chunk_q, nullptr, n, 0, nullptr, nullptr};
     search(g, b, Run{nmax, pool, pool_n, pool_m, ctl, queue, ready, queue_cap, state, counts, resume, emit, out,
                      out_cap, limit_left, count_limit, budget_ns, offload_ns});
 }
 
 // Incremental matching on the MVG: work id i is seed i, the column i of the rows a, b, T,
 // table of `seeds` (its prefix (a, b), timestamp and table); counts[i] its matches. Emitted
-// rows end with the seed (column width - 1 of every table). A table's `fast` (count-only
-// searches) is the number of last depths count_suffix_at counts at once, plain says that no
-// edge has a label.
+// rows end with the seed (column width - 1 of every table), under event time after the match's
+// smallest and largest ts (4 columns before it). A table's `fast` (count-only searches) is the
+// number of last depths count_suffix_at counts at once, plain says that no edge has a label;
+// tt and tspan (null: no event time) the tables' time words and spans.
 extern "C" __global__ void match_at(MVGView mvg, int plain, int nmax, const QueryTable* __restrict__ qtabs,
                                     const int* qel, const i64* seeds, i64 n_seeds, u64* ctl, Task* queue, int* ready,
                                     i64 queue_cap, u64* state, u64* counts, int resume, int emit, int* out,
-                                    i64 out_cap, i64 budget_ns, i64 offload_ns) {
+                                    i64 out_cap, i64 budget_ns, i64 offload_ns, const int* tt, const i64* tspan) {
     const VersionedView g{mvg, plain};
-    const Batch b{qtabs, nullptr, qel, nullptr, nullptr, nullptr, seeds, 0, n_seeds};
+    const Batch b{qtabs, nullptr, qel, nullptr, nullptr, nullptr, seeds, 0, n_seeds, tt, tspan};
     search(g, b, Run{nmax, nullptr, 32 * n_seeds, 2, ctl, queue, ready, queue_cap, state, counts, resume, emit, out,
                      out_cap, (i64)1 << 62, 0, budget_ns, offload_ns});
 }

@@ -125,8 +125,10 @@ extern "C" __global__ void mvg_build_versions(MVGView g, const i64* indptr, cons
     }
 }
 
-// Entry k of the label-grouped CSR (nbrs, els; els null: edge label 0) into its block.
-extern "C" __global__ void mvg_build_entries(MVGView g, i64 m, const i64* indptr, const int* nbrs, const int* els) {
+// Entry k of the label-grouped CSR (nbrs, els; els null: edge label 0) into its block; under
+// event time its arcs' ts (ts: 2 rows of m, the arc to the neighbour then the arc back).
+extern "C" __global__ void mvg_build_entries(MVGView g, i64 m, const i64* indptr, const int* nbrs, const int* els,
+                                             const i64* ts) {
     GRID_STRIDE(k, m) {
         const i64 v = upper_bound(indptr + 1, g.n, k);
         const i64 dst = g.v_start[v] + k - indptr[v];
@@ -136,6 +138,10 @@ extern "C" __global__ void mvg_build_entries(MVGView g, i64 m, const i64* indptr
         g.e_el[dst] = els ? els[k] : 0;
         g.e_ct[dst] = -1;
         g.e_dt[dst] = MVG_INF;
+        if (g.e_ts) {
+            g.e_ts[dst] = ts[k];
+            g.e_tsin[dst] = ts[m + k];
+        }
     }
 }
 
@@ -149,11 +155,20 @@ struct Op {
 
 // Row key: own << 32 | op index. Ops are in time order, so sorting the keys orders each
 // vertex's rows by time. The batch's rows: seq, a, b, label (as a sees the edge), sign, label as
-// b sees it (a directed pair's code with its halves swapped: daemon/model/direction.py).
+// b sees it (a directed pair's code with its halves swapped: daemon/model/direction.py); under
+// event time then the ts of the arcs a -> b and b -> a.
 __device__ __forceinline__ Op row_op(const i64* batch, i64 k, i64 key) {
     const i64 i = key & LOW32;
     const int own = (int)(key >> 32), a = (int)batch[k + i], b = (int)batch[2 * k + i];
     return Op{own, a == own ? b : a, (int)batch[(a == own ? 3 : 5) * k + i], batch[i], batch[4 * k + i] > 0};
+}
+
+// Under event time: the new entry of a row gets the ts of the arc from its owner, then of the arc back.
+__device__ __forceinline__ void row_ts(const MVGView& g, const i64* batch, i64 k, i64 key, i64 dst) {
+    const i64 i = key & LOW32;
+    const bool from_a = (int)batch[k + i] == (int)(key >> 32);
+    g.e_ts[dst] = batch[(from_a ? 6 : 7) * k + i];
+    g.e_tsin[dst] = batch[(from_a ? 7 : 6) * k + i];
 }
 
 // Also zeroes the batch's counters (one launch less).
@@ -412,6 +427,10 @@ GU_STEP(gu_copy, (MVGView g, i64 total, i64 n_new, const i64* old_end, const int
         g.e_el[dst] = g.e_el[src];
         g.e_ct[dst] = g.e_ct[src];
         g.e_dt[dst] = MVG_INF;
+        if (g.e_ts) {
+            g.e_ts[dst] = g.e_ts[src];
+            g.e_tsin[dst] = g.e_tsin[src];
+        }
     }
 }
 
@@ -440,6 +459,7 @@ GU_STEP(gu_insert, (MVGView g, i64 n_ins, i64 k, const i64* batch, const i64* ke
         g.e_el[dst] = o.el;
         g.e_ct[dst] = o.ts;
         g.e_dt[dst] = MVG_INF;
+        if (g.e_ts) row_ts(g, batch, k, keys[r], dst);
         atomicMax(g.v_ct_hi + q_vid[j], o.ts);
     }
 }

@@ -8,7 +8,9 @@
 //                 ct_hi: an upper bound of its entries' e_ct (their newest insertion)
 //   entry pos     e_nbr, e_lab (the neighbour's vertex label), e_el (edge label), and
 //                 the lifetime (e_ct, e_dt]: visible at T iff e_ct < T <= e_dt
-//                 (e_dt = MVG_INF: alive). A version's entries are contiguous and sorted
+//                 (e_dt = MVG_INF: alive); under event time (else null) e_ts and e_tsin, the ts
+//                 of the arc to the neighbour and of the arc back (MVG_NO_TS: none; daemon/model/
+//                 time_constraints.py). A version's entries are contiguous and sorted
 //                 by (e_lab, e_nbr, e_ct), so a label is one range and a neighbour one
 //                 binary search inside it.
 //
@@ -46,6 +48,7 @@
 #include "layout.cuh"
 
 #define MVG_INF 0x7fffffffffffffffLL
+#define MVG_NO_TS ((i64)0x8000000000000000ULL)  // an edge without an event time
 
 // The view's fields, defined once: the struct below and the layout check that
 // gpu/device_mvg.py runs at load (mvg_view_layout) are both made from this list.
@@ -65,6 +68,8 @@
     X(int*, e_el)          \
     X(i64*, e_ct)          \
     X(i64*, e_dt)          \
+    X(i64*, e_ts)          \
+    X(i64*, e_tsin)        \
     X(i64, n)
 
 // Device pointers of the MVG, passed by value as a kernel argument. v_cls (size class
