@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from csmd.errors import CsmdError
-from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, DELTAS_V2, SCHEMA_HEADER
+from csmd.schemas import ARROW_STREAM, CONTENT_TYPE, DELTAS_VERSION, SCHEMA_HEADER
 
 from .records import Polled, Record
 
@@ -317,7 +317,7 @@ class KafkaSink:
         """Deltas to the output topic: one Arrow IPC record per query and batch (split to fit),
         keyed by query; on_send(origins) runs before each record is produced. Returns the count."""
         n = 0
-        headers = {CONTENT_TYPE: ARROW_STREAM, SCHEMA_HEADER: DELTAS_V2, **self.extra_headers}
+        headers = {CONTENT_TYPE: ARROW_STREAM, SCHEMA_HEADER: DELTAS_VERSION, **self.extra_headers}
         for query, batch, origins in items:
             for data in arrow_messages(batch, self.max_message_bytes):
                 if on_send is not None:

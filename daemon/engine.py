@@ -160,6 +160,9 @@ class QueryDeltas:
     positive: int
     negative: int
     counts: np.ndarray | None = None  # count-only: matches per entry of seq
+    # each row's (ts_min, ts_max) as Matches.ts gave them, in the rows' order (int64 (rows, 2),
+    # NO_TS where the match has none); None: no ts (event time off, count-only, or the engine keeps none)
+    ts: np.ndarray | None = None
 
 
 @dataclass

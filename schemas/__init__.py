@@ -12,8 +12,8 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
 TEXT = "text/plain"
 SCHEMA_HEADER = "csmd-schema"
-# the deltas' layout (csmd-schema header); /2 added key, headers and fields
-DELTAS_V2 = "csmd.deltas/2"
+# the deltas' layout (csmd-schema header); /2 added key, headers and fields; /3 ts_min and ts_max
+DELTAS_VERSION = "csmd.deltas/3"
 
 
 def matches_schema(id_type: pa.DataType = pa.int64()) -> pa.Schema:
@@ -51,6 +51,9 @@ def deltas_schema(id_type: pa.DataType = pa.int64()) -> pa.Schema:
         # every name of [output] carry_fields, with the update's value (JSON object field or Arrow
         # column) as JSON text, or null where it has none (and for text updates)
         pa.field("fields", pa.map_(pa.string(), pa.string()), nullable=False),
+        # last, so that the columns before keep their positions of csmd.deltas/2
+        pa.field("ts_min", pa.int64()),
+        pa.field("ts_max", pa.int64()),
     ])
 
 

@@ -474,7 +474,8 @@ def test_arrow_messages_are_the_bytes_a_stream_writer_writes_whatever_schema_cam
             pa.array(np.ones(n, np.int64)), pa.array(["in"] * n), pa.array(np.zeros(n, np.int32)),
             pa.array(np.arange(n)), pa.array(np.arange(n)), pa.array([b"k"] * n),
             pa.array([[("h", b"v")]] * n, pa.map_(pa.string(), pa.binary())),
-            pa.array([[("f", "1")]] * n, pa.map_(pa.string(), pa.string()))], schema=deltas_schema(id_type)))
+            pa.array([[("f", "1")]] * n, pa.map_(pa.string(), pa.string())),
+            pa.array(rng.integers(0, 9, n)), pa.array(rng.integers(9, 99, n))], schema=deltas_schema(id_type)))
     for b in batches:
         assert arrow_messages(b, 1 << 20) == [written(b)]
         assert arrow_messages(b.slice(1), 1 << 20) == [written(b.slice(1))]

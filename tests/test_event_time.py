@@ -329,8 +329,8 @@ def test_a_restart_from_a_checkpoint_expires_what_an_uninterrupted_run_would(tmp
     half = len(updates) // 2
 
     def run(g, first_seq, retired, part):
-        pipe = Pipeline(g, engine=continuous_engine("cpu", g), threaded=False, batch_size=5, first_seq=first_seq,
-                        retired=retired, event_time=spec)
+        pipe = Pipeline(g, engine=continuous_engine("cpu", g, timed=True), threaded=False, batch_size=5,
+                        first_seq=first_seq, retired=retired, event_time=spec)
         for name, q in queries.items():
             pipe.add_query(name, q)
         enc = DeltaEncoder(pipe.vertices)

@@ -50,6 +50,14 @@ def _ts_span(text: str) -> int:
     return val
 
 
+def _event_time(text: str) -> int:
+    """A point in event time: an int64, in the unit of the graph's ts."""
+    val = _number(int, text)
+    if not -2**63 < val < 2**63:  # -2^63 is model/time_constraints.py NO_TS, no edge's ts
+        raise argparse.ArgumentTypeError("must be an int64 (above -2^63)")
+    return val
+
+
 def _positive_float(text: str) -> float:
     val = _number(float, text)
     if not val > 0:
@@ -94,12 +102,18 @@ def cmd_match(args) -> int:
     from csmd.model.arrow_writer import MatchFile
     from csmd.jobs.match import run_queries
     from csmd.jobs.progress import Progress
+    from csmd.model.at_time import graph_at, has_event_time
     from csmd.model.formats import initial_graph, query_files, read_query
 
+    if args.window is not None and args.at is None:
+        raise CsmdError("--window needs --at (the event time the window ends at)")
     backend = resolve_backend(args.backend)
     _check_output(args.output)
     labels = _labels(args)
     g = initial_graph(args.data, args.ids, args.max_id_bytes, labels=labels)
+    labels = replace(labels, timed=has_event_time(g))  # a query's w and o lines need edges with a ts
+    if args.at is not None:
+        g = graph_at(g, args.at, args.window, args.data)
     paths = query_files(args.query)
     queries = [(p, read_query(p, labels)) for p in paths]  # refuse bad queries before any work
     writer = MatchFile(args.output, g.ext_ids) if args.output else None
@@ -113,6 +127,8 @@ def cmd_match(args) -> int:
                                limit=args.limit, time_limit=args.time_limit, writer=writer):
             total += res["matches"]
             progress.step(note=res["query"])
+            if args.at is not None:
+                res.update(at=args.at, window=args.window)
             if args.json:
                 print(json.dumps(res), file=out, flush=True)
             else:
@@ -363,6 +379,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--output", type=Path, help="write the matches to this Arrow IPC file (a pipe or device: the "
                    "IPC stream format; '-': the stream on standard output, the table on standard error)")
     m.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
+    m.add_argument("--at", type=_event_time, metavar="TS",
+                   help="match the graph as it stood at event time TS: edges with a ts after TS are left out "
+                        "(the graph's edges need a ts: e u v label ts, or a ts column; edges without one are kept)")
+    m.add_argument("--window", type=_ts_span, metavar="W",
+                   help="with --at: also leave out the edges with a ts before TS - W (what csmd replay --window "
+                        "W keeps at watermark TS)")
     _id_options(m)
     _labels_option(m)
     m.set_defaults(func=cmd_match)

@@ -62,9 +62,9 @@ def _no_rows(n: int) -> np.ndarray:
 
 def canonical(found: list[tuple[ContinuousQuery, Matches | None]], batch: UpdateBatch) -> list[QueryDeltas]:
     """Each query's deltas for the batch: sorted by update, then by the match; signed by the
-    update. The count-only queries with matches are ordered and signed together (one sort
-    for all of them: a batch has deltas for most of a hundred queries, and numpy's cost per
-    call outweighed its work per query)."""
+    update; each match's ts (Matches.ts) kept with it. The count-only queries with matches are
+    ordered and signed together (one sort for all of them: a batch has deltas for most of a
+    hundred queries, and numpy's cost per call outweighed its work per query)."""
     out: list[QueryDeltas | None] = [None] * len(found)
     counted = [i for i, (cq, m) in enumerate(found) if m is not None and m.rows is None]
     for i, (cq, m) in enumerate(found):
@@ -76,7 +76,8 @@ def canonical(found: list[tuple[ContinuousQuery, Matches | None]], batch: Update
             order = np.lexsort(_packed(rows) + (seq,))
             rows, seq = rows[order], seq[order]
             sign = _signs(batch, seq)
-            out[i] = QueryDeltas(cq.name, seq, sign, rows, int((sign > 0).sum()), int((sign < 0).sum()))
+            out[i] = QueryDeltas(cq.name, seq, sign, rows, int((sign > 0).sum()), int((sign < 0).sum()),
+                                 ts=None if m.ts is None else m.ts[order])
     if counted:
         ms = [found[i][1] for i in counted]
         seq = np.concatenate([np.asarray(m.seq, np.int64) for m in ms])
