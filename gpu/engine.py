@@ -17,10 +17,10 @@ import time
 import cupy as cp
 import numpy as np
 
-from csmd.engine import ContinuousEngine, ContinuousQuery, Done, EngineStats, SearchResult, StaticMatcher, UpdateBatch
-from csmd.errors import InputError
+from csmd.engine import (Anchor, ContinuousEngine, ContinuousQuery, Done, EngineStats, SearchResult, StaticMatcher,
+                         UpdateBatch)
 from csmd.model.graph import Graph
-from csmd.model.plan import greedy_orders, symmetry_constraints
+from csmd.model.plan import anchor_order, greedy_orders, symmetry_constraints
 
 from .device_graph import DeviceGraph, device_graph
 from .device_mvg import DeviceMVG
@@ -101,21 +101,40 @@ class GpuMatcher(StaticMatcher):
     name = "gpu"
 
     def match(self, g, q, *, distinct=False, limit=None, time_limit=None, sink=None):
-        _untimed(q, "query")
+        if q.time is not None and q.time.constrained:
+            return match_timed(g, q, distinct=distinct, limit=limit, sink=sink)
         return match(g, q, distinct=distinct, limit=limit, time_limit=time_limit, sink=sink)
 
     def match_many(self, g, queries, *, distinct=False, time_limit=None):
-        for q in queries:
-            _untimed(q, "query")
+        if any(q.time is not None and q.time.constrained for q in queries):
+            return [self.match(g, q, distinct=distinct, time_limit=time_limit) for q in queries]
         return match_many(g, queries, distinct=distinct, time_limit=time_limit)
 
 
-def _untimed(q: Graph, name: str) -> None:
-    """Refuse a query with time constraints in a static match: the device's static graph keeps no
-    event times (the continuous engine's does)."""
-    if q.time is not None and q.time.constrained:
-        raise InputError(name, None, "a static match with time constraints (w, o lines) runs on the cpu engine: "
-                                     "use --backend cpu")
+def match_timed(g: Graph, q: Graph, *, distinct: bool = False, limit=None, sink=None) -> SearchResult:
+    """A static match of a query with time constraints (the static search's graph keeps no ts):
+    the continuous search of a timed device graph of g, read after every edge, seeded by every
+    data pair that fits one anchor (query edge 0, both orientations): each match maps that
+    query edge onto one pair one way, so it is found once. limit truncates what is counted."""
+    from csmd.model.time_constraints import require_ts
+
+    require_ts(g)
+    t0 = time.monotonic()
+    mvg = DeviceMVG.from_graph(g, timed=True)
+    ex = Executor(cp.cuda.Stream(non_blocking=True))
+    sizes = np.bincount(g.labels, minlength=int(q.labels.max()) + 1)[q.labels]
+    qs, qd, qe = q.edge_list()
+    x, y, el = int(qs[0]), int(qd[0]), int(qe[0])
+    sym = symmetry_constraints(q)[0] if distinct else []
+    anchor = Anchor(x, y, el, anchor_order(q, sizes, x, y))
+    pq = ex.prepare(ContinuousQuery("query", q, sink is None, [anchor], sym), timed=True)
+    rows, count = ex.seeded(mvg, pq, g, emit=sink is not None)
+    if limit is not None:
+        count = min(count, limit)
+        rows = None if rows is None else rows[:limit]
+    if sink is not None and len(rows):
+        sink(rows)
+    return SearchResult(count, limit is None or count < limit, time.monotonic() - t0)
 
 
 RELEASE_VERSIONS = 256  # versions the GC freed, returned to the device pool together

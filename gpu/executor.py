@@ -24,7 +24,7 @@ import numpy as np
 
 from csmd.engine import ContinuousQuery, Matches, UpdateBatch
 from csmd.errors import InputError
-from csmd.model.direction import HALF, HALF_MASK, flip
+from csmd.model.direction import HALF, HALF_MASK, flip, label_test, passes
 from csmd.model.time_constraints import NO_TS, query_edges
 
 from .filtering import QueryBatch
@@ -291,7 +291,7 @@ class Executor:
         pa, pb, pseq, ptab, pop = grp.pairs.seeds(*sides, select) if len(grp.pairs.order) else none
         pts = None
         if grp.timed:
-            keep, pts = _pair_times(grp, batch, pa, ptab, pop)
+            keep, pts = _pair_times(grp, _seed_ts(batch, pa, pop), ptab)
             pa, pb, pseq, ptab, pts = pa[keep], pb[keep], pseq[keep], ptab[keep], pts[keep]
         if not emit:
             if len(ptab):
@@ -308,6 +308,39 @@ class Executor:
         return _row_matches(grp.queries, grp.tab_query[np.concatenate([ptab] + [tab[s] for s in seeds])],
                             np.concatenate([pseq] + [seq[s] for s in seeds]),
                             np.concatenate([rows2] + [r[:, : grp.nmax] for r, _ in found]), ts)
+
+    def seeded(self, mvg, pq: PreparedQuery, g, emit: bool) -> tuple[np.ndarray | None, int]:
+        """A static search of pq (one anchor) in mvg, a timed device graph of g read after every
+        edge, seeded by every adjacency entry of g (one orientation of a data pair: x on its owner,
+        y on its neighbour) whose labels and edge label fit the anchor. Returns (the matches, in
+        query-vertex order, where emit; their number)."""
+        from csmd.cpu.mvg import entry_ts
+
+        grp = self._group([pq])
+        gk, nbrs, els = g.grouped
+        owner = gk // max(g.num_labels, 1)
+        ts_out, ts_in = entry_ts(g, owner, nbrs)
+        nbrs = nbrs.astype(np.int64)
+        fit = ((g.labels[owner] == pq.lx[0]) & (g.labels[nbrs] == pq.ly[0])
+               & passes(els, label_test(pq.anchor_el[0], g.directed)))
+        if grp.searched.tab_order is not None:  # --distinct: the seed's own symmetry constraint
+            fit &= grp.searched.tab_order[0] * (nbrs - owner) >= 0
+        a, b, ts = owner[fit], nbrs[fit], np.stack([ts_out[fit], ts_in[fit]], 1)
+        tab, seq = np.zeros(len(a), np.int64), np.ones(len(a), np.int64)  # T 1: every entry is alive (ct -1)
+        if pq.n == 2:  # each seed is a match where it keeps the constraints
+            keep, _ = _pair_times(grp, ts, tab)
+            rows = np.zeros((int(keep.sum()), 2), np.int32)
+            rows[:, pq.x[0]], rows[:, pq.y[0]] = a[keep], b[keep]
+            return (rows if emit else None), len(rows)
+        count, found = 0, []
+        for at in range(0, len(a), MAX_SEEDS):
+            end = at + MAX_SEEDS
+            counts, rows = self._search(mvg, grp, a[at:end], b[at:end], seq[at:end], tab[at:end], emit, ts[at:end])
+            count += int(counts.sum())
+            found += [r[:, : grp.nmax] for r, _ in rows]
+        if not emit:
+            return None, count
+        return (np.concatenate(found) if found else np.zeros((0, pq.n), np.int32)), count
 
     def _shape(self, fn, depth: int) -> tuple[int, int]:
         """match_at's shared memory and grid for queries of that depth, worked out once: the grid
@@ -452,11 +485,10 @@ def _seed_ts(batch: UpdateBatch, src: np.ndarray, op: np.ndarray) -> np.ndarray:
     return np.stack([np.where(fwd_is_ab, ts[:, 0], ts[:, 1]), np.where(fwd_is_ab, ts[:, 1], ts[:, 0])], 1)
 
 
-def _pair_times(grp: _Group, batch: UpdateBatch, src: np.ndarray, tab: np.ndarray, op: np.ndarray):
-    """Under event time, the seeds of two-vertex anchors (src: the image of x, the op's a or b):
-    which keep their table's span and order pairs (those of the one vertex pair), and each one's
-    (ts_min, ts_max), from the op's arcs' ts (as matched_at's in_time reads them from the graph)."""
-    arc = _seed_ts(batch, src, op)
+def _pair_times(grp: _Group, arc: np.ndarray, tab: np.ndarray):
+    """Under event time, the seeds of two-vertex anchors (arc: the ts of each one's arcs x -> y
+    and back, _seed_ts): which keep their table's span and order pairs (those of the one vertex
+    pair), and each one's (ts_min, ts_max), as match_at's in_time judges a searched seed."""
     words = grp.tt_host[tab]
     n = words[:, 0]
     keep = np.ones(len(tab), bool)

@@ -24,6 +24,7 @@ from csmd.pipeline.queries import canonical
 from csmd.pipeline.sequencer import Vertices
 from csmd.pipeline.stages import BatchResult
 from csmd.schemas import DELTAS_VERSION, deltas_schema
+from helpers import ENGINES
 
 
 def test_the_schema_is_v3_with_ts_min_and_ts_max_last():
@@ -151,7 +152,7 @@ class TimedStream:
         return (min(have), max(have)) if have else (None, None)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "numpy"])
+@pytest.mark.parametrize("backend", ENGINES)
 @pytest.mark.parametrize("directed", [False, True])
 @pytest.mark.parametrize("seed", range(3))
 def test_a_timed_replays_rows_carry_the_first_and_last_ts_of_their_matchs_edges(tmp_path, seed, directed, backend):

@@ -191,7 +191,9 @@ class CompiledEngine(CpuEngine):
             return Done({})
         seq = batch.edge_seq[searched]
         ops = (seq, edge_a[searched], edge_b[searched],
-               _NO_OPS_TS if batch.edge_ts is None else np.ascontiguousarray(batch.edge_ts[searched]))
+               # (an untimed engine in a timed pipeline keeps no ts: its rows have none)
+               _NO_OPS_TS if batch.edge_ts is None or not self.mvg.timed else
+               np.ascontiguousarray(batch.edge_ts[searched]))
         with self._writing:
             self._search_started()
             view = graph_view(self.mvg, self.mvg.cur.view().copy())

@@ -88,7 +88,7 @@ def entry_ts(g: Graph, owner: np.ndarray, nbr: np.ndarray) -> tuple[np.ndarray, 
     nbr and of the arc back (undirected: the edge's, twice); NO_TS where it gives none. An edge given
     twice keeps its first ts, as the clock does (pipeline/event_time.py)."""
     none = np.full(len(nbr), NO_TS, np.int64)
-    if g.edge_ts is None or not len(nbr):
+    if g.edge_ts is None or not len(nbr) or not len(g.edge_ts[2]):
         return none, none.copy()
     u, v, ts = g.edge_ts
     ids = np.asarray(g.ext_ids)

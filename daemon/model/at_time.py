@@ -41,10 +41,9 @@ def graph_at(g: Graph, at: int, window: int | None, where) -> Graph:
     keep = ~np.isin(_pair_keys(s, d, n, g.directed), key[first[gone]])
     out = Graph.from_edges(g.labels, s[keep], d[keep], e[keep], g.ext_ids, g.directed)
     kept = first[~gone]
-    # None where none is kept: the CPU engines' graphs take no empty edge_ts yet (cpu/mvg.py
-    # entry_ts); a query's constraints would constrain nothing there, but are refused as on a
-    # graph without ts
-    out.edge_ts = (u[kept], v[kept], ts[kept]) if len(kept) else None
+    # kept even when empty: the graph is a timed one whose edges left all have no ts, so a
+    # query's constraints constrain nothing there (not refused as on a graph without ts)
+    out.edge_ts = (u[kept], v[kept], ts[kept])
     return out
 
 
