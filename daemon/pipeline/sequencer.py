@@ -70,9 +70,8 @@ class Vertices:
         # the index's integer ids in [0, len(table)) as an array: table[x] = index.get(x, -1)
         self.table = np.full(0, -1, np.int64)
         ints = np.asarray(g.ext_ids)
-        if ints.dtype.kind in "iu" and len(ints) and ints.min() >= 0:
+        if ints.dtype.kind in "iu" and len(ints) and ints.max() >= 0:
             self._cover(int(ints.max()))
-            self.table[ints[ints < len(self.table)]] = np.flatnonzero(ints < len(self.table))
         if retired is not None:
             for v in np.flatnonzero(retired).tolist():
                 if self.index.get(self.ext_ids[v]) == v:
@@ -106,10 +105,15 @@ class Vertices:
 
     def _cover(self, ext: int) -> None:
         """Grow the table (doubling) to hold id ext, unless ids that large are too sparse for
-        it: ids past TABLE_SPAN times the vertex count stay in the index alone."""
-        if len(self.table) <= ext < TABLE_SPAN * (self.n + 1) + TABLE_MIN:
-            grown = np.full(max(ext + 1, 2 * len(self.table), TABLE_MIN), -1, np.int64)
-            grown[: len(self.table)] = self.table
+        it: ids past TABLE_SPAN times the vertex count stay in the index alone. The grown part
+        takes the index's ids it covers (those that were too sparse, or came before any table)."""
+        old = len(self.table)
+        if old <= ext < TABLE_SPAN * (self.n + 1) + TABLE_MIN:
+            grown = np.full(max(ext + 1, 2 * old, TABLE_MIN), -1, np.int64)
+            grown[:old] = self.table
+            ids = np.fromiter(self.index, np.int64, len(self.index))
+            at = (ids >= old) & (ids < len(grown))
+            grown[ids[at]] = np.fromiter(self.index.values(), np.int64, len(self.index))[at]
             self.table = grown
 
     def lookup(self, ext: np.ndarray | list) -> np.ndarray:
