@@ -21,7 +21,8 @@ the pair's code: the batch's edge op is the arc (matched), its stored ops the re
 With event time (pipeline/event_time.py) the sequencer also keeps the clock: a late update is
 ignored (`late`), a live edge re-inserted with another ts is deleted then inserted, and after
 each update the edges that left the window are deleted, each an update of its own whose record
-is the one that moved the watermark. Such batches are sequenced record by record.
+is the one that moved the watermark. A batch of timed edge records between existing vertices
+goes through one compiled pass (pipeline/timed_edges.py), any other record by record.
 """
 
 from __future__ import annotations
@@ -29,19 +30,21 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import replace
-from typing import NamedTuple
 from itertools import repeat
+from operator import attrgetter
+from typing import NamedTuple
 
 import numpy as np
 
 from csmd.engine import ContinuousEngine, UpdateBatch
-from csmd.model.direction import HALF, HALF_MASK, MAX_DIRECTED_LABEL, PRESENT, arc_code, arcs_of, flip
+from csmd.model.direction import HALF, HALF_MASK, MAX_DIRECTED_LABEL, PRESENT, flip
 from csmd.model.formats import (DELETE_EDGE, DELETE_VERTEX, EDGE_OPS, INSERT_EDGE, INSERT_VERTEX, OPS, Update,
                                 UpdateBlock)
 from csmd.model.graph import Graph, scalar
 from csmd.model.time_constraints import NO_TS
-from csmd.pipeline.event_time import Clock, EventTime
+from csmd.pipeline import timed_edges
+from csmd.pipeline.event_time import ID_BITS, ID_MASK, Clock, EventTime, expiry, pair_keys
+from csmd.pipeline.timed_edges import flip_code
 
 FIRST_WINDOW, MAX_WINDOW = 1 << 11, 1 << 16  # block rows checked ahead: at first, at most
 # integer external ids below TABLE_SPAN times the vertex count plus TABLE_MIN are looked up
@@ -54,6 +57,7 @@ FEW_RECORDS = 16  # batches of Updates up to this size are sequenced record by r
 IGNORED_REASONS = (SELF_LOOP, DUPLICATE_INSERT, MISSING_DELETE, DUPLICATE_VERTEX, MISSING_VERTEX, LABEL_RANGE, LATE) = (
     "self_loop", "duplicate_insert", "missing_delete", "duplicate_vertex", "missing_vertex", "edge_label_range",
     "late")
+TIMED_OUTCOMES = (SELF_LOOP, DUPLICATE_INSERT, MISSING_DELETE, LABEL_RANGE, LATE)  # timed_edges' codes 0, 1, ...
 
 
 class Vertices:
@@ -65,14 +69,14 @@ class Vertices:
         self.ext_ids: list = [scalar(x) for x in g.ext_ids]
         self.str_ids = g.str_ids  # the kind of every id, also while there is none (an empty string-keyed graph)
         self._labels = np.array(g.labels, np.int32)
+        # integer ids also as an array, for compiled code (None: string ids)
+        self._ext = None if self.str_ids else np.array(self.ext_ids, np.int64)
         self.n = len(self.ext_ids)
         self.index: dict = {x: i for i, x in enumerate(self.ext_ids)}
         # the index's integer ids in [0, len(table)) as an array: table[x] = index.get(x, -1)
         self.table = np.full(0, -1, np.int64)
-        ints = np.asarray(g.ext_ids)
-        if ints.dtype.kind in "iu" and len(ints) and ints.min() >= 0:
-            self._cover(int(ints.max()))
-            self.table[ints[ints < len(self.table)]] = np.flatnonzero(ints < len(self.table))
+        if self._ext is not None and len(self._ext) and self._ext.max() >= 0:
+            self._cover(int(self._ext.max()))
         if retired is not None:
             for v in np.flatnonzero(retired).tolist():
                 if self.index.get(self.ext_ids[v]) == v:
@@ -82,13 +86,18 @@ class Vertices:
     def labels(self) -> np.ndarray:
         return self._labels[: self.n]
 
+    @property
+    def ext_array(self) -> np.ndarray | None:
+        """The external id of every internal id, int64 (None: string ids)."""
+        return None if self._ext is None else self._ext[: self.n]
+
     def add(self, ext, label: int) -> int:
         v = self.n
-        if v == len(self._labels):
-            grown = np.zeros(max(16, 2 * v), np.int32)
-            grown[:v] = self._labels
-            self._labels = grown
+        self._labels = _room(self._labels, v)
         self._labels[v] = label
+        if self._ext is not None:
+            self._ext = _room(self._ext, v)
+            self._ext[v] = ext
         self.ext_ids.append(ext)
         self.index[ext] = v
         if isinstance(ext, (int, np.integer)) and ext >= 0:  # the keys an int64 id can equal
@@ -106,10 +115,15 @@ class Vertices:
 
     def _cover(self, ext: int) -> None:
         """Grow the table (doubling) to hold id ext, unless ids that large are too sparse for
-        it: ids past TABLE_SPAN times the vertex count stay in the index alone."""
-        if len(self.table) <= ext < TABLE_SPAN * (self.n + 1) + TABLE_MIN:
-            grown = np.full(max(ext + 1, 2 * len(self.table), TABLE_MIN), -1, np.int64)
-            grown[: len(self.table)] = self.table
+        it: ids past TABLE_SPAN times the vertex count stay in the index alone. The grown part
+        takes the index's ids it covers (those that were too sparse, or came before any table)."""
+        old = len(self.table)
+        if old <= ext < TABLE_SPAN * (self.n + 1) + TABLE_MIN:
+            grown = np.full(max(ext + 1, 2 * old, TABLE_MIN), -1, np.int64)
+            grown[:old] = self.table
+            ids = np.fromiter(self.index, np.int64, len(self.index))
+            at = (ids >= old) & (ids < len(grown))
+            grown[ids[at]] = np.fromiter(self.index.values(), np.int64, len(self.index))[at]
             self.table = grown
 
     def lookup(self, ext: np.ndarray | list) -> np.ndarray:
@@ -126,6 +140,15 @@ class Vertices:
         mask = np.zeros(self.n, bool)
         mask[np.fromiter(self.index.values(), np.int64, len(self.index))] = True
         return mask
+
+
+def _room(a: np.ndarray, n: int) -> np.ndarray:
+    """a, or a copy of its first n entries with twice the room, if it holds no more than n."""
+    if n < len(a):
+        return a
+    grown = np.zeros(max(16, 2 * n), a.dtype)
+    grown[:n] = a[:n]
+    return grown
 
 
 class BlockRecords(Mapping):
@@ -178,7 +201,7 @@ class Sequencer:
         self.vertices, self.engine, self.directed = vertices, engine, directed
         self.clock = Clock(event_time, directed) if event_time is not None else None
         if self.clock is not None and g0 is not None:
-            self.clock.seed(g0.edge_ts, g0.high_ts)
+            self.clock.seed(vertices, g0.edge_ts, g0.high_ts)
         self.next_seq = first_seq
         self.ignored: Counter = Counter()
         # a block's rows checked ahead: (block, first row, _Checked, the row the next batch must start
@@ -190,7 +213,11 @@ class Sequencer:
         """Number the records and turn them into valid ops against the latest state."""
         arrived = arrived if arrived is not None else np.full(len(records), time.monotonic())
         if self.clock is not None:
-            return self._general(records.updates() if isinstance(records, UpdateBlock) else records, arrived)
+            if isinstance(records, UpdateBlock):  # its rows carry no ts
+                return self._general(records.updates(), arrived)
+            # one record goes alone: the compiled pass's cost per batch outweighs one record's step
+            batch = self._timed_edges(records, arrived) if len(records) > 1 else None
+            return batch if batch is not None else self._general(records, arrived)
         if isinstance(records, UpdateBlock):
             batch = self._edges_block(records, arrived)
             return batch if batch is not None else self._general(records.updates(), arrived)
@@ -364,6 +391,54 @@ class Sequencer:
         return UpdateBatch(first, self.next_seq, seq, *cols, z, z, z, np.zeros(0, np.int32), self.vertices.n, record_of,
                            arrived, k, stored)
 
+    def _timed_edges(self, records: list[Update], arrived: np.ndarray) -> UpdateBatch | None:
+        """The common batch under event time, in one compiled pass (pipeline/timed_edges.py): edge
+        records with a ts, integer ids, insertions between existing vertices. None for any other
+        batch (_general takes it, with the same result)."""
+        vx, clock, directed = self.vertices, self.clock, self.directed
+        if vx.str_ids or not records:
+            return None
+        op, u, v, label, ts = zip(*map(attrgetter("op", "u", "v", "label", "ts"), records))
+        if None in ts or not set(op) <= set(EDGE_OPS):
+            return None
+        n = len(records)
+        insert = np.fromiter(map(INSERT_EDGE.__eq__, op), bool, n)
+        uv, label, ts = np.array(u + v, np.int64), np.array(label, np.int64), np.array(ts, np.int64)
+        ids = vx.lookup(uv)
+        a, b, same = ids[:n], ids[n:], uv[:n] == uv[n:]
+        if (insert & ~same & ~(directed & (label > MAX_DIRECTED_LABEL)) & ((a < 0) | (b < 0))).any():
+            return None  # an insertion that creates a vertex
+        known = (a >= 0) & (b >= 0) & ~same
+        pairs = [pair_keys(a[known], b[known])]
+        most_due = int(insert.sum())  # heap entries the batch may take off: its own, and those due by its last ts
+        window = clock.spec.window
+        if window is not None:
+            top = int(ts.max()) if clock.high is None else max(clock.high, int(ts.max()))
+            due = clock.below(clock.horizon(top))
+            pairs.append(pair_keys(due >> ID_BITS, due & ID_MASK))
+            most_due += len(due)
+        pairs = np.unique(np.concatenate(pairs))
+        labels = self.engine.live_edge_labels(pairs >> ID_BITS, pairs & ID_MASK).astype(np.int64)
+        clock.reserve(int(insert.sum()))
+        ops, stored, outcome, owner, expiry_of, gone, clock.size, clock.heap_n, high, has_high, expired = \
+            timed_edges.sequence_edges(insert, a, b, label, ts, same, self.next_seq, directed,
+                                       -1 if window is None else window, clock.spec.lateness,
+                                       0 if clock.high is None else clock.high, clock.high is not None, clock.table,
+                                       clock.size, clock.heap_ts, clock.heap_key, clock.heap_n, vx.ext_array, pairs, labels,
+                                       most_due)
+        clock.high = int(high) if has_high else None
+        clock.expired += expired
+        first = self.next_seq
+        self.next_seq += len(owner)
+        for r, count in enumerate(np.bincount(outcome[outcome >= 0], minlength=len(TIMED_OUTCOMES)).tolist()):
+            if count:
+                self.ignored[TIMED_OUTCOMES[r]] += count
+        z = np.zeros(0, np.int64)
+        return UpdateBatch(first, self.next_seq, *ops[:5], z, z, z, np.zeros(0, np.int32), vx.n,
+                           timed_edges.TimedRecords(records, first, owner, expiry_of, gone, vx.ext_ids), arrived,
+                           n, tuple(stored[:5]) if directed else None, ops[5:].T.copy(),
+                           stored[5:].T.copy())
+
     def _general(self, records: list[Update], arrived: np.ndarray) -> UpdateBatch:
         """Any batch, one record at a time (vertex records, new vertices, a pair named twice)."""
         vx, engine, directed, clock = self.vertices, self.engine, self.directed, self.clock
@@ -378,40 +453,46 @@ class Sequencer:
         # (lo, hi): the label, or a directed pair's code as lo sees it
         overlay: dict[tuple[int, int], int] = {}
 
-        # one look-up for the pairs of every edge record whose vertices exist
+        def fetch(pairs: list[tuple[int, int]]) -> None:
+            """The engine's labels of these pairs (lo, hi) of vertices it holds, where the overlay
+            has none yet, in one look-up."""
+            new = [p for p in dict.fromkeys(pairs) if p not in overlay]
+            if new:
+                lo, hi = np.array(new, np.int64).T
+                overlay.update(zip(new, engine.live_edge_labels(lo, hi).tolist()))
+
+        # one look-up for the pairs of every edge record whose vertices exist and of every edge that
+        # may expire before the batch's last record
         known = [(vx.index[r.u], vx.index[r.v]) for r in records
-                 if r.op in (INSERT_EDGE, DELETE_EDGE) and r.u in vx.index and r.v in vx.index and r.u != r.v]
-        if known:
-            pa, pb = np.array(known, np.int64).T
-            lo, hi = np.minimum(pa, pb), np.maximum(pa, pb)
-            for x, y, lab in zip(lo.tolist(), hi.tolist(), engine.live_edge_labels(lo, hi).tolist()):
-                overlay.setdefault((x, y), lab)
+                 if r.op in EDGE_OPS and r.u in vx.index and r.v in vx.index and r.u != r.v]
+        stamps = [r.ts for r in records if r.op in EDGE_OPS and r.ts is not None]
+        if clock is not None and clock.spec.window is not None and stamps:
+            h = clock.horizon(max(stamps) if clock.high is None else max(clock.high, *stamps))
+            known += [(k >> ID_BITS, k & ID_MASK) for k in clock.below(h).tolist()]
+        fetch([(min(a, b), max(a, b)) for a, b in known])
 
         def live_label(a: int, b: int) -> int:
             """The pair's label (directed: its code as a sees it), -1 where it has no edge."""
             key = (min(a, b), max(a, b))
             if key not in overlay:  # a vertex created in this batch has no edge in the engine yet
-                old = a < first_vertex and b < first_vertex
-                lo, hi = np.array([key[0]]), np.array([key[1]])
-                overlay[key] = int(engine.live_edge_labels(lo, hi)[0]) if old else -1
+                if a < first_vertex and b < first_vertex:
+                    fetch([key])
+                else:
+                    overlay[key] = -1
             c = overlay[key]
-            return int(flip(c)) if directed and c >= 0 and a > b else c
+            return flip_code(c) if directed and c >= 0 and a > b else c
 
         def has(a: int, b: int) -> bool:
             """Is there an edge (a, b)? (directed: the arc a -> b)"""
             c = live_label(a, b)
             return c >= 0 and (not directed or bool(c & PRESENT))
 
-        def arc_ts(a: int, b: int) -> int:
-            """The ts the clock holds for the edge (a, b) (internal ids; directed: the arc a -> b)."""
-            return clock.ts.get(clock.key(vx.ext_ids[a], vx.ext_ids[b]), NO_TS)
-
         def edge(seq, a, b, sign, label, ts=None):
             """The update (a, b) with its label (a deletion: the stored edge's, it is what vanishes)
             and, under event time, its ts (None: the clock's now)."""
             if clock is not None:
-                ts = arc_ts(a, b) if ts is None else ts
-                back = arc_ts(b, a) if directed else ts  # the pair's other arc keeps its own
+                ts = clock.get(clock.key(a, b)) if ts is None else ts
+                back = clock.get(clock.key(b, a)) if directed else ts  # the pair's other arc keeps its own
                 edge_ts.append((ts, back))
             if not directed:
                 overlay[(min(a, b), max(a, b))] = label if sign > 0 else -1
@@ -419,8 +500,8 @@ class Sequencer:
                 return
             old = live_label(a, b)
             kept = 0 if old < 0 else old & ~HALF_MASK  # the pair's other arc
-            new = kept | int(arc_code(label, True)) if sign > 0 else kept
-            overlay[(min(a, b), max(a, b))] = -1 if not new else new if a < b else int(flip(new))
+            new = kept | PRESENT | label if sign > 0 else kept
+            overlay[(min(a, b), max(a, b))] = -1 if not new else new if a < b else flip_code(new)
             edge_ops.append((seq, a, b, new if sign > 0 else old, sign))  # the pair's code with the arc
             if old >= 0:
                 stored.append((seq, a, b, old, -1))
@@ -448,18 +529,20 @@ class Sequencer:
         def drop_vertex(v: int, rec) -> list[tuple[int, int, int]]:
             """Delete v's live edges, each an update with its own number (the record's own first),
             then v itself; the (a, b, label) of each edge deleted (one of them v)."""
-            live = set(int(x) for x in engine.live_neighbors(v)) if v < first_vertex else set()
+            live = set(engine.live_neighbors(v).tolist()) if v < first_vertex else set()
             live |= {b if a == v else a for (a, b), lab in overlay.items() if lab >= 0 and v in (a, b)}
             live -= {b if a == v else a for (a, b), lab in overlay.items() if lab < 0 and v in (a, b)}
+            if v < first_vertex:
+                fetch([(min(v, w), max(v, w)) for w in live if w < first_vertex])
             self.next_seq -= 1
             gone = []
             for w in sorted(live):
                 lab = live_label(v, w)
-                if directed:  # its arcs: v -> w, then w -> v
-                    gone.extend(zip(*arcs_of(np.array([v]), np.array([w]), np.array([lab]))))
+                if directed:  # its arcs (the code's halves): v -> w, then w -> v
+                    gone += [(x, y, (lab >> at) & MAX_DIRECTED_LABEL) for x, y, at in ((v, w, 0), (w, v, HALF))
+                             if (lab >> at) & PRESENT]
                 else:
                     gone.append((v, w, lab))
-            gone = [(int(a), int(b), int(lab)) for a, b, lab in gone]
             for a, b, label in gone:
                 edge(numbered(rec), a, b, -1, label)
             vertex_ops.append((numbered(rec), v, -1))
@@ -468,11 +551,8 @@ class Sequencer:
 
         def expire(rec) -> None:
             """Delete the edges that left the window, each with a number of its own, as rec's."""
-            for key, ts in clock.due():
-                a, b = vx.index[key[0]], vx.index[key[1]]
-                gone = replace(rec, op=DELETE_EDGE, u=key[0], v=key[1], label=0, source=f"expired by {rec.source}",
-                               context=None, ts=ts)
-                edge(numbered(gone), a, b, -1, live_label(a, b), ts)
+            for a, b, ts in clock.due(vx.ext_ids):
+                edge(numbered(expiry(rec, vx.ext_ids[a], vx.ext_ids[b], ts)), a, b, -1, live_label(a, b), ts)
 
         for rec in records:
             seq = self.next_seq
@@ -493,10 +573,10 @@ class Sequencer:
                 else:
                     a = vertex(rec.u, 0, seq)
                     b = vertex(rec.v, 0, seq)
-                    key = clock.key(rec.u, rec.v) if timed else None
+                    key = clock.key(a, b) if timed else None
                     if not has(a, b):
                         edge(seq, a, b, +1, rec.label, rec.ts if timed else NO_TS)
-                    elif not timed or clock.ts.get(key) == rec.ts:
+                    elif not timed or clock.holds(key, rec.ts):
                         self.ignored[DUPLICATE_INSERT] += 1
                     else:  # a new ts replaces the edge: it goes, then comes back under its new ts
                         edge(seq, a, b, -1, live_label(a, b))
@@ -510,7 +590,7 @@ class Sequencer:
                 else:
                     edge(seq, a, b, -1, live_label(a, b))  # the stored edge's label: it is what vanishes
                     if clock is not None:  # (with a ts or without: the edge is gone, it cannot expire)
-                        clock.forget(clock.key(rec.u, rec.v))
+                        clock.forget(clock.key(a, b))
             elif rec.op == INSERT_VERTEX:
                 v = vx.index.get(rec.u)
                 if v is None:
@@ -520,8 +600,12 @@ class Sequencer:
                 else:  # a relabel: the vertex leaves with its edges and comes back under the new label
                     gone = drop_vertex(v, rec)
                     w = vertex(rec.u, rec.label, numbered(rec))
-                    for a, b, label in gone:
-                        edge(numbered(rec), w if a == v else a, w if b == v else b, +1, label)
+                    moved = [(w if a == v else a, w if b == v else b, label) for a, b, label in gone]
+                    if clock is not None:  # its edges keep their ts under its new id
+                        for (a, b, _), (x, y, _) in zip(gone, moved):
+                            clock.rename(clock.key(a, b), clock.key(x, y))
+                    for a, b, label in moved:
+                        edge(numbered(rec), a, b, +1, label)
             elif rec.op == DELETE_VERTEX:
                 v = vx.index.get(rec.u)
                 if v is None:
@@ -529,7 +613,7 @@ class Sequencer:
                 else:
                     for a, b, _ in drop_vertex(v, rec):
                         if clock is not None:
-                            clock.forget(clock.key(vx.ext_ids[a], vx.ext_ids[b]))
+                            clock.forget(clock.key(a, b))
             else:  # parse_update only makes the four ops above
                 raise ValueError(f"unknown update op {rec.op!r}")
             if timed:
