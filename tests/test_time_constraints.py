@@ -442,3 +442,23 @@ def test_an_untimed_engine_in_a_timed_pipeline_gives_no_ts(tmp_path, backend):
                    (x.updates() if hasattr(x, "updates") else [x])]), lambda r: None)
     rows = [m for f in found for m in f.values()]
     assert rows and all(m.ts is None for m in rows)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_static_query_of_the_live_graph_keeps_the_constraints(tmp_path, backend):
+    """What csmd admin match searches (the pipeline's live graph as a static Graph) carries every
+    live edge's ts: a constrained query counts there the live matches the deltas leave."""
+    from csmd.jobs.replay import read_stream
+    from csmd.pipeline.stages import Pipeline
+
+    directed = backend != "numpy"
+    queries, truth, _, initial, spec, model = constrained_case(tmp_path, 44, steps=80, directed=directed)
+    g0 = read_graph(tmp_path / "g0.graph", directed=directed)
+    pipe = Pipeline(g0, engine=continuous_engine(backend, g0, timed=True), threaded=False, batch_size=7,
+                    event_time=spec)
+    pipe.run(iter([u for x in read_stream(tmp_path / "stream.txt", event_time=True) for u in
+                   (x.updates() if hasattr(x, "updates") else [x])]), lambda r: None)
+    live = pipe.graph_state().live_graph()
+    assert live.edge_ts is not None
+    for name, q in queries.items():
+        assert static_matcher(backend).match(live, q).count == len(model.matches(q)), name

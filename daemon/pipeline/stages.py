@@ -143,13 +143,19 @@ class GraphState:
     high_ts: int | None = None
 
     def live_graph(self) -> Graph:
-        """The live vertices and edges as a static Graph (renumbered)."""
+        """The live vertices and edges as a static Graph (renumbered), with their ts under event
+        time (a static query's span and order read them: csmd admin match)."""
         live = np.flatnonzero(self.alive)
         new_id = np.full(len(self.alive), -1, np.int64)
         new_id[live] = np.arange(len(live))
         ext = id_array(self.ext_ids, self.str_ids)
-        return Graph.from_edges(self.labels[live], new_id[self.src], new_id[self.dst], self.elabel, ext[live],
-                                self.directed)
+        g = Graph.from_edges(self.labels[live], new_id[self.src], new_id[self.dst], self.elabel, ext[live],
+                             self.directed)
+        if self.edge_ts is not None:
+            has = ~np.asarray(self.edge_ts.is_null(), bool)
+            ts = self.edge_ts.fill_null(0).to_numpy()
+            g.edge_ts = (ext[self.src[has]], ext[self.dst[has]], ts[has].astype(np.int64))
+        return g
 
 
 class _Arrivals:
