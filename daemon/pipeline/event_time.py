@@ -396,8 +396,8 @@ class Clock:
             order = np.argsort(ts, kind="stable")
             self.heap_ts, self.heap_key, self.heap_n = ts[order], keys[order], len(keys)
 
-    def ts_of(self, vertices, a: np.ndarray, b: np.ndarray) -> pa.Array:
-        """The ts of the live edges (a[i], b[i]) (internal ids of `vertices`, pipeline/sequencer.py
-        Vertices, which the keys are made of), null where one has none."""
+    def ts_of(self, a: np.ndarray, b: np.ndarray) -> pa.Array:
+        """The ts of the live edges (a[i], b[i]) (internal ids, which the keys are made of), null
+        where one has none."""
         ts = _ts_many(self.table, edge_keys(a, b, self.directed))
         return pa.array(ts, pa.int64(), mask=ts == NO_TS)

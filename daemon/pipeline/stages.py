@@ -264,7 +264,7 @@ class Pipeline:
                 src, dst, lab = arcs_of(src, dst, lab)
             vx = self.vertices
             clock = self.sequencer.clock
-            edge_ts = None if clock is None else clock.ts_of(vx, src, dst)
+            edge_ts = None if clock is None else clock.ts_of(src, dst)
             return GraphState(list(vx.ext_ids), vx.labels.copy(), vx.alive(), src, dst, lab, self.next_seq, vx.str_ids,
                               self.directed, edge_ts, None if clock is None else clock.high)
 
