@@ -312,18 +312,16 @@ def test_the_initial_graph_gives_its_edges_a_ts_in_text_and_tables(tmp_path):
         parse_query_text("v 0 0\nv 1 0\ne 0 1 0 5\n", "q")
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_a_restart_from_a_checkpoint_expires_what_an_uninterrupted_run_would(tmp_path, seed):
-    """A checkpoint in the middle of a timed stream keeps every edge's ts and the watermark: the
-    rest of the stream after a restore gives the deltas (ids and all) of a run without one."""
+def restarted_halfway(tmp_path, queries: dict, spec: EventTime, directed: bool):
+    """The deltas (ids and all) of tmp_path's timed stream in one run, and in two: up to half its
+    updates, a checkpoint, a restore from it, the rest; and the watermark's high before and after
+    the checkpoint (the clock's, the restored graph's)."""
     from csmd.backends import continuous_engine
     from csmd.jobs.replay import read_stream
     from csmd.pipeline.deltas import DeltaEncoder
     from csmd.pipeline.stages import Pipeline
     from csmd.service.checkpoint_files import read_checkpoint, write_checkpoint
 
-    directed = seed % 2 == 1
-    queries, _, spec, _ = timed_case(tmp_path, seed, steps=80, directed=directed)
     updates = [u for x in read_stream(tmp_path / "stream.txt", event_time=True) for u in
                (x.updates() if hasattr(x, "updates") else [x])]
     half = len(updates) // 2
@@ -342,29 +340,34 @@ def test_a_restart_from_a_checkpoint_expires_what_an_uninterrupted_run_would(tmp
     _, whole = run(g0, 0, None, updates)
     pipe, first = run(g0, 0, None, updates[:half])
     state = pipe.graph_state()
-    folder = write_checkpoint(tmp_path / "ckpt", state, {"seq": state.seq, "offsets": {}})
-    ck = read_checkpoint(folder.parent)
-    assert ck.graph.high_ts == pipe.sequencer.clock.high
+    ck = read_checkpoint(write_checkpoint(tmp_path / "ckpt", state, {"seq": state.seq, "offsets": {}}).parent)
     _, rest = run(ck.graph, ck.state["seq"], ck.retired, updates[half:])
-    assert first + rest == whole, seed
+    return whole, first + rest, (pipe.sequencer.clock.high, ck.graph.high_ts)
 
 
-def test_the_daemon_expires_by_event_time_and_a_kill_9_loses_nothing(tmp_path, kafka_bootstrap):
-    """[graph] time = "event" with a window: the deltas through Kafka, across a kill -9 and a
-    restart from a checkpoint, are csmd replay's (deduplicated by id); a record without a ts is a
-    dead letter; stats and metrics show the watermark and what expired."""
+@pytest.mark.parametrize("seed", range(6))
+def test_a_restart_from_a_checkpoint_expires_what_an_uninterrupted_run_would(tmp_path, seed):
+    """A checkpoint in the middle of a timed stream keeps every edge's ts and the watermark: the
+    rest of the stream after a restore gives the deltas (ids and all) of a run without one."""
+    directed = seed % 2 == 1
+    queries, _, spec, _ = timed_case(tmp_path, seed, steps=80, directed=directed)
+    whole, restarted, (high, restored) = restarted_halfway(tmp_path, queries, spec, directed)
+    assert restored == high
+    assert restarted == whole, seed
+
+
+def daemon_killed_midway(tmp_path, kafka_bootstrap, queries: dict, graph: dict):
+    """tmp_path's timed stream through a daemon under event time (graph: more [graph] settings)
+    killed with kill -9 after a checkpoint mid-stream, and restarted: (its deltas deduplicated by
+    id, the restarted daemon, its stats at the stream's end, the topics)."""
     import signal
     import time
 
-    from csmd.testing.kafka import DaemonProcess, daemon_config, dedup, metric, rows_of
+    from csmd.testing.kafka import DaemonProcess, daemon_config, dedup
 
-    queries, _, _, _ = timed_case(tmp_path, 11, steps=400)
-    spec = EventTime(30, 5)
-    table, results, _ = timed_replay(tmp_path, queries, spec, 64, "cpu")
-    assert results[0]["expired"] > 20 and results[0]["late"] > 5
     t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, [tmp_path / f"{name}.graph" for name in queries],
                                  checkpoint=True, graph={"initial": str(tmp_path / "g0.graph"), "time": "event",
-                                                         "window": 30, "lateness": 5})
+                                                         **graph})
     lines = (tmp_path / "stream.txt").read_text().splitlines()
     d = DaemonProcess(cfg, tmp_path / "d1.log", port)
     t.produce(t.input, lines[:200])
@@ -375,9 +378,22 @@ def test_the_daemon_expires_by_event_time_and_a_kill_9_loses_nothing(tmp_path, k
     d = DaemonProcess(cfg, tmp_path / "d2.log", port)
     t.produce(t.input, lines[300:])
     stats = d.wait_offset(len(lines))
-    deduped, _ = dedup(t.deltas())
-    assert rows_of(deduped) == rows_of(table)
     assert "restored checkpoint" in (tmp_path / "d2.log").read_text()
+    return dedup(t.deltas())[0], d, stats, t
+
+
+def test_the_daemon_expires_by_event_time_and_a_kill_9_loses_nothing(tmp_path, kafka_bootstrap):
+    """[graph] time = "event" with a window: the deltas through Kafka, across a kill -9 and a
+    restart from a checkpoint, are csmd replay's (deduplicated by id); a record without a ts is a
+    dead letter; stats and metrics show the watermark and what expired."""
+    from csmd.testing.kafka import metric, rows_of
+
+    queries, _, _, _ = timed_case(tmp_path, 11, steps=400)
+    spec = EventTime(30, 5)
+    table, results, _ = timed_replay(tmp_path, queries, spec, 64, "cpu")
+    assert results[0]["expired"] > 20 and results[0]["late"] > 5
+    deduped, d, stats, t = daemon_killed_midway(tmp_path, kafka_bootstrap, queries, {"window": 30, "lateness": 5})
+    assert rows_of(deduped) == rows_of(table)
     assert (stats["watermark"], stats["late"] > 0) == (results[0]["watermark"], True)
     assert metric(d.get("/metrics"), "csmd_watermark") == results[0]["watermark"]
     t.produce(t.input, ["e 10 12 0"])  # no ts: refused, named

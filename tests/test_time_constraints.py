@@ -19,7 +19,7 @@ from csmd.model.labels import LabelNames
 from csmd.pipeline.event_time import EventTime
 
 from helpers import ENGINES
-from test_event_time import TimedModel, got_deltas, timed_replay
+from test_event_time import TimedModel, daemon_killed_midway, got_deltas, restarted_halfway, timed_replay
 
 TIMED = LabelNames(timed=True)
 BACKENDS = ENGINES
@@ -302,70 +302,30 @@ def test_distinct_with_an_order_is_refused_naming_the_query():
 @pytest.mark.parametrize("seed", range(4))
 def test_a_restart_from_a_checkpoint_keeps_what_the_constraints_judge(tmp_path, seed):
     """A checkpoint halfway through a timed stream keeps every edge's ts: after a restore the
-    constrained queries' deltas (ids and all, ts_min/ts_max where the encoder writes them) are
-    those of a run without one; the restored graph's ts are what the span and order read."""
-    from csmd.jobs.replay import read_stream
-    from csmd.pipeline.deltas import DeltaEncoder
-    from csmd.pipeline.stages import Pipeline
-    from csmd.service.checkpoint_files import read_checkpoint, write_checkpoint
-
+    constrained queries' deltas (ids and all, ts_min/ts_max with them) are those of a run without
+    one; the restored graph's ts are what the span and order read."""
     directed = seed % 2 == 1
     queries, truth, _, _, spec, _ = constrained_case(tmp_path, 500 + seed, steps=80, directed=directed)
     assert any(q.time is not None and q.time.constrained for q in queries.values())
-    updates = [u for x in read_stream(tmp_path / "stream.txt", event_time=True) for u in
-               (x.updates() if hasattr(x, "updates") else [x])]
-    half = len(updates) // 2
-
-    def run(g, first_seq, retired, part):
-        pipe = Pipeline(g, engine=continuous_engine("cpu", g, timed=True), threaded=False, batch_size=5,
-                        first_seq=first_seq, retired=retired, event_time=spec)
-        for name, q in queries.items():
-            pipe.add_query(name, q)
-        enc = DeltaEncoder(pipe.vertices)
-        rows = []
-        pipe.run(iter(part), lambda r: rows.extend(x for _, b, _ in enc.encode(r, by_update=True) for x in b.to_pylist()))
-        return pipe, rows
-
-    g0 = read_graph(tmp_path / "g0.graph", directed=directed)
-    _, whole = run(g0, 0, None, updates)
+    whole, restarted, _ = restarted_halfway(tmp_path, queries, spec, directed)
     assert len(whole) == sum(sum(c.values()) for c in truth.values())
-    pipe, first = run(g0, 0, None, updates[:half])
-    state = pipe.graph_state()
-    ck = read_checkpoint(write_checkpoint(tmp_path / "ckpt", state, {"seq": state.seq, "offsets": {}}).parent)
-    _, rest = run(ck.graph, ck.state["seq"], ck.retired, updates[half:])
-    assert first + rest == whole, seed
+    assert restarted == whole, seed
 
 
 def test_the_daemon_judges_the_constraints_across_a_kill_9(tmp_path, kafka_bootstrap):
     """A daemon under event time with constrained queries (a span, an order, both): its deltas
     through Kafka, across a kill -9 in the middle of expiries and a restart from a checkpoint, are
     csmd replay's after dedup by id."""
-    import signal
-    import time
-
-    from csmd.testing.kafka import DaemonProcess, daemon_config, dedup, rows_of
+    from csmd.testing.kafka import rows_of
 
     queries, truth, _, _, spec, _ = constrained_case(tmp_path, 7, steps=400, directed=True)
     assert sum(q.time is not None and q.time.constrained for q in queries.values()) >= 2
     spec = EventTime(30, 5)
     table, results, _ = timed_replay(tmp_path, queries, spec, 64, "cpu", directed=True)
     assert results[0]["expired"] > 20 and len(table) > 20
-    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, [tmp_path / f"{name}.graph" for name in queries],
-                                 checkpoint=True, graph={"initial": str(tmp_path / "g0.graph"), "time": "event",
-                                                         "window": 30, "lateness": 5, "directed": True})
-    lines = (tmp_path / "stream.txt").read_text().splitlines()
-    d = DaemonProcess(cfg, tmp_path / "d1.log", port)
-    t.produce(t.input, lines[:200])
-    d.wait_offset(200)
-    time.sleep(1.0)  # a checkpoint mid-stream
-    t.produce(t.input, lines[200:300])
-    d.stop(signal.SIGKILL)
-    d = DaemonProcess(cfg, tmp_path / "d2.log", port)
-    t.produce(t.input, lines[300:])
-    d.wait_offset(len(lines))
-    deduped, _ = dedup(t.deltas())
+    deduped, d, _, _ = daemon_killed_midway(tmp_path, kafka_bootstrap, queries,
+                                            {"window": 30, "lateness": 5, "directed": True})
     assert rows_of(deduped) == rows_of(table)
-    assert "restored checkpoint" in (tmp_path / "d2.log").read_text()
     assert d.stop() == 0
 
 
