@@ -49,8 +49,8 @@ class _Times:
         self.minmax = minmax or plan.span is not None
         self.before = [[(col[a], col[b]) for a, b in pairs] for pairs in plan.before]
         # per depth, the arcs whose ts a row keeps: (backward check, 0: the arc from the earlier
-        # image to the new one, 1: the arc back, the state's column or -1: min and max only). The
-        # query's arcs are its pairs' labels' (plan.arcs numbers them only where it has constraints).
+        # image to the new one, 1: the arc back, the state's column or -1: min and max only): the
+        # arcs the pair's label holds (undirected: one).
         directed = plan.query.directed
         self.reads = []
         for back, arcs in zip(plan.backward, plan.arcs):
