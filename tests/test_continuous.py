@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import random
 import subprocess
+import threading
 import time
 import sys
 
@@ -17,6 +18,7 @@ from csmd.backends import continuous_engine
 import csmd.jobs.replay as replay_module
 from csmd.jobs.replay import decoded_updates, replay
 from csmd.model.formats import read_graph, read_query
+import csmd.pipeline.stages as stages
 from csmd.pipeline.stages import Pipeline, _Frozen, heap_frozen
 
 from continuous_cases import Model, assert_brute_force, delta_file, make_case, run_replay
@@ -42,13 +44,50 @@ def test_updater_runs_ahead_of_the_executor_and_deltas_stay_exact(tmp_path, seed
 
 
 @pytest.mark.parametrize("seed", range(100, 112))
-def test_deltas_do_not_depend_on_batching_or_scheduling(tmp_path, seed, backend):
+def test_deltas_do_not_depend_on_batching_or_scheduling(tmp_path, seed, backend, monkeypatch):
+    """Batches of 1, 7, 64 and 100 records on the stage threads and inline (small fixed batches run on
+    the updater's thread, with the next batch submitted before a batch's output, unless
+    INLINE_RECORDS is 0), and with the executor held behind."""
     qpaths, _ = make_case(tmp_path, seed, steps=80)
     reference, _, _ = run_replay(tmp_path, qpaths, batch_size=1, threaded=False, name="ref.arrow")  # the CPU engine
-    for b, threaded, lag in ((1, True, 0), (7, True, 0), (64, True, 0), (7, False, 0), (64, False, 0), (3, True, 5)):
-        table, _, _ = run_replay(tmp_path, qpaths, batch_size=b, threaded=threaded, name=f"b{b}{threaded}{lag}.arrow",
-                                 backend=backend, executor_lag=lag)
-        assert table.equals(reference), (b, threaded, lag)
+    for b, threaded, lag, small in ((1, True, 0, 64), (7, True, 0, 64), (64, True, 0, 64), (100, True, 0, 64),
+                                    (1, True, 0, 0), (7, True, 0, 0), (7, False, 0, 64), (64, False, 0, 64),
+                                    (3, True, 5, 64)):
+        monkeypatch.setattr(stages, "INLINE_RECORDS", small)
+        table, _, pipe = run_replay(tmp_path, qpaths, batch_size=b, threaded=threaded,
+                                    name=f"b{b}{threaded}{lag}{small}.arrow", backend=backend, executor_lag=lag)
+        assert table.equals(reference), (b, threaded, lag, small)
+        if threaded:  # which batches ran inline: the small ones, without a lag
+            assert pipe.stats.inline == (pipe.stats.batches if b <= small and not lag else 0), (b, lag, small)
+
+
+def test_an_inline_batch_is_output_when_the_source_goes_idle(tmp_path):
+    """Small fixed batches run inline, each output after the next batch's submission; when the source
+    has nothing more for now, the batch held back is output at once, not when the next record comes."""
+    qpaths, _ = make_case(tmp_path, 3, steps=20)
+    g0 = read_graph(tmp_path / "g0.graph")
+    updates = list(decoded_updates(tmp_path / "stream.txt"))
+    pipe = Pipeline(g0, engine=continuous_engine("cpu", g0), batch_size=1, batch_wait=10.0)
+    for p in qpaths:
+        pipe.add_query(p.stem, read_query(p))
+    seen, last = [], threading.Event()
+
+    def source():
+        yield from updates
+        deadline = time.monotonic() + 30
+        while not last.is_set() and time.monotonic() < deadline:  # idle until the last record's deltas come
+            time.sleep(0.001)
+            yield None
+
+    def on_result(result):
+        seen.append(result.batch.records)
+        if len(seen) == len(updates):
+            last.set()
+
+    t0 = time.monotonic()
+    pipe.run(source(), on_result)
+    assert last.is_set() and time.monotonic() - t0 < 20
+    assert pipe.stats.inline == len(updates)
 
 
 @pytest.mark.parametrize("seed", range(120, 126))
@@ -64,10 +103,12 @@ def test_batches_grow_while_the_executor_is_behind_and_deltas_stay_the_same(tmp_
 
 
 @pytest.mark.parametrize("seed", range(130, 136))
-def test_batches_of_a_quiet_source_run_inline_and_deltas_stay_the_same(tmp_path, seed, backend):
+def test_batches_of_a_quiet_source_run_inline_and_deltas_stay_the_same(tmp_path, seed, backend, monkeypatch):
     """A polling source that is idle (None) before some records: those batches run all their
     stages on the updater's thread when nothing is in flight, the others on the stage
-    threads; the delta file is the one of batches of one run inline."""
+    threads (small batches are not inlined as such here); the delta file is the one of
+    batches of one run inline."""
+    monkeypatch.setattr(stages, "INLINE_RECORDS", 0)
     qpaths, _ = make_case(tmp_path, seed, steps=80)
     reference, _, _ = run_replay(tmp_path, qpaths, batch_size=1, threaded=False, name="ref.arrow")
     rng = random.Random(seed)

@@ -12,8 +12,14 @@ the same stages inline.
 A quiet stream does not pay for the hand-offs: a batch that the source was idle
 before or after, formed while no earlier batch is anywhere in the pipeline, runs all
 its stages on the updater's thread (threads contending for the interpreter lock and
-waking each other cost a batch of one as much as its own work). Under load the source
-is never idle, so the stages run on their own threads and overlap; there a thread
+waking each other cost a batch of one as much as its own work). So do small batches
+of fixed size (at most INLINE_RECORDS records, batches that do not grow): their work
+is interpreter-bound, which threads cannot overlap, and the hand-offs doubled a batch of
+one's cost. There the updater's thread itself overlaps what the engine does in the
+background (the device's search, the CPU engine's worker threads): it applies and
+submits the next batch before it waits for this one's matches, and outputs a batch at
+once only when the source is idle after it. Under load the source is never idle, so
+the stages of other batches run on their own threads and overlap; there a thread
 woken by a hand-off waits for the interpreter lock at most SWITCH_INTERVAL, not
 Python's default 5 ms.
 
@@ -57,8 +63,12 @@ from csmd.pipeline.sequencer import Sequencer, Vertices
 
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_BATCH_WAIT = 0.000125  # seconds: 0.125 ms
+# fixed-size batches of at most this many records run on the updater's thread (module docstring);
+# batch 1, human, a query with no candidates: 78 -> 42 us a batch on the CPU engine (2-core VM)
+INLINE_RECORDS = 64
 SWITCH_INTERVAL = 0.0002  # seconds; process-wide (sys.setswitchinterval), set when the stage threads start
 _END = object()
+IDLE = object()  # what _batches yields (as a batch) when the source has nothing for now and no batch is forming
 
 
 class _Frozen:
@@ -190,7 +200,9 @@ class Pipeline:
     engine: a ContinuousEngine holding g0 (backends.py chooses it). retired marks the
     vertices of g0 that were deleted (a restored checkpoint). executor_lag holds the
     executor back until that many later batches were applied (a test switch that forces
-    GU/EX overlap; queue_depth must exceed it).
+    GU/EX overlap; queue_depth must exceed it). inline_records: the most records of a fixed-size
+    batch that runs on the updater's thread (module docstring; 0: only a quiet stream's;
+    default INLINE_RECORDS).
 
     event_time: its window and lateness (pipeline/event_time.py); None: off.
 
@@ -205,7 +217,8 @@ class Pipeline:
     def __init__(self, g0: Graph, *, engine: ContinuousEngine, batch_size: int = DEFAULT_BATCH_SIZE,
                  batch_wait: float = DEFAULT_BATCH_WAIT, queue_depth: int = 4, threaded: bool = True,
                  first_seq: int = 0, retired: np.ndarray | None = None, executor_lag: int = 0,
-                 max_batch: int | None = None, event_time: EventTime | None = None):
+                 max_batch: int | None = None, event_time: EventTime | None = None,
+                 inline_records: int | None = None):
         self.engine = engine
         self.vertices = Vertices(g0, retired)
         self.directed = g0.directed
@@ -213,6 +226,9 @@ class Pipeline:
         self.gc = GarbageCollector(first_seq)
         self.batch_size, self.batch_wait = batch_size, batch_wait
         self.max_batch = max(batch_size, max_batch or batch_size)
+        # a batch that grows is cut while the executor is behind, which it never is on the updater's thread
+        self.inline_records = 0 if self.max_batch > batch_size else INLINE_RECORDS if inline_records is None \
+            else inline_records
         self.queue_depth, self.threaded = max(queue_depth, executor_lag + 1), threaded
         self.executor_lag = executor_lag
         self.queries: dict[str, tuple] = {}  # name -> (ContinuousQuery, the engine's form); executor stage
@@ -274,11 +290,12 @@ class Pipeline:
                 "released": self.gc.released}
 
     # -- stages ------------------------------------------------------------------------------
-    def _batches(self, source, backlog=lambda: False):
+    def _batches(self, source, backlog=lambda: False, idle=False):
         """Group records: up to batch_size (max_batch while backlog() says the executor is
         behind), or what arrived within batch_wait of the first; yields (batch or marker,
         arrival times, quiet): quiet when the source was idle before its first record or
-        after its last.
+        after its last. idle: also yield (IDLE, None, True) once each time the source has
+        nothing for now and no batch is forming.
 
         The source yields Update records, or UpdateBlocks (runs of updates in columns, cut
         into batches here without a step per update), or None when nothing is available
@@ -317,6 +334,8 @@ class Pipeline:
                         parts, blocks, count, arrived, quiet = [], 0, 0, _Arrivals(), False
                 continue
             if rec is None and not count:
+                if idle and not quiet:
+                    yield IDLE, None, True
                 quiet = True
             if rec is not None:
                 if not count:
@@ -459,19 +478,36 @@ class Pipeline:
                 self._applied.notify_all()
 
         def gu():
+            held = None  # an inline batch submitted, its output after the next batch's submission
             try:
-                for records, arrived, quiet in self._batches(source, lambda: to_ex.qsize() > 0):
+                for records, arrived, quiet in self._batches(source, lambda: to_ex.qsize() > 0, True):
                     if stop.is_set():
                         break
+                    if records is IDLE:
+                        if held is not None:
+                            self._output(held, on_result)
+                            held = None
+                        continue
                     item = self._update(records, arrived)
+                    small = isinstance(item, Marker) or item.records <= self.inline_records
                     with flight:  # only this thread raises in_flight: 0 stays 0 until the put below
-                        inline = quiet and not in_flight[0] and not self.executor_lag
+                        inline = (quiet or small) and not in_flight[0] and not self.executor_lag
                         in_flight[0] += not inline
                     if inline:  # the other stages are idle: run them here, without the hand-offs
                         self.stats.inline += not isinstance(item, Marker)
-                        self._output(self._execute(item), on_result)
+                        submitted = self._execute(item)
+                        if held is not None:
+                            self._output(held, on_result)
+                        held = None if quiet else submitted
+                        if quiet:
+                            self._output(submitted, on_result)
                     else:
+                        if held is not None:  # before any later batch: output keeps the stream's order
+                            self._output(held, on_result)
+                            held = None
                         put(to_ex, item)
+                if held is not None and not stop.is_set():
+                    self._output(held, on_result)
             except BaseException as exc:  # re-raised in the caller's thread
                 errors.append(exc)
             gu_done()
