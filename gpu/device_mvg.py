@@ -26,7 +26,7 @@ import numpy as np
 from csmd.model.direction import flip
 from csmd.model.graph import Graph
 
-from .launch import THREADS, i64
+from .launch import THREADS, DirectLaunch, i64
 from .module import HERE, kernel
 
 INF = np.iinfo(np.int64).max
@@ -46,6 +46,9 @@ DEFER_GROWTH = 1 << 20
 # more than GU_FUSED_COPY (some 0.1 ms of host time that a hub's copy repays).
 SOLO_COPY = 1 << 17
 _FORMATS = {"int*": np.uint64, "i64*": np.uint64, "i64": np.int64}
+# Deferred small batches take their new version ids from slabs of this many (one allocation per
+# slab, not per batch; a token keeps its slab until the GC releases it)
+VID_SLAB = 1 << 14
 
 
 _SMS: list[int] = []
@@ -117,25 +120,27 @@ class Staging:
 
     def __init__(self):
         self.host, self.dev = np.zeros(0, np.int64), cp.zeros(0, cp.int64)
+        self.ptr = self.host.ctypes.data  # host's address (asking numpy each time costs 2 us on the device host)
 
     def host_view(self, n: int) -> np.ndarray:
         if n > len(self.host):
             size = max(n, 2 * len(self.host), 1024)
             self._pinned = cp.cuda.alloc_pinned_memory(8 * size)
             self.host = np.frombuffer(self._pinned, np.int64, size)
+            self.ptr = self.host.ctypes.data
             self.dev = cp.empty(size, cp.int64)
         return self.host[:n]
 
     def upload(self, n: int, stream: cp.cuda.Stream) -> cp.ndarray:
         """host[:n] to the device buffer (returned whole: its first n items are the data)."""
-        cp.cuda.runtime.memcpyAsync(self.dev.data.ptr, self.host.ctypes.data, 8 * n,
+        cp.cuda.runtime.memcpyAsync(self.dev.data.ptr, self.ptr, 8 * n,
                                     cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
         return self.dev
 
     def read_back(self, at: int, n: int, stream: cp.cuda.Stream) -> np.ndarray:
         """dev[at:at + n] (after what `stream` has queued) in host[at:at + n]: a kernel's results
         written next to its inputs come back to where the host staged them."""
-        cp.cuda.runtime.memcpyAsync(self.host.ctypes.data + 8 * at, self.dev.data.ptr + 8 * at, 8 * n,
+        cp.cuda.runtime.memcpyAsync(self.ptr + 8 * at, self.dev.data.ptr + 8 * at, 8 * n,
                                     cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
         stream.synchronize()
         return self.host[at: at + n]
@@ -143,7 +148,7 @@ class Staging:
     def download(self, src: cp.ndarray, n: int, stream: cp.cuda.Stream) -> np.ndarray:
         """src's first n int64 items (after what `stream` has queued), in host[:n]."""
         self.host_view(n)
-        cp.cuda.runtime.memcpyAsync(self.host.ctypes.data, src.data.ptr, 8 * n,
+        cp.cuda.runtime.memcpyAsync(self.ptr, src.data.ptr, 8 * n,
                                     cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
         stream.synchronize()
         return self.host[:n]
@@ -161,11 +166,17 @@ class Replaced:
     next apply, or when a field is first read): the batch's launches need not wait for them.
     """
 
-    __slots__ = ("_vids", "_replaced_at", "_count", "_blocks", "_mvg", "_serial")
+    __slots__ = ("_slab", "_at", "_n", "_replaced_at", "_count", "_blocks", "_mvg", "_serial")
     _serials = itertools.count()
 
-    def __init__(self, vids, replaced_at: int = -1, count: int = 0, blocks: int = 0, mvg: "DeviceMVG | None" = None):
-        self._vids, self._replaced_at, self._count, self._blocks, self._mvg = vids, replaced_at, count, blocks, mvg
+    def __init__(self, vids, replaced_at: int = -1, count: int = 0, blocks: int = 0, mvg: "DeviceMVG | None" = None,
+                 at: int = 0, n: int | None = None):
+        """vids: the replaced version ids (device int32), or a slab holding them from `at` on (n of
+        them; a pending token's n is the room for every insertion row, of which the counters say
+        how much was used); None: none."""
+        self._slab, self._at = vids, at
+        self._n = 0 if vids is None else len(vids) if n is None else n
+        self._replaced_at, self._count, self._blocks, self._mvg = replaced_at, count, blocks, mvg
         self._serial = next(self._serials)
 
     @property
@@ -175,11 +186,11 @@ class Replaced:
     @property
     def at_most(self) -> int:
         """count, or while pending a bound on it that needs no wait (the batch's insertion rows)."""
-        return len(self._vids) if self._mvg is not None else self._count
+        return self._n if self._mvg is not None else self._count
 
     def _fill(self, st: list[int]) -> None:
-        """The fields from the batch's counters (vids: room for every insertion row, S_NEW used)."""
-        self._vids = self._vids[: st[S_NEW]]
+        """The fields from the batch's counters."""
+        self._n = st[S_NEW]
         self._replaced_at, self._count, self._blocks = st[S_REPLACED_AT], st[S_REPLACED] + st[S_EMPTY], st[S_REPLACED]
         self._mvg = None
 
@@ -188,7 +199,11 @@ class Replaced:
             self._mvg._settle()
         return self
 
-    vids = property(lambda self: self._settled()._vids)
+    @property
+    def vids(self):
+        t = self._settled()
+        return None if t._slab is None else t._slab[t._at: t._at + t._n]
+
     replaced_at = property(lambda self: self._settled()._replaced_at)
     count = property(lambda self: self._settled()._count)
     blocks = property(lambda self: self._settled()._blocks)
@@ -250,6 +265,8 @@ class DeviceMVG:
             self._live, self._incl = cp.empty(1024, cp.int32), cp.empty(1024, cp.int64)
             self._tiles = cp.empty(1024 // THREADS + 2, cp.int64)
             self._batch, self._counters, self._lookups = Staging(), Staging(), Staging()
+            self._slab, self._slab_at = cp.empty(0, cp.int32), 0  # new version ids of deferred small batches
+            self._small_apply = DirectLaunch(_kernel("gu_small_apply"), 16, self._dtype.itemsize // 8)
             self._counters.host_view(S_COUNT)  # where gu_small_apply writes its counters (pinned)
             self._pending: Replaced | None = None  # the token of a deferred batch not yet settled
             self._deferred = False  # a small batch's launches were not waited for (its staging is in use)
@@ -306,8 +323,13 @@ class DeviceMVG:
             for name in self._dtype.names:
                 untimed = name in ("e_ts", "e_tsin") and not self.timed  # null: the kernels write no ts
                 v[name] = self.n if name == "n" else 0 if untimed else getattr(self, name).data.ptr
-            self._view = v[0]
+            self._view, self._view_words = v[0], v.view(np.int64)
         return self._view
+
+    def view_words(self) -> np.ndarray:
+        """view() as int64 words: a DirectLaunch's struct."""
+        self.view()
+        return self._view_words
 
     @property
     def live_versions(self) -> int:
@@ -462,19 +484,24 @@ class DeviceMVG:
                 self.free_keys[: self.n_keys].sort()
             self.n_keys, self.sorted = self.n_free, True
         smem = 8 * _pow2(max(R, sort_free))
-        plan = (self.view(), i64(R), i64(k), batch, self._arena, self._stats, self.free_keys, i64(self.n_free),
-                i64(sort_free), i64(self.n_versions), i64(self.bump))
         self._deferred = True  # the batch's upload may still be in flight
         if defer:
-            vids, out = cp.empty(n_ins, cp.int32), np.uint64(self._counters.host.ctypes.data)
+            if self._slab_at + n_ins > len(self._slab):
+                self._slab, self._slab_at = cp.empty(max(VID_SLAB, n_ins), cp.int32), 0
+            slab, at = self._slab, self._slab_at
+            self._slab_at += n_ins
             grid = copy > self.solo_copy and copy > self.fused_copy
             fused_copy = self.fused_copy if grid else INF
-            _kernel("gu_small_apply")((1,), (threads,), plan + (
-                i64(n_ins), i64(fused_copy), self._live, self._incl, vids, out), shared_mem=smem)
+            self._small_apply(1, threads, self.stream.ptr, (
+                R, k, batch.data.ptr, self._arena.data.ptr, self._stats.data.ptr, self.free_keys.data.ptr, self.n_free,
+                sort_free, self.n_versions, self.bump, n_ins, fused_copy, self._live.data.ptr, self._incl.data.ptr,
+                slab.data.ptr + 4 * at, self._counters.ptr), self.view_words(), smem)
             if grid:  # (the kernels do nothing where the block wrote the batch)
-                self._write_mid(batch, k, R, n_ins, n_ins, copy, vids)
-            self._pending = Replaced(vids, mvg=self)
+                self._write_mid(batch, k, R, n_ins, n_ins, copy, slab[at: at + n_ins])
+            self._pending = Replaced(slab, mvg=self, at=at, n=n_ins)
             return self._pending
+        plan = (self.view(), i64(R), i64(k), batch, self._arena, self._stats, self.free_keys, i64(self.n_free),
+                i64(sort_free), i64(self.n_versions), i64(self.bump))
         _kernel("gu_small_plan")((1,), (threads,), plan + (np.uint64(0),), shared_mem=smem)
         if not n_ins:  # deletions only: applied in place, nothing allocated
             return Replaced(None)

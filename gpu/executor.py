@@ -29,7 +29,7 @@ from csmd.model.time_constraints import NO_TS, query_edges
 
 from .filtering import QueryBatch
 from .device_mvg import Staging
-from .launch import i32, i64, or_dummy
+from .launch import DirectLaunch
 from .layout import (CTL_IDLE, CTL_OUTN, CTL_STARTED, CTL_STOP, MAXQ, STOP_FULL, TMAXE, TT_EDGES, TT_EEND, TT_ORDERS,
                      TT_WORDS, structs)
 from .matcher import WARPS_PER_BLOCK, Tuning, _grid, _warp_words, query_tables
@@ -231,6 +231,7 @@ class Executor:
         self._state = cp.empty(0, cp.uint64)  # the warps' stacks, reused from batch to batch
         self._seeds = Staging()  # a search's one upload, and its read-back
         self._match_at = kernel("matcher", "match_at")
+        self._launch = None  # match_at's DirectLaunch, made with the first MVG's view
 
     def prepare(self, query: ContinuousQuery, timed: bool = False) -> PreparedQuery:
         """The query's tables, and match_at's grid for its depth: reading the device's attributes
@@ -356,8 +357,7 @@ class Executor:
         """Search the seeds (ts: under event time, the ts of their arcs a -> b and b -> a): (matches
         per seed, valid until the next search; [(rows, seed index) per drain])."""
         S = len(seq)
-        fn = self._match_at
-        smem, blocks = self._shape(fn, grp.nmax)
+        smem, blocks = self._shape(self._match_at, grp.nmax)
         tn = self.tuning
         found = []
         # the rows match_at reads (a, b, T, table; ts out and back), then its control words and the
@@ -374,21 +374,24 @@ class Executor:
                 self._queue = cp.empty(tn.queue_tasks * structs().task, cp.uint8)
                 self._ready = cp.zeros(tn.queue_tasks, cp.int32)
             seeds = self._seeds.upload((R + 1) * S + 8, self.stream)  # the one upload
-            ctl, counts = (np.uint64(seeds.data.ptr + 8 * at) for at in (R * S, R * S + 8))  # u64* arguments
+            ctl, counts = (seeds.data.ptr + 8 * at for at in (R * S, R * S + 8))  # u64* arguments
             words = blocks * WARPS_PER_BLOCK * _warp_words(grp.nmax)
             if len(self._state) < words:  # a batch's launches end before the next batch's (its read-backs)
                 self._state = cp.empty(words, cp.uint64)
             state = self._state
             out_cap = max(32, tn.out_rows) if emit else 0
-            out = cp.empty(out_cap * grp.width, cp.int32) if emit else or_dummy(None)
+            out = cp.empty(out_cap * grp.width, cp.int32) if emit else None
+            if self._launch is None:
+                self._launch = DirectLaunch(self._match_at, 20, len(mvg.view_words()))
+            tt, tspan = (0, 0) if grp.tt is None else (grp.tt.data.ptr, grp.tspan.data.ptr)  # null: untimed
             resume = False
             while True:
                 with mvg.swap:  # the view stays valid until the launch is enqueued
-                    fn((blocks,), (WARPS_PER_BLOCK * 32,), (
-                        mvg.view(), i32(not mvg.has_edge_labels), i32(grp.nmax), grp.tables, grp.el, seeds, i64(S),
-                        ctl, self._queue, self._ready, i64(tn.queue_tasks), state, counts, i32(resume), i32(emit),
-                        out, i64(out_cap), i64(0), i64(int(tn.offload_us * 1e3)), grp.tt, grp.tspan),
-                       shared_mem=smem)
+                    self._launch(blocks, WARPS_PER_BLOCK * 32, self.stream.ptr, (
+                        int(not mvg.has_edge_labels), grp.nmax, grp.tables.data.ptr, grp.el.data.ptr, seeds.data.ptr, S,
+                        ctl, self._queue.data.ptr, self._ready.data.ptr, tn.queue_tasks, state.data.ptr,
+                        counts, int(resume), int(emit), 0 if out is None else out.data.ptr, out_cap, 0,
+                        int(tn.offload_us * 1e3), tt, tspan), mvg.view_words(), smem)
                 if not emit:
                     back = self._seeds.read_back(R * S, 8 + S, self.stream)
                     if back[CTL_STOP]:
