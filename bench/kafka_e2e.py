@@ -92,12 +92,16 @@ class FirstSeen:
         return self.seen
 
 
+PRODUCER: dict = {}  # the daemon's [kafka] producer settings (--producer)
+
+
 def daemon(bootstrap: str, queries: list[Path], backend: str, workdir: Path) -> tuple[Topics, DaemonProcess]:
     t = Topics(bootstrap)
     port = new_admin_port()
     cfg = workdir / f"{t.input}.toml"
     cfg.write_text(config_text(t, [], admin_port=port, queries={"paths": [str(q) for q in queries], "count_only": True},
-                               pipeline={"backend": backend}, log={"level": "warning"}))
+                               pipeline={"backend": backend}, log={"level": "warning"},
+                               kafka={"bootstrap": bootstrap, "group": f"g-{t.input}", "producer": PRODUCER}))
     return t, DaemonProcess(cfg, workdir / f"{t.input}.log", port)
 
 
@@ -152,7 +156,10 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=1000.0, help="updates/s of the paced runs")
     ap.add_argument("--rounds", type=int, default=128, help="rounds of the human stream in the burst")
     ap.add_argument("--per-record", type=int, default=64, help="updates a record in the burst")
+    ap.add_argument("--producer", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="the daemon's [kafka] producer settings (e.g. linger.ms=0)")
     args = ap.parse_args()
+    PRODUCER.update(kv.split("=", 1) for kv in args.producer)
     queries = [args.datasets.resolve() / "human" / "queries" / f"Q_{i}.graph" for i in range(1, args.queries + 1)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(log_path=Path(tmp) / "broker.log") as broker:
@@ -173,7 +180,8 @@ def main() -> None:
     print(f"paced: {n} records of one update at {args.rate:.0f}/s; (a) handed to the producer -> first delta "
           f"consumed, (b) the same records through one topic, no daemon, (c) the daemon's own: arrival -> "
           f"deltas acknowledged")
-    print(f"burst: {args.rounds} rounds, {args.per_record} updates a record, produced at once\n")
+    print(f"burst: {args.rounds} rounds, {args.per_record} updates a record, produced at once; daemon's producer "
+          f"settings: {PRODUCER or 'the defaults'}\n")
     print(f"{'engine':<7} {'(a) p50':>8} {'(a) p99':>8} {'(b) p50':>8} {'(b) p99':>8} {'(c) p50':>8} {'(c) p99':>8} "
           f"{'c+2b p50':>9} {'records w/ deltas':>18} {'burst upd/s':>12} {'updates':>10}")
     for backend, med, with_deltas, rate, updates in rows:

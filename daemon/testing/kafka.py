@@ -168,7 +168,11 @@ def config_text(t: Topics, query_names, *, admin_port: int, checkpoint_dir=None,
         cfg["checkpoint"] = {"dir": str(checkpoint_dir), "interval_s": 0.5}
     for section, values in overrides.items():
         cfg.setdefault(section, {}).update(values)
-    return "".join(f"[{sec}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in vals.items()) + "\n"
+    def value(v) -> str:  # a dict as an inline table (librdkafka settings: quoted dotted keys)
+        return "{ " + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items()) + " }" if isinstance(v, dict) \
+            else json.dumps(v)
+
+    return "".join(f"[{sec}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in vals.items()) + "\n"
                    for sec, vals in cfg.items())
 
 
