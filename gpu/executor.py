@@ -227,6 +227,7 @@ class Executor:
         self.tuning = tuning or Tuning(**EX_TUNING)
         self._queue = self._ready = None
         self._groups: dict[tuple, _Group] = {}
+        self._last: tuple = (None, [])  # the last query list groups() was given, and its answer
         self._shapes: dict[int, tuple[int, int]] = {}  # depth -> (shared bytes, blocks) of match_at
         self._state = cp.empty(0, cp.uint64)  # the warps' stacks, reused from batch to batch
         self._seeds = Staging()  # a search's one upload, and its read-back
@@ -266,12 +267,16 @@ class Executor:
 
     def groups(self, queries: list[PreparedQuery]) -> list[tuple[list[int], _Group]]:
         """(positions in queries, their _Group) of the count-only queries, then of the materialized
-        ones; built on first use and kept (GpuEngine.warm builds them before a stream)."""
+        ones; built on first use and kept (GpuEngine.warm builds them before a stream). The pipeline
+        hands the same list batch after batch until the queries change: its answer is kept too."""
+        if queries is self._last[0]:
+            return self._last[1]
         out = []
         for count_only in (True, False):
             rows = [i for i, pq in enumerate(queries) if pq.count_only == count_only]
             if rows:
                 out.append((rows, self._group([queries[i] for i in rows])))
+        self._last = (queries, out)
         return out
 
     def _matches(self, mvg, grp: _Group, batch: UpdateBatch, labels, select, emit: bool) -> dict[str, Matches]:

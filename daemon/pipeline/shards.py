@@ -217,7 +217,7 @@ class ShardChange(Marker):
         work = pipe.shards
         work.lose(self.lose)
         if self.gain:
-            batch, part, self.gaps = work.gain(self.gain, list(pipe.queries.values()))
+            batch, part, self.gaps = work.gain(self.gain, pipe.registered().pairs)
             if batch is not None:
                 self.rematched = len(np.unique(np.concatenate([part.work.edge_seq, part.work.vertex_seq])))
-                self.result = BatchResult(batch, pipe.match_now(batch, part), time.monotonic(), follows=False)
+                self.result = BatchResult(batch, pipe.match_now(part), time.monotonic(), follows=False)

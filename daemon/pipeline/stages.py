@@ -111,6 +111,19 @@ class Part(NamedTuple):
     vertices: np.ndarray | None = None
 
 
+class Registered:
+    """The registered queries as the stages use them: built when they change, not per batch (with a
+    hundred queries, a small batch looped over them five times, a third of its host time)."""
+
+    def __init__(self, queries: dict[str, tuple]):
+        self.pairs = list(queries.values())  # (ContinuousQuery, the engine's form or None), in registration order
+        self.index = {cq.name: i for i, (cq, _pq) in enumerate(self.pairs)}
+        self.searched = [i for i, (_cq, pq) in enumerate(self.pairs) if pq is not None]
+        self.prepared = [self.pairs[i][1] for i in self.searched]  # what the engine searches (one list: engines cache by it)
+        self.singles = [i for i, (_cq, pq) in enumerate(self.pairs) if pq is None]  # one vertex: matched here
+        self.empty = canonical([(cq, None) for cq, _pq in self.pairs], None)  # each query's deltas when it has none
+
+
 class Marker:
     """A point in the record stream; `seq` is set to the first sequence number after it."""
 
@@ -232,6 +245,7 @@ class Pipeline:
         self.queue_depth, self.threaded = max(queue_depth, executor_lag + 1), threaded
         self.executor_lag = executor_lag
         self.queries: dict[str, tuple] = {}  # name -> (ContinuousQuery, the engine's form); executor stage
+        self._registered: Registered | None = None  # of self.queries, made again when they change
         self.stats = Stats()
         self.queues: dict[str, queue.Queue] = {}  # between the stages, while running threaded
         self.shards = None  # a ShardWork when a cluster splits the matching (pipeline/shards.py): all matched here
@@ -258,6 +272,7 @@ class Pipeline:
             check_distinct(q, name)
         cq = continuous_query(name, q, self.vertices.labels, count_only, distinct)
         self.queries[name] = (cq, self.engine.prepare(cq) if q.n > 1 else None)
+        self._registered = None
 
     def warm(self) -> None:
         """Have the engine build what the first batch's search of the registered queries would
@@ -267,7 +282,14 @@ class Pipeline:
             self.engine.warm(prepared)
 
     def remove_query(self, name: str) -> bool:
+        self._registered = None
         return self.queries.pop(name, None) is not None
+
+    def registered(self) -> Registered:
+        """The queries registered now (executor stage)."""
+        if self._registered is None:
+            self._registered = Registered(self.queries)
+        return self._registered
 
     def query_names(self) -> list[str]:
         return list(self.queries)
@@ -376,54 +398,56 @@ class Pipeline:
                 while not (self._gu_done or self._applied_batches > index + self.executor_lag or full()):
                     self._applied.wait(0.05)
         self.stats.max_ahead = max(self.stats.max_ahead, self._applied_batches - index - 1)
-        registered = list(self.queries.values())
+        reg = self.registered()
         if self.shards is None:
-            part = Part(batch, registered)
+            part = Part(batch, reg.pairs)
         else:
-            part = self.shards.select(batch, registered)
+            part = self.shards.select(batch, reg.pairs)
             self.gc.hold(self.shards.hold_seq)
-        return batch, registered, part, self._submit(part)
+        return batch, reg, part, self._submit(part, reg)
 
-    def _submit(self, part: Part | None):
-        """Submit the part's ops for its queries of two vertices or more: the pending search, or None."""
-        if part is None:
-            return None
-        searched = [i for i, (_cq, pq) in enumerate(part.queries) if pq is not None]
-        if not searched:
+    def _submit(self, part: Part | None, reg: Registered):
+        """Submit the part's ops (its queries: reg's) for the queries of two vertices or more: the
+        pending search, or None."""
+        if part is None or not reg.searched:
             return None
         select = part.edges
-        if select is not None and len(searched) < len(part.queries):
-            select = select[searched]
-        return self.engine.submit(part.work, [part.queries[i][1] for i in searched], select)
+        if select is not None and len(reg.searched) < len(reg.pairs):
+            select = select[reg.searched]
+        return self.engine.submit(part.work, reg.prepared, select)
 
-    def _deltas(self, batch: UpdateBatch, registered, part: Part | None, pending) -> list[QueryDeltas]:
+    def _deltas(self, reg: Registered, part: Part | None, pending) -> list[QueryDeltas]:
         """Every registered query's deltas for the batch, in registration order (a query whose
-        shards hold none of its ops has none)."""
-        labels = self.vertices.labels
-        found = {}
-        if part is not None:
-            matches = pending.result() if pending is not None else {}
-            for i, (cq, pq) in enumerate(part.queries):
-                if pq is not None:
-                    found[cq.name] = matches.get(cq.name)
-                else:
-                    found[cq.name] = vertex_matches(cq, part.work, labels,
-                                                    None if part.vertices is None else part.vertices[i])
-        return canonical([(cq, found.get(cq.name)) for cq, _pq in registered], part.work if part else batch)
+        shards hold none of its ops has none): the queries with matches put in canonical order,
+        the others' empty deltas as they were made at registration."""
+        out = list(reg.empty)
+        if part is None:
+            return out
+        matches = pending.result() if pending is not None else {}
+        found = [(reg.index[name], m) for name, m in matches.items() if m is not None]
+        for i in reg.singles:
+            m = vertex_matches(reg.pairs[i][0], part.work, self.vertices.labels,
+                               None if part.vertices is None else part.vertices[i])
+            if m is not None:
+                found.append((i, m))
+        for (i, _m), d in zip(found, canonical([(reg.pairs[i][0], m) for i, m in found], part.work)):
+            out[i] = d
+        return out
 
-    def match_now(self, batch: UpdateBatch, part: Part) -> list[QueryDeltas]:
+    def match_now(self, part: Part) -> list[QueryDeltas]:
         """Match ops of batches applied earlier, each at its own timestamp (a gained shard's
-        re-match): `part` as ShardWork gives it, `batch` knows every op's record; from the
-        executor stage, while their versions are held."""
-        return self._deltas(batch, list(self.queries.values()), part, self._submit(part))
+        re-match): `part` as ShardWork gives it for the queries registered now; from the executor
+        stage, while their versions are held."""
+        reg = self.registered()
+        return self._deltas(reg, part, self._submit(part, reg))
 
     def _output(self, item, on_result) -> None:
         """Wait for a batch's matches, put them in canonical order and hand them on (stream order)."""
         if isinstance(item, Marker):
             on_result(item)
             return
-        b, registered, part, pending = item
-        deltas = self._deltas(b, registered, part, pending)
+        b, reg, part, pending = item
+        deltas = self._deltas(reg, part, pending)
         now = time.monotonic()
         on_result(BatchResult(b, deltas, now))
         self.stats.records += b.records
