@@ -54,13 +54,14 @@ class DeltaEncoder:
     def ext_ids(self) -> np.ndarray:
         """Every vertex's id by internal id (and unfilled room past them: matches never name it)."""
         ext_ids, n = self.vertices.ext_ids, self._n
-        if len(ext_ids) > n:  # vertices created by the stream
-            if len(ext_ids) > len(self._ext):
-                grown = np.empty(max(len(ext_ids), 2 * n), self._ext.dtype)
+        m = len(ext_ids)  # once: the updater may add vertices meanwhile (the encoder may run on another thread)
+        if m > n:  # vertices created by the stream
+            if m > len(self._ext):
+                grown = np.empty(max(m, 2 * n), self._ext.dtype)
                 grown[:n] = self._ext[:n]
                 self._ext = grown
-            self._ext[n: len(ext_ids)] = ext_ids[n:]
-            self._n = len(ext_ids)
+            self._ext[n:m] = ext_ids[n:m]
+            self._n = m
         return self._ext
 
     def _no_vertices(self, n: int) -> pa.Array:
