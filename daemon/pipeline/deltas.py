@@ -64,10 +64,6 @@ class DeltaEncoder:
             self._n = m
         return self._ext
 
-    def _no_vertices(self, n: int) -> pa.Array:
-        """n empty vertex lists (count-only deltas)."""
-        return pa.ListArray.from_arrays(np.zeros(n + 1, np.int32), pa.array([], self.id_type))
-
     def encode(self, result, by_update: bool = False) -> Iterator[tuple[str | None, pa.RecordBatch, list[tuple]]]:
         """The batch's deltas as (query, record batch, origins in it), built one piece at a time
         as the caller takes them, so that a batch's Arrow form is never all in memory: each piece
@@ -287,8 +283,9 @@ def _numpy_copy(src, lo, hi, at, table, out) -> None:
 
 def _numpy_repeat(src, lo, hi, times, out) -> None:
     """gather.repeat_runs without numba."""
-    parts = [np.tile(src[a:b], t) for a, b, t in zip(lo.tolist(), hi.tolist(), times.tolist())]
-    out[:] = np.concatenate(parts) if parts else out
+    for a, b, t in zip(lo.tolist(), hi.tolist(), times.tolist()):
+        out[: (b - a) * t] = np.tile(src[a:b], t)
+        out = out[(b - a) * t:]
 
 
 try:
