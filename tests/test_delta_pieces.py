@@ -50,6 +50,17 @@ def written(path, batches) -> bytes:
 def test_the_file_is_the_bytes_of_a_row_by_row_encoding(tmp_path, seed, batch_size):
     """The encoder's pieces, written as replay writes them, against the same deltas encoded a
     Python object per row; the reference itself checked against brute force."""
+    check_the_bytes(tmp_path, seed, batch_size)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_without_numba_the_file_is_the_same_bytes(tmp_path, monkeypatch, seed):
+    monkeypatch.setattr(deltas, "_copy", deltas._numpy_copy)
+    monkeypatch.setattr(deltas, "_repeat", deltas._numpy_repeat)
+    check_the_bytes(tmp_path, seed, 7)
+
+
+def check_the_bytes(tmp_path, seed, batch_size):
     qpaths, truth = make_case(tmp_path, seed, steps=60)
     names = [p.stem for p in qpaths]
     g0 = read_graph(tmp_path / "g0.graph")

@@ -16,6 +16,7 @@ import numpy as np
 from csmd.cpu.arena import graph_view
 from csmd.cpu.dfs import DONE, LIMIT, match_units, nonzero_rows, plan_units, static_step
 from csmd.cpu.plans import BACKWARD, Memo, branch_order, joined, new_state, plan_set
+from csmd.cpu.query_rows import split_rows
 from csmd.cpu.numpy_engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import MultiVersionGraph
@@ -214,8 +215,6 @@ class CompiledEngine(CpuEngine):
 
     def _matches(self, counts, found, queries: list[CompiledQuery], seq: np.ndarray) -> dict[str, Matches]:
         """The matches of a search by query: counts per (query, op), and each thread's (rows, query, op, ts)."""
-        rows, row_q, row_op, row_ts = found[0] if len(found) == 1 else (np.concatenate([f[i] for f in found])
-                                                                         for i in range(4))
         out = {}
         counted = [i for i, cq in enumerate(queries) if cq.count_only]
         if counted:  # one pass over the counts of all of them: a batch has a hundred queries, most with a few hits
@@ -224,12 +223,23 @@ class CompiledEngine(CpuEngine):
             for k, i in enumerate(counted):
                 if cuts[k] < cuts[k + 1]:
                     out[queries[i].name] = Matches(seq[op[cuts[k]:cuts[k + 1]]], counts=hits[cuts[k]:cuts[k + 1]])
-        for i, cq in enumerate(queries):
-            if not cq.count_only:
-                mine = np.flatnonzero(row_q == i)
-                if len(mine):
-                    out[cq.name] = Matches(seq[row_op[mine]], rows=np.ascontiguousarray(rows[mine, : cq.q.n]),
-                                           ts=row_ts[mine] if len(row_ts) else None)
+        # the materialised queries' rows, query after query in one buffer (each thread's in turn)
+        found = [f for f in found if len(f[1])]
+        if not found:
+            return out
+        rows = sum(np.bincount(f[1], minlength=len(queries)) for f in found)
+        width = np.array([cq.q.n for cq in queries], np.int64)
+        first, ids = np.cumsum(rows) - rows, np.cumsum(rows * width) - rows * width
+        flat, row_seq = np.empty(int((rows * width).sum()), np.int32), np.empty(int(rows.sum()), np.int64)
+        timed = len(found[0][3]) > 0
+        ts = np.empty((len(row_seq) if timed else 0, 2), np.int64)
+        filled = np.zeros(len(queries), np.int64)
+        for f in found:
+            split_rows(*f, seq, width, first, ids, filled, flat, row_seq, ts)
+        for i in np.flatnonzero(rows).tolist():
+            lo, k, n = int(first[i]), int(rows[i]), int(width[i])
+            out[queries[i].name] = Matches(row_seq[lo: lo + k], rows=flat[ids[i]: ids[i] + k * n].reshape(k, n),
+                                           ts=ts[lo: lo + k] if timed else None)
         return out
 
 

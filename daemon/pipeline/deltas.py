@@ -18,7 +18,6 @@ import pyarrow as pa
 from csmd.pipeline.sequencer import BlockRecords
 from csmd.schemas import deltas_schema
 
-from csmd.model.arrow_writer import vertex_lists
 from csmd.model.graph import id_array
 from csmd.model.time_constraints import NO_TS
 
@@ -28,6 +27,7 @@ from csmd.model.time_constraints import NO_TS
 # module constants so that tests can force small pieces.
 MAX_ROWS = 1 << 20
 MAX_VALUES = (1 << 31) - 1
+MAX_STRING_BYTES = (1 << 31) - 1  # of a string column of one piece: its int32 offsets' reach
 
 
 class DeltaEncoder:
@@ -54,18 +54,15 @@ class DeltaEncoder:
     def ext_ids(self) -> np.ndarray:
         """Every vertex's id by internal id (and unfilled room past them: matches never name it)."""
         ext_ids, n = self.vertices.ext_ids, self._n
-        if len(ext_ids) > n:  # vertices created by the stream
-            if len(ext_ids) > len(self._ext):
-                grown = np.empty(max(len(ext_ids), 2 * n), self._ext.dtype)
+        m = len(ext_ids)  # once: the updater may add vertices meanwhile (the encoder may run on another thread)
+        if m > n:  # vertices created by the stream
+            if m > len(self._ext):
+                grown = np.empty(max(m, 2 * n), self._ext.dtype)
                 grown[:n] = self._ext[:n]
                 self._ext = grown
-            self._ext[n: len(ext_ids)] = ext_ids[n:]
-            self._n = len(ext_ids)
+            self._ext[n:m] = ext_ids[n:m]
+            self._n = m
         return self._ext
-
-    def _no_vertices(self, n: int) -> pa.Array:
-        """n empty vertex lists (count-only deltas)."""
-        return pa.ListArray.from_arrays(np.zeros(n + 1, np.int32), pa.array([], self.id_type))
 
     def encode(self, result, by_update: bool = False) -> Iterator[tuple[str | None, pa.RecordBatch, list[tuple]]]:
         """The batch's deltas as (query, record batch, origins in it), built one piece at a time
@@ -73,163 +70,230 @@ class DeltaEncoder:
         at most MAX_ROWS rows and MAX_VALUES vertex ids. By query (the output topic's records,
         keyed by query), or by_update: in the file's order, by update, then query, then match
         (query None). The ids are numbered here, before the first piece is taken."""
-        rows = self._rows(result)
-        return iter(()) if rows is None else rows.pieces(self, by_update)
+        runs = self._runs(result)
+        return iter(()) if runs is None else runs.pieces(self, by_update)
 
-    def _rows(self, result) -> _Rows | None:
-        """The batch's deltas as numpy arrays, one entry per row, by query (None: no deltas)."""
+    def _runs(self, result) -> _Runs | None:
+        """The batch's deltas as runs, by query then update (None: no deltas)."""
         parts = [d for d in result.deltas if len(d.seq)]
         if not parts:
             return None
-        record_of = result.batch.record_of
-        bounds = np.cumsum([0] + [len(d.seq) for d in parts])
-        n = int(bounds[-1])
-        seq = np.concatenate([d.seq for d in parts])
-        # the records of the distinct updates (far fewer than the rows: every query's deltas of an
-        # update name it), and a code per distinct origin, so the per-row work is numpy's
-        useq, inv = np.unique(seq, return_inverse=True)
-        inv = inv.reshape(-1)  # numpy 2 may shape it like seq's input
-        ucode, origins, usource, contexts = _records(record_of, useq)
-        code = ucode[inv]
-        # index: position within each run of equal origins of a query, continuing the run that
-        # the query's previous batch ended with
-        new = np.ones(n, bool)
-        new[1:] = code[1:] != code[:-1]
-        new[bounds[:-1]] = True
-        starts = np.flatnonzero(new)
-        index = np.arange(n, dtype=np.int64) - np.repeat(starts, np.diff(np.append(starts, n)))
-        runs = np.searchsorted(starts, bounds)  # the query's runs: starts[runs[i]:runs[i + 1]]
+        starts = [_run_starts(d.seq) for d in parts]  # a query's rows are in update order
+        part = np.repeat(np.arange(len(parts)), [len(x) for x in starts])
+        lo = np.concatenate(starts)
+        hi = np.concatenate([np.append(x[1:], len(d.seq)) for x, d in zip(starts, parts)])
+        # the distinct updates (far fewer than the rows: every query's deltas of an update name it),
+        # their records, and a code per distinct origin
+        useq, upd = np.unique(np.concatenate([d.seq[x] for x, d in zip(starts, parts)]), return_inverse=True)
+        upd = upd.reshape(-1)  # numpy 2 may shape it like its input
+        ucode, origins, usource, contexts = _records(result.batch.record_of, useq)
+        code = ucode[upd]
+        # index: a row's position within its query's run of equal origins (runs of rows of one
+        # update, then of consecutive ones of one record), continuing the run that the query's
+        # previous batch ended with
+        n = hi - lo
+        new = np.ones(len(lo), bool)
+        new[1:] = (part[1:] != part[:-1]) | (code[1:] != code[:-1])
+        group = np.cumsum(new) - 1
+        before = np.cumsum(n) - n
+        index = before - before[new][group]
+        first = np.searchsorted(part, np.arange(len(parts) + 1))  # query i's runs: first[i]:first[i + 1]
+        carry = np.zeros(len(new), np.int64)  # per group
         for i, d in enumerate(parts if result.follows else ()):  # a re-match neither reads nor moves the carry
-            lo, hi = bounds[i], bounds[i + 1]
-            last_origin, carry = self._last.get(d.name, (None, 0))
-            if origins[code[lo]] == last_origin:
-                index[lo: starts[runs[i] + 1] if runs[i] + 1 < runs[i + 1] else hi] += carry
-            self._last[d.name] = (origins[code[hi - 1]], int(index[hi - 1]) + 1)
-        return _Rows(parts, bounds, seq, inv, code, index, origins, usource, contexts)
+            f, last = first[i], first[i + 1] - 1
+            last_origin, count = self._last.get(d.name, (None, 0))
+            if origins[code[f]] == last_origin:
+                carry[group[f]] = count
+            self._last[d.name] = (origins[code[last]], int(index[last] + carry[group[last]] + n[last]))
+        index += carry[group]
+        return _Runs(parts, part, lo, hi, first, useq, upd, code, index, origins, usource, contexts)
 
-    def _context(self, contexts: list | None, inv: np.ndarray) -> list[pa.Array]:
-        """The key, headers and fields columns of the rows, from the contexts of the distinct
-        updates (None: none has one, the common case: no step per update)."""
+    def _context(self, contexts: list | None, upd: np.ndarray, n: np.ndarray) -> list[pa.Array]:
+        """The key, headers and fields columns of the rows of runs of n rows of updates upd, from
+        the contexts of the distinct updates (None: none has one, the common case: no step per
+        update)."""
         headers, fields = self._map_types
         if contexts is None:
-            n = len(inv)
-            return [pa.nulls(n, pa.binary()), _maps(self.carry_headers, None, n, headers),
-                    _maps(self.carry_fields, None, n, fields)]
+            k = int(n.sum())
+            return [pa.nulls(k, pa.binary()), _maps(self.carry_headers, None, k, headers),
+                    _maps(self.carry_fields, None, k, fields)]
         cs = [c or (None, None, None) for c in contexts]
+        inv = np.repeat(upd, n)
         return [col.take(inv) for col in (
             pa.array([c[0] for c in cs], pa.binary()), _maps(self.carry_headers, [c[1] for c in cs], len(cs), headers),
             _maps(self.carry_fields, [c[2] for c in cs], len(cs), fields))]
 
 
-class _Rows:
-    """A batch's deltas as numpy arrays, one entry per row, by query (parts[i]'s rows are
-    bounds[i]:bounds[i + 1]): the row's update (inv: into the distinct updates, whose sources are
-    usource and contexts contexts), its origin (code: into origins), its index, and its match's
-    ts_min and ts_max (ts: the two columns; None where no query's deltas have a ts)."""
+class _Runs:
+    """A batch's deltas as runs: a query's rows of one update, parts[part[r]]'s rows lo[r]:hi[r],
+    by query then update (query i's runs are first[i]:first[i + 1]). Each run's update (upd:
+    into the distinct updates useq, whose sources are usource and contexts contexts), its origin
+    (code: into origins) and the index of its first row. Every column of the deltas is a copy
+    or a repeat of slices of these: no step per row outside compiled code."""
 
-    def __init__(self, parts, bounds, seq, inv, code, index, origins, usource, contexts):
-        self.parts, self.bounds, self.seq, self.inv, self.code, self.index = parts, bounds, seq, inv, code, index
-        self.origins, self.usource, self.contexts = origins, usource, contexts
-        self.sign = np.concatenate([d.sign for d in parts])
-        self.count = np.concatenate([np.ones(len(d.seq), np.int64) if d.rows is not None else d.counts for d in parts])
+    def __init__(self, parts, part, lo, hi, first, useq, upd, code, index, origins, usource, contexts):
+        self.parts, self.part, self.lo, self.hi, self.first = parts, part, lo, hi, first
+        self.useq, self.upd, self.code, self.index = useq, upd, code, index
+        self.origins, self.contexts = origins, contexts
+        self.sign = np.concatenate([d.sign[lo[first[i]: first[i + 1]]] for i, d in enumerate(parts)])
         self.width = np.array([0 if d.rows is None else d.rows.shape[1] for d in parts], np.int64)  # ids a row
-        # column by column: a transposed copy of the (rows, 2) pairs took four times as long
-        self.ts = None if all(d.ts is None for d in parts) else tuple(np.concatenate(
-            [np.full(len(d.seq), NO_TS, np.int64) if d.ts is None else d.ts[:, c] for d in parts]) for c in (0, 1))
-        self.qcode = np.repeat(np.arange(len(parts), dtype=np.int32), np.diff(bounds))  # each row's query
-        self.names = pa.array([d.name for d in parts], pa.string())
-        # each origin's input, partition and offset, which the rows take by their code
-        self.inputs = pa.array([o[0] for o in origins], pa.string())
+        self.timed = any(d.ts is not None for d in parts)
+        self.names = _strings(pa.array([d.name for d in parts], pa.string()))
+        self.sources = _strings(usource)
+        # each origin's input, partition and offset, which the runs take by their code
+        self.inputs = _strings(pa.array([o[0] for o in origins], pa.string()))
         self.partitions = np.array([o[1] for o in origins], np.int32)
         self.offsets = np.array([o[2] for o in origins], np.int64)
 
     def pieces(self, enc: DeltaEncoder, by_update: bool):
-        if not by_update:  # each query's rows, contiguous: their vertices are a gather of its matches
-            for i, d in enumerate(self.parts):
-                first = int(self.bounds[i])
-                for lo, hi in _cuts(np.arange(1, len(d.seq) + 1) * self.width[i]):
-                    vertices = enc._no_vertices(hi - lo) if d.rows is None else \
-                        vertex_lists(enc.ext_ids(), d.rows[lo:hi], enc.id_type)
-                    yield d.name, self._batch(enc, slice(first + lo, first + hi), vertices), \
-                        self._origins(slice(first + lo, first + hi))
+        if by_update:  # stable: the queries' order within an update
+            yield from self._pieces(enc, np.argsort(self.upd, kind="stable"), None)
             return
-        # by update (stable: the queries' order within an update, each query's rows in order); its
-        # rows' matches gathered from one flat array of them all
-        order = np.argsort(self.inv, kind="stable")
-        widths = np.repeat(self.width, np.diff(self.bounds))
-        flat = np.concatenate([d.rows.reshape(-1) for d in self.parts if d.rows is not None] or [np.zeros(0, np.int32)])
-        start = np.concatenate(([0], np.cumsum(widths)[:-1]))  # each row's first id in flat
-        for lo, hi in _cuts(np.cumsum(widths[order])):
-            at = order[lo:hi]
-            ext = enc.ext_ids()  # string ids are objects, which numba cannot gather
-            offsets, values = (_numpy_gather if ext.dtype == object else _gather)(flat, start, widths, at, ext)
-            values = pa.array(values, enc.id_type)
-            yield None, self._batch(enc, at, pa.ListArray.from_arrays(offsets, values, pa.list_(enc.id_type))), \
-                self._origins(at)
+        for i, d in enumerate(self.parts):
+            yield from self._pieces(enc, np.arange(self.first[i], self.first[i + 1]), d.name)
 
-    def _origins(self, at) -> list[tuple]:
-        """The distinct origins of the rows `at` (a slice or indices), in their order."""
-        c = self.code[at]
-        return [self.origins[x] for x in c[np.append(True, c[1:] != c[:-1])].tolist()]
+    def _pieces(self, enc: DeltaEncoder, order: np.ndarray, name: str | None):
+        """(name, record batch, origins) of the rows of the runs `order`, in that order, cut into
+        consecutive pieces of at most MAX_ROWS rows and MAX_VALUES vertex ids."""
+        n = (self.hi - self.lo)[order]
+        width = self.width[self.part[order]]
+        rows, ids = np.cumsum(n), np.cumsum(n * width)  # up to each run's end
+        total, r0 = int(rows[-1]), 0
+        while r0 < total:
+            s = np.searchsorted(rows, r0, "right")  # row r0's run
+            limit = int(ids[s] - (rows[s] - r0) * width[s]) + MAX_VALUES  # the ids before r0, and a piece's
+            t = np.searchsorted(ids, limit, "right")  # the first run past the limit: some of its rows fit
+            r1 = total if t == len(n) else int(rows[t] - n[t] + (limit - (ids[t] - n[t] * width[t])) // width[t])
+            r1 = min(r0 + MAX_ROWS, r1)
+            runs = order[s: np.searchsorted(rows, r1 - 1, "right") + 1]  # the piece's, the first and last cut
+            lo, hi, index = self.lo[runs], self.hi[runs], self.index[runs]  # copies
+            cut = r0 - int(rows[s] - n[s])
+            lo[0] += cut
+            index[0] += cut
+            hi[-1] -= rows[s + len(runs) - 1] - r1
+            yield name, self._batch(enc, runs, lo, hi, index), self._origins(self.code[runs])
+            r0 = r1
 
-    def _batch(self, enc: DeltaEncoder, at, vertices: pa.Array) -> pa.RecordBatch:
-        """The record batch of the rows `at` (a slice or indices)."""
-        code = self.code[at]
+    def _origins(self, code: np.ndarray) -> list[tuple]:
+        """The distinct origins of runs of these codes, in their order."""
+        return [self.origins[x] for x in code[np.append(True, code[1:] != code[:-1])].tolist()]
+
+    def _batch(self, enc: DeltaEncoder, runs, lo, hi, index) -> pa.RecordBatch:
+        """The record batch of the rows lo:hi of the runs `runs`, the first numbered index."""
+        n = hi - lo
+        k = int(n.sum())
+        at = np.cumsum(n) - n  # each run's first row in the batch
+        part, upd, code = self.part[runs], self.upd[runs], self.code[runs]
         return pa.record_batch([
-            self.names.take(self.qcode[at]),
-            pa.array(self.sign[at], pa.int8()),
-            pa.array(self.seq[at], pa.int64()),
-            self.usource.take(self.inv[at]),
-            vertices,
-            pa.array(self.count[at], pa.int64()),
-            self.inputs.take(code),
-            pa.array(self.partitions[code], pa.int32()),
-            pa.array(self.offsets[code], pa.int64()),
-            pa.array(self.index[at], pa.int64()),
-            *enc._context(self.contexts, self.inv[at]),
-            *_ts_columns(self.ts, at, len(code)),
+            _repeated(self.names, part, n),
+            pa.array(np.repeat(self.sign[runs], n), pa.int8()),
+            pa.array(np.repeat(self.useq[upd], n), pa.int64()),
+            _repeated(self.sources, upd, n),
+            self._vertices(enc, part, lo, hi),
+            pa.array(self._counts(part, lo, hi, at, k), pa.int64()),
+            _repeated(self.inputs, code, n),
+            pa.array(np.repeat(self.partitions[code], n), pa.int32()),
+            pa.array(np.repeat(self.offsets[code], n), pa.int64()),
+            pa.array(np.arange(k, dtype=np.int64) + np.repeat(index - at, n), pa.int64()),
+            *enc._context(self.contexts, upd, n),
+            *self._ts(part, lo, hi, at, k),
         ], schema=enc.schema)
 
+    def _vertices(self, enc: DeltaEncoder, part, lo, hi) -> pa.Array:
+        """The rows' matches as a list array of external ids, copied run by run."""
+        width = self.width[part]
+        offsets = np.zeros(int((hi - lo).sum()) + 1, np.int32)
+        np.cumsum(np.repeat(width.astype(np.int32), hi - lo), out=offsets[1:])
+        ext = enc.ext_ids()  # string ids are objects, which numba cannot copy: internal ids first
+        values = np.empty(int(offsets[-1]), np.int32 if ext.dtype == object else ext.dtype)
+        at = offsets[np.cumsum(hi - lo) - (hi - lo)]
+        for p in np.unique(part[width > 0]).tolist():
+            mine, w = part == p, int(self.width[p])
+            _copy(self.parts[p].rows.reshape(-1), lo[mine] * w, hi[mine] * w, at[mine],
+                  _NO_TABLE if ext.dtype == object else ext, values)
+        return pa.ListArray.from_arrays(offsets, pa.array(ext[values] if ext.dtype == object else values, enc.id_type),
+                                        pa.list_(enc.id_type))
 
-def _ts_columns(ts: tuple | None, at, n: int) -> list[pa.Array]:
-    """The ts_min and ts_max columns of the n rows `at` (ts: _Rows.ts), null where a match has no
-    ts (NO_TS); without ts, one array of nulls for both (no numpy pass over the rows)."""
-    if ts is None:
-        none = pa.nulls(n, pa.int64())
-        return [none, none]
-    out = []
-    for col in ts:
-        values = np.ascontiguousarray(col[at])
-        valid = values != NO_TS
-        # the validity bitmap packed by numpy: pa.array(values, mask=...) took five times as long
-        bits = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
-        out.append(pa.Array.from_buffers(pa.int64(), len(values), [bits, pa.py_buffer(values)]))
-    return out
+    def _counts(self, part, lo, hi, at, k: int) -> np.ndarray:
+        """The count column: 1 a match, a count-only query's counts copied run by run."""
+        out = np.ones(k, np.int64)
+        for p in np.unique(part).tolist():
+            if self.parts[p].rows is None:
+                mine = part == p
+                _copy(self.parts[p].counts, lo[mine], hi[mine], at[mine], _NO_TABLE, out)
+        return out
+
+    def _ts(self, part, lo, hi, at, k: int) -> list[pa.Array]:
+        """The ts_min and ts_max columns, null where a match has no ts (NO_TS); without ts, one
+        array of nulls for both (no numpy pass over the rows)."""
+        if not self.timed:
+            none = pa.nulls(k, pa.int64())
+            return [none, none]
+        out = []
+        for c in (0, 1):
+            values = np.full(k, NO_TS, np.int64)
+            for p in np.unique(part).tolist():
+                ts = self.parts[p].ts
+                if ts is not None:
+                    mine = part == p
+                    _copy(ts[:, c], lo[mine], hi[mine], at[mine], _NO_TABLE, values)
+            valid = values != NO_TS
+            # the validity bitmap packed by numpy: pa.array(values, mask=...) took five times as long
+            bits = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+            out.append(pa.Array.from_buffers(pa.int64(), k, [bits, pa.py_buffer(values)]))
+        return out
 
 
-def _cuts(values: np.ndarray):
-    """(lo, hi) of consecutive pieces of rows, each at most MAX_ROWS rows and MAX_VALUES vertex
-    ids, given the rows' running count of ids."""
-    lo, n = 0, len(values)
-    while lo < n:
-        before = int(values[lo - 1]) if lo else 0
-        hi = min(lo + MAX_ROWS, int(np.searchsorted(values, before + MAX_VALUES, "right")))
-        yield lo, hi
-        lo = hi
+def _run_starts(seq: np.ndarray) -> np.ndarray:
+    """Where each run of equal values of seq starts."""
+    new = np.empty(len(seq), bool)
+    new[:1] = True
+    np.not_equal(seq[1:], seq[:-1], out=new[1:])
+    return np.flatnonzero(new)
 
 
-def _numpy_gather(flat, start, widths, at, table) -> tuple[np.ndarray, np.ndarray]:
-    """gather.gather_ids without numba."""
-    w = widths[at]
-    offsets = np.zeros(len(at) + 1, np.int64)
-    np.cumsum(w, out=offsets[1:])
-    return offsets.astype(np.int32), table[flat[np.repeat(start[at] - offsets[:-1], w) + np.arange(offsets[-1])]]
+def _strings(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """An Arrow string array's offsets and bytes, as numpy views of its buffers."""
+    _, offsets, data = arr.buffers()
+    return (np.frombuffer(offsets, np.int32)[arr.offset: arr.offset + len(arr) + 1],
+            np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8))
+
+
+def _repeated(strings: tuple[np.ndarray, np.ndarray], codes: np.ndarray, n: np.ndarray) -> pa.Array:
+    """A string array of n[r] times string codes[r] of `strings` (_strings) for each run r."""
+    offsets, data = strings
+    lo, hi = offsets[codes], offsets[codes + 1]
+    if int(((hi - lo) * n).sum()) > MAX_STRING_BYTES:
+        raise OverflowError(f"{int(n.sum())} deltas hold over {MAX_STRING_BYTES} bytes of one string column")
+    out_offsets = np.zeros(int(n.sum()) + 1, np.int32)
+    np.cumsum(np.repeat(hi - lo, n), out=out_offsets[1:])
+    out = np.empty(int(out_offsets[-1]), np.uint8)
+    _repeat(data, lo, hi, n, out)
+    return pa.Array.from_buffers(pa.string(), len(out_offsets) - 1, [None, pa.py_buffer(out_offsets),
+                                                                     pa.py_buffer(out)])
+
+
+def _numpy_copy(src, lo, hi, at, table, out) -> None:
+    """gather.copy_runs without numba."""
+    n = hi - lo
+    into = np.repeat(at - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
+    got = src[np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()))]
+    out[into] = table[got] if len(table) else got
+
+
+def _numpy_repeat(src, lo, hi, times, out) -> None:
+    """gather.repeat_runs without numba."""
+    for a, b, t in zip(lo.tolist(), hi.tolist(), times.tolist()):
+        out[: (b - a) * t] = np.tile(src[a:b], t)
+        out = out[(b - a) * t:]
 
 
 try:
-    from csmd.pipeline.gather import gather_ids as _gather
-except ImportError:  # no numba: the same in numpy, several passes over the ids
-    _gather = _numpy_gather
+    from csmd.pipeline.gather import copy_runs as _copy, repeat_runs as _repeat
+except ImportError:  # no numba: the same in numpy, several passes over the values
+    _copy, _repeat = _numpy_copy, _numpy_repeat
+
+_NO_TABLE = np.zeros(0, np.int64)  # _copy's table: the values themselves
 
 
 _NO_ENTRIES: dict = {}  # per map type, its empty entries

@@ -1,7 +1,9 @@
-"""The compiled gather of a batch's matches into one Arrow list column (DeltaEncoder, by update).
+"""Compiled fills of the delta columns from runs of rows (DeltaEncoder).
 
-numpy needs a repeat, an arange and two gathers over every vertex id for rows of several
-widths in an arbitrary order (some 10 ns an id on the yeast stream); one pass here.
+A batch's deltas are runs: each query's rows of one update, contiguous in that query's
+arrays, so the Arrow columns are copies and repeats of slices, never a gather by row.
+numpy needs a repeat, an arange and a gather over every value for that (some 10 ns an id
+on the yeast stream); one pass here, without the GIL.
 """
 
 from __future__ import annotations
@@ -11,22 +13,32 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
-def gather_ids(flat, start, widths, at, table):
-    """The list offsets and values of rows `at`: row r is flat[start[r]:start[r] + widths[r]],
-    its ids mapped through table."""
-    k = len(at)
-    offsets = np.empty(k + 1, np.int32)
-    total = 0
-    for i in range(k):
-        offsets[i] = total
-        total += widths[at[i]]
-    offsets[k] = total
-    out = np.empty(total, table.dtype)
-    p = 0
-    for i in range(k):
-        r = at[i]
-        s = start[r]
-        for j in range(widths[r]):
-            out[p] = table[flat[s + j]]
+def copy_runs(src, lo, hi, at, table, out):
+    """out[at[s]:at[s] + hi[s] - lo[s]] = src[lo[s]:hi[s]] for each run s, mapped through table
+    (empty: not mapped)."""
+    mapped = len(table) > 0
+    for s in range(len(lo)):
+        p = at[s]
+        for j in range(lo[s], hi[s]):
+            out[p] = table[src[j]] if mapped else src[j]
             p += 1
-    return offsets, out
+
+
+@njit(cache=True, nogil=True)
+def repeat_runs(src, lo, hi, times, out):
+    """src[lo[s]:hi[s]] times[s] times over, for each run s in turn, into out: the first copy,
+    then what is written so far doubled (a run's strings are a few bytes repeated thousands of
+    times: a copy a repeat took three times as long)."""
+    p = 0
+    for s in range(len(lo)):
+        size = hi[s] - lo[s]
+        total = size * times[s]
+        if not total:
+            continue
+        out[p: p + size] = src[lo[s]: hi[s]]
+        done = size
+        while done < total:
+            c = min(done, total - done)
+            out[p + done: p + done + c] = out[p: p + c]
+            done += c
+        p += total

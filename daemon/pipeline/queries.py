@@ -73,7 +73,7 @@ def canonical(found: list[tuple[ContinuousQuery, Matches | None]], batch: Update
                 QueryDeltas(cq.name, _NO_SEQ, _NO_SIGN, _no_rows(cq.q.n), 0, 0)
         elif m.rows is not None:
             rows, seq = m.rows, np.asarray(m.seq, np.int64)
-            order = np.lexsort(_packed(rows) + (seq,))
+            order = _order(rows, seq)
             rows, seq = rows[order], seq[order]
             sign = _signs(batch, seq)
             out[i] = QueryDeltas(cq.name, seq, sign, rows, int((sign > 0).sum()), int((sign < 0).sum()),
@@ -95,6 +95,17 @@ def canonical(found: list[tuple[ContinuousQuery, Matches | None]], batch: Update
             out[i] = QueryDeltas(found[i][0].name, seq[lo:hi], sign[lo:hi], None, int(plus[hi] - plus[lo]),
                                  int(minus[hi] - minus[lo]), counts[lo:hi])
     return out
+
+
+def _numpy_order(rows: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """row_order.canonical_order without numba."""
+    return np.lexsort(_packed(rows) + (seq,))
+
+
+try:
+    from csmd.pipeline.row_order import canonical_order as _order
+except ImportError:  # no numba
+    _order = _numpy_order
 
 
 def _packed(rows: np.ndarray) -> tuple[np.ndarray, ...]:

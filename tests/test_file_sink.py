@@ -1,0 +1,48 @@
+"""FileSink writes on a thread of its own: in order, acknowledged once written, failures raised."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from csmd.connectors.files import FileSink
+
+SCHEMA = pa.schema([("x", pa.int64())])
+
+
+def piece(x: int) -> pa.RecordBatch:
+    return pa.record_batch([pa.array([x, x + 1])], schema=SCHEMA)
+
+
+def test_the_writes_land_in_order_each_acknowledged_after_it_is_written(tmp_path):
+    sink, acked = FileSink(tmp_path / "out.arrow", SCHEMA), []
+
+    def items(w):  # taken later, on the sink's thread
+        for i in range(2):
+            yield None, piece(10 * w + i), [(w, i)]
+
+    for w in range(3):
+        sink.write(items(w), acked.extend)
+    sink.close()
+    f = ipc.open_file(tmp_path / "out.arrow")
+    assert [f.get_batch(i).column("x").to_pylist()[0] for i in range(f.num_record_batches)] == [0, 1, 10, 11, 20, 21]
+    assert acked == [(w, i) for w in range(3) for i in range(2)]
+
+
+def test_a_failed_write_is_raised_by_the_next_write_or_by_close(tmp_path):
+    def failing():
+        yield None, piece(0), []
+        raise OSError(28, "No space left on device")
+
+    sink = FileSink(tmp_path / "out.arrow", SCHEMA)
+    sink.write(failing())
+    with pytest.raises(OSError, match="No space"):
+        sink.close()
+    sink = FileSink(tmp_path / "again.arrow", SCHEMA)
+    sink.write(failing())
+    with pytest.raises(OSError, match="No space"):  # by the third write: the second waited for the first's turn
+        for _ in range(3):
+            sink.write(iter([(None, piece(1), [])]))
+    with pytest.raises(OSError):
+        sink.close()
