@@ -28,6 +28,7 @@ from csmd.model.time_constraints import NO_TS
 MAX_ROWS = 1 << 20
 MAX_VALUES = (1 << 31) - 1
 MAX_STRING_BYTES = (1 << 31) - 1  # of a string column of one piece: its int32 offsets' reach
+SMALL_PIECE = 256  # rows: pieces up to this size reuse their all-null and empty columns (DeltaEncoder._constant)
 
 
 class DeltaEncoder:
@@ -50,6 +51,7 @@ class DeltaEncoder:
         # result to the next in stream order only: a gained shard's re-match goes back to records
         # numbered before, from their start, and the stream after it goes on from the last batch)
         self._last: dict[str, tuple[tuple, int]] = {}
+        self._columns: dict[tuple, object] = {}  # _constant's
 
     def ext_ids(self) -> np.ndarray:
         """Every vertex's id by internal id (and unfilled room past them: matches never name it)."""
@@ -108,6 +110,17 @@ class DeltaEncoder:
         index += carry[group]
         return _Runs(parts, part, lo, hi, first, useq, upd, code, index, origins, usource, contexts)
 
+    def _constant(self, k: int, what: str, make):
+        """Columns that depend only on the number of rows k (all null, no vertices), made once for
+        each small k: a Kafka record of a few deltas paid some 25 us for building them again."""
+        if k > SMALL_PIECE:
+            return make()
+        key = (k, what)
+        got = self._columns.get(key)
+        if got is None:
+            got = self._columns[key] = make()
+        return got
+
     def _context(self, contexts: list | None, upd: np.ndarray, n: np.ndarray) -> list[pa.Array]:
         """The key, headers and fields columns of the rows of runs of n rows of updates upd, from
         the contexts of the distinct updates (None: none has one, the common case: no step per
@@ -115,8 +128,9 @@ class DeltaEncoder:
         headers, fields = self._map_types
         if contexts is None:
             k = int(n.sum())
-            return [pa.nulls(k, pa.binary()), _maps(self.carry_headers, None, k, headers),
-                    _maps(self.carry_fields, None, k, fields)]
+            return list(self._constant(k, "context", lambda: (
+                pa.nulls(k, pa.binary()), _maps(self.carry_headers, None, k, headers),
+                _maps(self.carry_fields, None, k, fields))))
         cs = [c or (None, None, None) for c in contexts]
         inv = np.repeat(upd, n)
         return [col.take(inv) for col in (
@@ -196,12 +210,16 @@ class _Runs:
             pa.array(np.repeat(self.offsets[code], n), pa.int64()),
             pa.array(np.arange(k, dtype=np.int64) + np.repeat(index - at, n), pa.int64()),
             *enc._context(self.contexts, upd, n),
-            *self._ts(part, lo, hi, at, k),
+            *self._ts(enc, part, lo, hi, at, k),
         ], schema=enc.schema)
 
     def _vertices(self, enc: DeltaEncoder, part, lo, hi) -> pa.Array:
         """The rows' matches as a list array of external ids, copied run by run."""
         width = self.width[part]
+        if not width.any():  # count-only queries' rows: empty lists
+            k = int((hi - lo).sum())
+            return enc._constant(k, "vertices", lambda: pa.ListArray.from_arrays(
+                np.zeros(k + 1, np.int32), pa.array([], enc.id_type), pa.list_(enc.id_type)))
         offsets = np.zeros(int((hi - lo).sum()) + 1, np.int32)
         np.cumsum(np.repeat(width.astype(np.int32), hi - lo), out=offsets[1:])
         ext = enc.ext_ids()  # string ids are objects, which numba cannot copy: internal ids first
@@ -223,11 +241,11 @@ class _Runs:
                 _copy(self.parts[p].counts, lo[mine], hi[mine], at[mine], _NO_TABLE, out)
         return out
 
-    def _ts(self, part, lo, hi, at, k: int) -> list[pa.Array]:
+    def _ts(self, enc: DeltaEncoder, part, lo, hi, at, k: int) -> list[pa.Array]:
         """The ts_min and ts_max columns, null where a match has no ts (NO_TS); without ts, one
         array of nulls for both (no numpy pass over the rows)."""
         if not self.timed:
-            none = pa.nulls(k, pa.int64())
+            none = enc._constant(k, "ts", lambda: pa.nulls(k, pa.int64()))
             return [none, none]
         out = []
         for c in (0, 1):
@@ -262,6 +280,12 @@ def _strings(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 def _repeated(strings: tuple[np.ndarray, np.ndarray], codes: np.ndarray, n: np.ndarray) -> pa.Array:
     """A string array of n[r] times string codes[r] of `strings` (_strings) for each run r."""
     offsets, data = strings
+    if len(codes) == 1:  # one string (a small batch's usual piece): no compiled call
+        k, text = int(n[0]), data[offsets[codes[0]]: offsets[codes[0] + 1]].tobytes()
+        if len(text) * k > MAX_STRING_BYTES:
+            raise OverflowError(f"{k} deltas hold over {MAX_STRING_BYTES} bytes of one string column")
+        return pa.Array.from_buffers(pa.string(), k, [None, pa.py_buffer(np.arange(k + 1, dtype=np.int32) * len(text)),
+                                                      pa.py_buffer(text * k)])
     lo, hi = offsets[codes], offsets[codes + 1]
     if int(((hi - lo) * n).sum()) > MAX_STRING_BYTES:
         raise OverflowError(f"{int(n.sum())} deltas hold over {MAX_STRING_BYTES} bytes of one string column")
