@@ -22,6 +22,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
+from csmd.cpu.query_rows import by_query
 from csmd.engine import ContinuousQuery, Matches, UpdateBatch
 from csmd.errors import InputError
 from csmd.model.direction import HALF, HALF_MASK, flip, label_test, passes
@@ -142,6 +143,7 @@ class _Group:
 
     def __init__(self, queries: list[PreparedQuery]):
         self.queries = queries
+        self.names, self.widths = [pq.name for pq in queries], np.array([pq.n for pq in queries], np.int64)
         cat = np.concatenate
         self.tab_query = cat([np.full(len(pq.x), i) for i, pq in enumerate(queries)])
         self.x, self.y = cat([pq.x for pq in queries]), cat([pq.y for pq in queries])
@@ -307,13 +309,13 @@ class Executor:
         rows2 = np.zeros((len(ptab), grp.nmax), np.int32)
         r = np.arange(len(ptab))
         rows2[r, grp.x[ptab]], rows2[r, grp.y[ptab]] = pa, pb
-        seeds = [s for _, s in found]
-        ts = None
-        if grp.timed:  # the 4 columns before the seed: ts_min, ts_max as (low, high) int32 words
-            ts = np.concatenate([pts] + [np.ascontiguousarray(r[:, -5:-1]).view(np.int64) for r, _ in found])
-        return _row_matches(grp.queries, grp.tab_query[np.concatenate([ptab] + [tab[s] for s in seeds])],
-                            np.concatenate([pseq] + [seq[s] for s in seeds]),
-                            np.concatenate([rows2] + [r[:, : grp.nmax] for r, _ in found]), ts)
+        # (rows, query, op into seq, ts) chunks: the pairs', then each drain's, whose rows end with their
+        # seed, under event time after ts_min and ts_max as (low, high) int32 words
+        none = np.zeros((0, 2), np.int64)
+        chunks = [(rows2, grp.tab_query[ptab], r, none if pts is None else pts, pseq)]
+        chunks += [(rows, grp.tab_query[tab[s]], s, np.ascontiguousarray(rows[:, -5:-1]).view(np.int64) if grp.timed
+                    else none, seq) for rows, s in found]
+        return by_query(chunks, grp.names, grp.widths)
 
     def seeded(self, mvg, pq: PreparedQuery, g, emit: bool) -> tuple[np.ndarray | None, int]:
         """A static search of pq (one anchor) in mvg, a timed device graph of g read after every
@@ -453,13 +455,6 @@ def _fast(tables: np.ndarray, size: np.ndarray) -> np.ndarray:
     return k
 
 
-def _by_query(query: np.ndarray):
-    """(query index, positions) for each query present, positions in their original order."""
-    order = np.argsort(query, kind="stable")
-    present, starts = np.unique(query[order], return_index=True)
-    return zip(present, np.split(order, starts[1:]))
-
-
 def _runs(x: np.ndarray) -> list[int]:
     """Start of each run of equal items in x, then len(x)."""
     return np.flatnonzero(np.r_[True, x[1:] != x[:-1]]).tolist() + [len(x)]
@@ -478,11 +473,6 @@ def _count_matches(queries, query, seq, counts) -> dict[str, Matches]:
     uq, useq = ukey >> _SEQ_BITS, ukey & ((1 << _SEQ_BITS) - 1)
     runs = _runs(uq)  # ukey is sorted: each query's updates are one run
     return {queries[uq[lo]].name: Matches(useq[lo:hi], counts=sums[lo:hi]) for lo, hi in zip(runs, runs[1:])}
-
-
-def _row_matches(queries, query, seq, rows, ts=None) -> dict[str, Matches]:
-    return {queries[qi].name: Matches(seq[pos], rows=rows[pos, : queries[qi].n], ts=None if ts is None else ts[pos])
-            for qi, pos in _by_query(query)}
 
 
 def _seed_ts(batch: UpdateBatch, src: np.ndarray, op: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ import numpy as np
 from csmd.cpu.arena import graph_view
 from csmd.cpu.dfs import DONE, LIMIT, match_units, nonzero_rows, plan_units, static_step
 from csmd.cpu.plans import BACKWARD, Memo, branch_order, joined, new_state, plan_set
-from csmd.cpu.query_rows import split_rows
+from csmd.cpu.query_rows import by_query
 from csmd.cpu.numpy_engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import MultiVersionGraph
@@ -213,9 +213,9 @@ class CompiledEngine(CpuEngine):
         wait = start_tasks([work] * threads, threads, self._search_ended)
         return _Search(self, wait, qs, seq, counts, len(units[0]))
 
-    def _matches(self, counts, found, queries: list[CompiledQuery], seq: np.ndarray) -> dict[str, Matches]:
+    def _matches(self, counts, found, qs: _QuerySet, seq: np.ndarray) -> dict[str, Matches]:
         """The matches of a search by query: counts per (query, op), and each thread's (rows, query, op, ts)."""
-        out = {}
+        queries, out = qs.queries, {}
         counted = [i for i, cq in enumerate(queries) if cq.count_only]
         if counted:  # one pass over the counts of all of them: a batch has a hundred queries, most with a few hits
             which, op, hits = nonzero_rows(counts, np.array(counted, np.int64))  # by query, then op
@@ -224,22 +224,7 @@ class CompiledEngine(CpuEngine):
                 if cuts[k] < cuts[k + 1]:
                     out[queries[i].name] = Matches(seq[op[cuts[k]:cuts[k + 1]]], counts=hits[cuts[k]:cuts[k + 1]])
         # the materialised queries' rows, query after query in one buffer (each thread's in turn)
-        found = [f for f in found if len(f[1])]
-        if not found:
-            return out
-        rows = sum(np.bincount(f[1], minlength=len(queries)) for f in found)
-        width = np.array([cq.q.n for cq in queries], np.int64)
-        first, ids = np.cumsum(rows) - rows, np.cumsum(rows * width) - rows * width
-        flat, row_seq = np.empty(int((rows * width).sum()), np.int32), np.empty(int(rows.sum()), np.int64)
-        timed = len(found[0][3]) > 0
-        ts = np.empty((len(row_seq) if timed else 0, 2), np.int64)
-        filled = np.zeros(len(queries), np.int64)
-        for f in found:
-            split_rows(*f, seq, width, first, ids, filled, flat, row_seq, ts)
-        for i in np.flatnonzero(rows).tolist():
-            lo, k, n = int(first[i]), int(rows[i]), int(width[i])
-            out[queries[i].name] = Matches(row_seq[lo: lo + k], rows=flat[ids[i]: ids[i] + k * n].reshape(k, n),
-                                           ts=ts[lo: lo + k] if timed else None)
+        out.update(by_query([f + (seq,) for f in found], qs.names, qs.widths))
         return out
 
 
@@ -254,7 +239,7 @@ class _Search(Pending):
         if self._out is None:
             parts = self._wait()
             self._qs.per_unit = sum(seconds for _, seconds in parts) / self._units
-            self._out = self._engine._matches(self._counts, [p for p, _ in parts], self._qs.queries, self._seq)
+            self._out = self._engine._matches(self._counts, [p for p, _ in parts], self._qs, self._seq)
         return self._out
 
 
@@ -264,6 +249,7 @@ class _QuerySet:
 
     def __init__(self, queries: list[CompiledQuery]):
         self.queries = list(queries)
+        self.names, self.widths = [cq.name for cq in queries], np.array([cq.q.n for cq in queries], np.int64)
         self.ps = ps = joined([cq.ps for cq in queries])
         self.materialize = np.array([not cq.count_only for cq in queries], np.bool_)
         self.width = max(cq.q.n for cq in queries)

@@ -1,9 +1,10 @@
-"""A search's matches split by query (CompiledEngine._matches), compiled.
+"""A search's matches split by query (the compiled CPU engine's and the GPU executor's), compiled.
 
-Each search thread returns its rows padded to the widest query, with each row's query and op;
-a query's matches are its rows cut to its width. One pass over every thread's rows puts them
-into one buffer, query after query: numpy needed the threads' rows concatenated, a mask per
-query over all of them and a gather of each query's rows (some 20 ns a row on the yeast stream).
+A search returns its rows in chunks (a CPU thread's, a drain of the device's output buffer),
+each row padded to the widest query, with its query and op; a query's matches are its rows cut
+to its width. One pass over every chunk puts them into one buffer, query after query: numpy
+needed the chunks concatenated, a mask (or a sort) per query over all of them and a gather of
+each query's rows (some 20 ns a row on the yeast stream).
 """
 
 from __future__ import annotations
@@ -11,10 +12,34 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from csmd.engine import Matches
+
+
+def by_query(chunks, names: list[str], widths: np.ndarray) -> dict[str, Matches]:
+    """Each query's matches (query i: names[i], widths[i] ids a row) from chunks (rows, row_q,
+    row_op, row_ts, seq) as split_rows takes them, in chunk order; queries without rows are absent."""
+    chunks = [c for c in chunks if len(c[1])]
+    if not chunks:
+        return {}
+    rows = sum(np.bincount(c[1], minlength=len(names)) for c in chunks)
+    first, ids = np.cumsum(rows) - rows, np.cumsum(rows * widths) - rows * widths
+    flat, row_seq = np.empty(int((rows * widths).sum()), np.int32), np.empty(int(rows.sum()), np.int64)
+    timed = len(chunks[0][3]) > 0
+    ts = np.empty((len(row_seq) if timed else 0, 2), np.int64)
+    filled = np.zeros(len(names), np.int64)
+    for c in chunks:
+        split_rows(*c, widths, first, ids, filled, flat, row_seq, ts)
+    out = {}
+    for i in np.flatnonzero(rows).tolist():
+        lo, k, n = int(first[i]), int(rows[i]), int(widths[i])
+        out[names[i]] = Matches(row_seq[lo: lo + k], rows=flat[ids[i]: ids[i] + k * n].reshape(k, n),
+                                ts=ts[lo: lo + k] if timed else None)
+    return out
+
 
 @njit(cache=True, nogil=True)
 def split_rows(rows, row_q, row_op, row_ts, seq, width, first, ids, filled, out, out_seq, out_ts):
-    """One thread's rows (rows, row_q, row_op and row_ts, empty without event time, as
+    """One chunk's rows (rows, row_q, row_op and row_ts, empty without event time, as
     dfs.match_units returns them) after the filled[q] rows of query q so far: its k-th row's ids
     at out[ids[q] + k * width[q]:][:width[q]], its update seq[op] at out_seq[first[q] + k], its
     ts at out_ts[first[q] + k]."""

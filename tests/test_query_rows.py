@@ -1,0 +1,39 @@
+"""by_query (the CPU and GPU engines' split of a search's rows by query) against numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from csmd.cpu.query_rows import by_query
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_rows_split_by_query_keep_their_order_width_seq_and_ts(seed):
+    rng = np.random.default_rng(seed)
+    nq = int(rng.integers(1, 6))
+    widths = rng.integers(2, 9, nq).astype(np.int64)
+    timed = bool(seed % 2)
+    chunks = []
+    for _ in range(int(rng.integers(0, 4))):
+        k = int(rng.integers(0, 40))
+        seq = rng.integers(0, 1 << 40, int(rng.integers(1, 10)))  # each chunk its own ops' seq
+        rows = rng.integers(0, 1000, (k, int(widths.max()) + int(rng.integers(0, 3)))).astype(np.int32)  # padded
+        ts = rng.integers(-5, 5, (k, 2)) if timed else np.zeros((0, 2), np.int64)
+        chunks.append((rows, rng.integers(0, nq, k), rng.integers(0, len(seq), k), ts, seq))
+    names = [f"q{i}" for i in range(nq)]
+    got = by_query(chunks, names, widths)
+    for q in range(nq):
+        parts = [(rows[row_q == q, : widths[q]], seq[op[row_q == q]], ts[row_q == q] if timed else None)
+                 for rows, row_q, op, ts, seq in chunks]
+        n = sum(len(p[0]) for p in parts)
+        if not n:
+            assert names[q] not in got
+            continue
+        m = got[names[q]]
+        assert np.array_equal(m.rows, np.concatenate([p[0] for p in parts]))
+        assert np.array_equal(m.seq, np.concatenate([p[1] for p in parts]))
+        if timed:
+            assert np.array_equal(m.ts, np.concatenate([p[2] for p in parts]))
+        else:
+            assert m.ts is None
