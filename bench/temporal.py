@@ -84,7 +84,7 @@ def rss_mb() -> float:
 def run(mode: str, g0: Graph, src, dst, args) -> dict:
     live = len(g0.edge_ts[2])
     engine = continuous_engine(args.backend, g0, timed=True)
-    pipe = Pipeline(g0, engine=engine, batch_size=args.batch_size, threaded=engine.staged_threads,
+    pipe = Pipeline(g0, engine=engine, batch_size=args.batch_size,
                     event_time=EventTime(live))
     for name, q in queries(mode, args.span):
         pipe.add_query(name, q, count_only=True)

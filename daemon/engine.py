@@ -200,11 +200,6 @@ class ContinuousEngine(ABC):
     """
 
     name: str
-    # Whether a pipeline that leaves the choice to the engine (csmd replay) runs its stages in
-    # threads. A device engine gains from the updater applying later batches while it matches;
-    # on the CPU, where the kernels already spread a heavy batch over the cores, handing every
-    # batch between threads (and the GIL) costs more than the overlap saves.
-    staged_threads: bool = True
 
     # ---- storage ---------------------------------------------------------------------------
     @abstractmethod

@@ -56,7 +56,6 @@ class CpuEngine(ContinuousEngine):
     of a search, and a compaction, under it, waits until no search is in flight."""
 
     name = "numpy"
-    staged_threads = False
     graph_type = MultiVersionGraph  # the storage: the compiled engine's compiles apply and compaction
 
     def __init__(self, g0: Graph, timed: bool = False):

@@ -52,14 +52,14 @@ def decoded_updates(path):
 
 
 def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: int, count_only: bool,
-           distinct: bool = False, output=None, threaded: bool | None = None, show_progress: bool | None = None,
+           distinct: bool = False, output=None, threaded: bool = True, show_progress: bool | None = None,
            backend: str = "cpu", executor_lag: int = 0, max_batch: int | None = None,
            max_id_bytes: int = MAX_ID_BYTES, labels: LabelNames = NO_NAMES,
            started: float | None = None, event_time: EventTime | None = None) -> tuple[list[dict], "Pipeline"]:
     """Run the stream through the pipeline on `backend`; returns one result dict per query and the pipeline.
     stream: a stream file's path (read as the pipeline goes: `seconds` includes reading it), or
     what read_stream made of one (`seconds`: the pipeline alone). threaded: the pipeline's
-    stages in threads (None: as the engine prefers, staged_threads). `seconds` never includes
+    stages in threads (small batches still run inline: pipeline/stages.py). `seconds` never includes
     loading g0 into the engine or planning the queries: `setup_seconds` has those, from `started`
     (a time.monotonic(); default: this call) to the stream's start, with the warm-up that loads
     compiled code and builds the queries' tables first (warm_once, Pipeline.warm), so that the
@@ -73,7 +73,7 @@ def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: i
     warm_once(resolve_backend(backend))  # before the engine: the GPU's pool keeps what the warm-up freed
     engine = continuous_engine(backend, g0, timed=event_time is not None)
     pipe = Pipeline(g0, engine=engine, batch_size=batch_size,
-                    threaded=engine.staged_threads if threaded is None else threaded, executor_lag=executor_lag,
+                    threaded=threaded, executor_lag=executor_lag,
                     max_batch=max_batch, event_time=event_time)
     for name, q in queries:
         pipe.add_query(name, q, count_only, distinct)
