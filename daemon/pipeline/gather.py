@@ -8,7 +8,6 @@ on the yeast stream); one pass here, without the GIL.
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
 
