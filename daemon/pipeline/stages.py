@@ -64,7 +64,7 @@ from csmd.pipeline.sequencer import Sequencer, Vertices
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_BATCH_WAIT = 0.000125  # seconds: 0.125 ms
 # fixed-size batches of at most this many records run on the updater's thread (module docstring);
-# batch 1, human, a query with no candidates: 78 -> 42 us a batch on the CPU engine (2-core VM)
+# batch 1, human, a query with no candidates: 83 -> 54 us a batch on the CPU engine (2-core VM)
 INLINE_RECORDS = 64
 SWITCH_INTERVAL = 0.0002  # seconds; process-wide (sys.setswitchinterval), set when the stage threads start
 _END = object()
@@ -213,9 +213,7 @@ class Pipeline:
     engine: a ContinuousEngine holding g0 (backends.py chooses it). retired marks the
     vertices of g0 that were deleted (a restored checkpoint). executor_lag holds the
     executor back until that many later batches were applied (a test switch that forces
-    GU/EX overlap; queue_depth must exceed it). inline_records: the most records of a fixed-size
-    batch that runs on the updater's thread (module docstring; 0: only a quiet stream's;
-    default INLINE_RECORDS).
+    GU/EX overlap; queue_depth must exceed it).
 
     event_time: its window and lateness (pipeline/event_time.py); None: off.
 
@@ -230,8 +228,7 @@ class Pipeline:
     def __init__(self, g0: Graph, *, engine: ContinuousEngine, batch_size: int = DEFAULT_BATCH_SIZE,
                  batch_wait: float = DEFAULT_BATCH_WAIT, queue_depth: int = 4, threaded: bool = True,
                  first_seq: int = 0, retired: np.ndarray | None = None, executor_lag: int = 0,
-                 max_batch: int | None = None, event_time: EventTime | None = None,
-                 inline_records: int | None = None):
+                 max_batch: int | None = None, event_time: EventTime | None = None):
         self.engine = engine
         self.vertices = Vertices(g0, retired)
         self.directed = g0.directed
@@ -239,9 +236,9 @@ class Pipeline:
         self.gc = GarbageCollector(first_seq)
         self.batch_size, self.batch_wait = batch_size, batch_wait
         self.max_batch = max(batch_size, max_batch or batch_size)
-        # a batch that grows is cut while the executor is behind, which it never is on the updater's thread
-        self.inline_records = 0 if self.max_batch > batch_size else INLINE_RECORDS if inline_records is None \
-            else inline_records
+        # the most records of a batch run on the updater's thread (besides a quiet stream's): a batch
+        # that grows is cut while the executor is behind, which it never is on the updater's thread
+        self.inline_records = 0 if self.max_batch > batch_size else INLINE_RECORDS
         self.queue_depth, self.threaded = max(queue_depth, executor_lag + 1), threaded
         self.executor_lag = executor_lag
         self.queries: dict[str, tuple] = {}  # name -> (ContinuousQuery, the engine's form); executor stage
@@ -277,7 +274,7 @@ class Pipeline:
     def warm(self) -> None:
         """Have the engine build what the first batch's search of the registered queries would
         build (the same list _submit hands it): before a stream, not in its first batch."""
-        prepared = [pq for _cq, pq in self.queries.values() if pq is not None]
+        prepared = self.registered().prepared  # the list every batch will hand the engine
         if prepared:  # a daemon may start with none (queries added at run time): nothing to build
             self.engine.warm(prepared)
 
