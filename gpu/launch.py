@@ -55,9 +55,9 @@ class DirectLaunch:
 
         self._launch, self._f = driver.launchKernel, fn.kernel.ptr
         self._lead, self._n = struct_words, params
-        self.words = np.zeros(struct_words + params, np.int64)
+        self._words = np.zeros(struct_words + params, np.int64)
         starts = [0] * bool(struct_words) + list(range(struct_words, struct_words + params))
-        self._ptrs = np.array([self.words.ctypes.data + 8 * s for s in starts], np.uint64)
+        self._ptrs = np.array([self._words.ctypes.data + 8 * s for s in starts], np.uint64)
         self._pp = self._ptrs.ctypes.data
 
     def __call__(self, grid: int, block: int, stream_ptr: int, args, struct: np.ndarray | None = None,
@@ -67,6 +67,6 @@ class DirectLaunch:
         if len(args) != self._n:
             raise TypeError(f"{self._n} arguments expected, {len(args)} given")
         if struct is not None:
-            self.words[: self._lead] = struct
-        self.words[self._lead:] = args
+            self._words[: self._lead] = struct
+        self._words[self._lead:] = args
         self._launch(self._f, grid, 1, 1, block, 1, 1, shared_mem, stream_ptr, self._pp, 0)

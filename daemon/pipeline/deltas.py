@@ -280,15 +280,13 @@ def _strings(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 def _repeated(strings: tuple[np.ndarray, np.ndarray], codes: np.ndarray, n: np.ndarray) -> pa.Array:
     """A string array of n[r] times string codes[r] of `strings` (_strings) for each run r."""
     offsets, data = strings
-    if len(codes) == 1:  # one string (a small batch's usual piece): no compiled call
-        k, text = int(n[0]), data[offsets[codes[0]]: offsets[codes[0] + 1]].tobytes()
-        if len(text) * k > MAX_STRING_BYTES:
-            raise OverflowError(f"{k} deltas hold over {MAX_STRING_BYTES} bytes of one string column")
-        return pa.Array.from_buffers(pa.string(), k, [None, pa.py_buffer(np.arange(k + 1, dtype=np.int32) * len(text)),
-                                                      pa.py_buffer(text * k)])
     lo, hi = offsets[codes], offsets[codes + 1]
     if int(((hi - lo) * n).sum()) > MAX_STRING_BYTES:
         raise OverflowError(f"{int(n.sum())} deltas hold over {MAX_STRING_BYTES} bytes of one string column")
+    if len(codes) == 1:  # one string (a small batch's usual piece): no compiled call
+        k, text = int(n[0]), data[lo[0]: hi[0]].tobytes()
+        return pa.Array.from_buffers(pa.string(), k, [None, pa.py_buffer(np.arange(k + 1, dtype=np.int32) * len(text)),
+                                                      pa.py_buffer(text * k)])
     out_offsets = np.zeros(int(n.sum()) + 1, np.int32)
     np.cumsum(np.repeat(hi - lo, n), out=out_offsets[1:])
     out = np.empty(int(out_offsets[-1]), np.uint8)

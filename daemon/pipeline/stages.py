@@ -498,16 +498,19 @@ class Pipeline:
                 self._gu_done = True
                 self._applied.notify_all()
 
+        held = []  # an inline batch submitted, its output after the next batch's submission
+
+        def output_held():  # before anything later: output keeps the stream's order
+            while held:
+                self._output(held.pop(), on_result)
+
         def gu():
-            held = None  # an inline batch submitted, its output after the next batch's submission
             try:
                 for records, arrived, quiet in self._batches(source, lambda: to_ex.qsize() > 0, True):
                     if stop.is_set():
                         break
                     if records is IDLE:
-                        if held is not None:
-                            self._output(held, on_result)
-                            held = None
+                        output_held()
                         continue
                     item = self._update(records, arrived)
                     small = isinstance(item, Marker) or item.records <= self.inline_records
@@ -517,18 +520,15 @@ class Pipeline:
                     if inline:  # the other stages are idle: run them here, without the hand-offs
                         self.stats.inline += not isinstance(item, Marker)
                         submitted = self._execute(item)
-                        if held is not None:
-                            self._output(held, on_result)
-                        held = None if quiet else submitted
+                        output_held()
+                        held.append(submitted)
                         if quiet:
-                            self._output(submitted, on_result)
+                            output_held()
                     else:
-                        if held is not None:  # before any later batch: output keeps the stream's order
-                            self._output(held, on_result)
-                            held = None
+                        output_held()
                         put(to_ex, item)
-                if held is not None and not stop.is_set():
-                    self._output(held, on_result)
+                if not stop.is_set():
+                    output_held()
             except BaseException as exc:  # re-raised in the caller's thread
                 errors.append(exc)
             gu_done()
