@@ -22,7 +22,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from csmd.cpu.query_rows import by_query
+from csmd.pipeline.query_rows import by_query
 from csmd.engine import ContinuousQuery, Matches, UpdateBatch
 from csmd.errors import InputError
 from csmd.model.direction import HALF, HALF_MASK, flip, label_test, passes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from csmd.cpu.query_rows import by_query
+from csmd.pipeline.query_rows import by_query
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -16,7 +16,7 @@ import numpy as np
 from csmd.cpu.arena import graph_view
 from csmd.cpu.dfs import DONE, LIMIT, match_units, nonzero_rows, plan_units, static_step
 from csmd.cpu.plans import BACKWARD, Memo, branch_order, joined, new_state, plan_set
-from csmd.cpu.query_rows import by_query
+from csmd.pipeline.query_rows import by_query
 from csmd.cpu.numpy_engine import CpuEngine
 from csmd.cpu.matcher import DEFAULT_BUDGET_BYTES
 from csmd.cpu.mvg import MultiVersionGraph
