@@ -141,12 +141,14 @@ class Matches:
 
     With rows (every match, int32, query-vertex order) seq gives each row's update;
     count-only, seq lists updates and counts their numbers of matches. Under event time, ts
-    holds each row's smallest and largest edge ts (int64 (rows, 2); NO_TS where it has none)."""
+    holds each row's smallest and largest edge ts (int64 (rows, 2); NO_TS where it has none).
+    ordered: the rows are in the canonical order already (the GPU engine sorts large drains)."""
 
     seq: np.ndarray
     rows: np.ndarray | None = None
     counts: np.ndarray | None = None
     ts: np.ndarray | None = None
+    ordered: bool = False
 
 
 @dataclass

@@ -6,7 +6,8 @@ the static search of gpu/matcher.cu (`match_at`, its versioned graph view) in th
 order, reading the MVG at T = seq. A seed is one work id of the kernel: one root chunk,
 its own table (the anchor's) and timestamp; counts come back per seed and are summed per
 (query, update) here. Materialized queries go through the bounded output buffer (each row
-ends with its seed) with pause and resume: no match is dropped.
+ends with its seed) with pause and resume: no match is dropped; a search's many rows are put
+in the canonical delta order on the device (drains.py) before they come back.
 
 Host work per batch is a few numpy calls whatever the number of queries: the anchors of
 all registered queries are two sorted tables (searched anchors, two-vertex ones) keyed by
@@ -22,7 +23,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from csmd.pipeline.query_rows import by_query
+from csmd.pipeline.query_rows import by_query, merged
 from csmd.engine import ContinuousQuery, Matches, UpdateBatch
 from csmd.errors import InputError
 from csmd.model.direction import HALF, HALF_MASK, flip, label_test, passes
@@ -30,6 +31,7 @@ from csmd.model.time_constraints import NO_TS, query_edges
 
 from .filtering import QueryBatch
 from .device_mvg import Staging
+from .drains import id_bits, sorted_drain
 from .launch import DirectLaunch
 from .layout import (CTL_IDLE, CTL_OUTN, CTL_STARTED, CTL_STOP, MAXQ, STOP_FULL, TMAXE, TT_EDGES, TT_EEND, TT_ORDERS,
                      TT_WORDS, structs)
@@ -48,6 +50,8 @@ _SEQ_BITS = 40  # (query, seq) in one int64 key: sequence numbers stay below 2^4
 # quarters of the warps are idle: 1:100 19.5 (3.4, 9.1, 5.7), 1:50 24.1 (3.3, 9.7, 6.9).
 EX_TUNING = dict(max_blocks_per_sm=1, offload_us=100.0)
 MAX_SEEDS = 1 << 20  # seeds searched in one launch sequence: bounds its buffers (48 bytes a seed)
+DEVICE_SORT_ROWS = 4096  # a search's rows are put in canonical order on the device from this many on (drains.py)
+DEVICE_HOLD_ROWS = 1 << 22  # drains held on the device for one sort, at most (some 200 bytes a row with its keys)
 # Up to this many updates, a batch's anchor keys come from a dict, side by side: a look-up costs
 # a fraction of a microsecond, the vectorized keys some 30 numpy calls of about one each.
 FEW_UPDATES = 32
@@ -146,6 +150,7 @@ class _Group:
         self.names, self.widths = [pq.name for pq in queries], np.array([pq.n for pq in queries], np.int64)
         cat = np.concatenate
         self.tab_query = cat([np.full(len(pq.x), i) for i, pq in enumerate(queries)])
+        self.dev_tab_query, self.dev_widths = cp.asarray(self.tab_query), cp.asarray(self.widths, cp.int32)  # drains'
         self.x, self.y = cat([pq.x for pq in queries]), cat([pq.y for pq in queries])
         tables = cat([pq.tables for pq in queries])
         self.size = tables[:, 0].astype(np.int64)
@@ -288,12 +293,16 @@ class Executor:
         a, b, seq, tab, op = grp.searched.seeds(*sides, select)
         ts = _seed_ts(batch, a, op) if grp.timed else None  # the seeds' arcs' ts (an insertion is not visible at its T)
         counts = np.empty(len(seq), np.int64)
-        found = []  # (rows, seed) from the search
+        found, ready = [], []  # (rows, seed) from the search; the drains sorted on the device
         for at in range(0, len(seq), MAX_SEEDS):
             end = at + MAX_SEEDS
-            counts[at:end], rows = self._search(mvg, grp, a[at:end], b[at:end], seq[at:end], tab[at:end], emit,
-                                                None if ts is None else ts[at:end])
-            found += [(r, at + seed) for r, seed in rows]
+            counts[at:end], drains = self._search(mvg, grp, a[at:end], b[at:end], seq[at:end], tab[at:end], emit,
+                                                  None if ts is None else ts[at:end], id_bits(len(labels)))
+            for d in drains:
+                if isinstance(d, dict):
+                    ready.append(d)
+                else:
+                    found.append((d[0], at + d[1]))
         # a two-vertex anchor's seed is its match (under event time, where it keeps the constraints)
         none = (np.zeros(0, np.int64),) * 5
         pa, pb, pseq, ptab, pop = grp.pairs.seeds(*sides, select) if len(grp.pairs.order) else none
@@ -315,7 +324,7 @@ class Executor:
         chunks = [(rows2, grp.tab_query[ptab], r, none if pts is None else pts, pseq)]
         chunks += [(rows, grp.tab_query[tab[s]], s, np.ascontiguousarray(rows[:, -5:-1]).view(np.int64) if grp.timed
                     else none, seq) for rows, s in found]
-        return by_query(chunks, grp.names, grp.widths)
+        return merged([by_query(chunks, grp.names, grp.widths)] + ready)
 
     def seeded(self, mvg, pq: PreparedQuery, g, emit: bool) -> tuple[np.ndarray | None, int]:
         """A static search of pq (one anchor) in mvg, a timed device graph of g read after every
@@ -360,9 +369,11 @@ class Executor:
             self._shapes[depth] = smem, _grid(fn, smem, self.tuning.max_blocks_per_sm)
         return self._shapes[depth]
 
-    def _search(self, mvg, grp: _Group, a, b, seq, tab, emit: bool, ts=None):
+    def _search(self, mvg, grp: _Group, a, b, seq, tab, emit: bool, ts=None, bits: int | None = None):
         """Search the seeds (ts: under event time, the ts of their arcs a -> b and b -> a): (matches
-        per seed, valid until the next search; [(rows, seed index) per drain])."""
+        per seed, valid until the next search; per drain (rows, seed index), or with bits (the
+        graph's id_bits), where the search's rows are DEVICE_SORT_ROWS or more, its rows sorted
+        on the device (drains.sorted_drain), in one piece up to DEVICE_HOLD_ROWS rows)."""
         S = len(seq)
         smem, blocks = self._shape(self._match_at, grp.nmax)
         tn = self.tuning
@@ -391,7 +402,7 @@ class Executor:
             if self._launch is None:
                 self._launch = DirectLaunch(self._match_at, 20, len(mvg.view_words()))
             tt, tspan = (0, 0) if grp.tt is None else (grp.tt.data.ptr, grp.tspan.data.ptr)  # null: untimed
-            resume = False
+            resume, held = False, []  # held: drains waiting on the device for one sort
             while True:
                 with mvg.swap:  # the view stays valid until the launch is enqueued
                     self._launch(blocks, WARPS_PER_BLOCK * 32, self.stream.ptr, (
@@ -405,11 +416,20 @@ class Executor:
                         raise RuntimeError(f"match_at stopped early ({int(back[CTL_STOP])})")
                     return back[8:], found
                 c = self._seeds.read_back(R * S, 8, self.stream)
-                if c[CTL_OUTN]:
-                    k = int(c[CTL_OUTN])
+                k, done = int(c[CTL_OUTN]), c[CTL_STOP] == 0
+                if bits is not None and (k >= DEVICE_SORT_ROWS or held):
+                    # kept on the device until the search ends (or DEVICE_HOLD_ROWS), then sorted at once: a
+                    # query's rows in one sorted piece, none left to merge on the host
+                    held.append(out[: k * grp.width].reshape(k, grp.width))
+                    out = cp.empty(out_cap * grp.width, cp.int32) if not done else None
+                    if done or sum(len(h) for h in held) >= DEVICE_HOLD_ROWS:
+                        rows = held[0] if len(held) == 1 else cp.concatenate(held)
+                        found.append(sorted_drain(rows, len(rows), grp, seeds, S, bits, self.stream))
+                        held = []
+                elif k:
                     rows = out[: k * grp.width].reshape(k, grp.width).get()
                     found.append((rows, rows[:, -1].astype(np.int64)))
-                if c[CTL_STOP] == 0:
+                if done:
                     return self._seeds.read_back(R * S + 8, S, self.stream), found
                 if c[CTL_STOP] != STOP_FULL:
                     raise RuntimeError(f"match_at stopped early ({int(c[CTL_STOP])})")

@@ -22,6 +22,7 @@ import csmd.pipeline.stages as stages
 from csmd.pipeline.stages import Pipeline, _Frozen, heap_frozen
 
 from continuous_cases import Model, assert_brute_force, delta_file, make_case, run_replay
+from helpers import ENGINES
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -59,6 +60,27 @@ def test_deltas_do_not_depend_on_batching_or_scheduling(tmp_path, seed, backend,
         assert table.equals(reference), (b, threaded, lag, small)
         if threaded:  # which batches ran inline: the small ones, without a lag
             assert pipe.stats.inline == (pipe.stats.batches if b <= small and not lag else 0), (b, lag, small)
+
+
+@pytest.mark.parametrize("seed", range(300, 308))
+@pytest.mark.parametrize("backend", ENGINES[-1:])
+def test_drains_sorted_on_the_device_give_the_same_deltas(tmp_path, seed, backend, monkeypatch):
+    """The GPU executor with every search's rows put in canonical order on the device: in one drain;
+    with an output buffer of 32 rows, its drains held on the device for one sort; and sorted in
+    pieces of 64 rows or more (a query's rows of a batch in several sorted pieces, merged on the
+    host). The CPU engine's delta file, at batch sizes 1, 7 and 64."""
+    from csmd.gpu import executor
+
+    qpaths, _ = make_case(tmp_path, seed, steps=80)
+    reference, _, _ = run_replay(tmp_path, qpaths, batch_size=7, threaded=False, name="ref.arrow")
+    monkeypatch.setattr(executor, "DEVICE_SORT_ROWS", 1)
+    for out_rows, hold in ((1 << 18, 1 << 22), (32, 1 << 22), (32, 64)):
+        monkeypatch.setattr(executor, "EX_TUNING", dict(executor.EX_TUNING, out_rows=out_rows))
+        monkeypatch.setattr(executor, "DEVICE_HOLD_ROWS", hold)
+        for b in (1, 7, 64):
+            table, _, _ = run_replay(tmp_path, qpaths, batch_size=b, name=f"d{out_rows}-{hold}-{b}.arrow",
+                                     backend=backend)
+            assert table.equals(reference), (out_rows, hold, b)
 
 
 def test_an_inline_batch_is_output_when_the_source_goes_idle(tmp_path):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from csmd.pipeline.query_rows import by_query
+from csmd.engine import Matches
+from csmd.pipeline.query_rows import by_query, merged
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -37,3 +38,20 @@ def test_rows_split_by_query_keep_their_order_width_seq_and_ts(seed):
             assert np.array_equal(m.ts, np.concatenate([p[2] for p in parts]))
         else:
             assert m.ts is None
+
+
+def test_merged_pieces_keep_their_rows_and_lose_their_order():
+    """merged: a query in one piece keeps its Matches (ordered or not); a query in several gets their
+    rows, updates and ts concatenated in piece order, and canonical must sort them (ordered False)."""
+    def piece(rows, seq, ordered):
+        return Matches(np.array(seq, np.int64), rows=np.array(rows, np.int32), ts=np.zeros((len(seq), 2), np.int64),
+                       ordered=ordered)
+
+    a, b, c = piece([[1, 2]], [5], True), piece([[0, 1], [3, 4]], [4, 6], True), piece([[7, 8, 9]], [5], True)
+    got = merged([{"q": a, "r": c}, {"q": b}])
+    assert got["r"] is c
+    assert not got["q"].ordered
+    assert got["q"].rows.tolist() == [[1, 2], [0, 1], [3, 4]] and got["q"].seq.tolist() == [5, 4, 6]
+    assert got["q"].ts.shape == (3, 2)
+    only = {"q": a}
+    assert merged([only]) is only

@@ -152,10 +152,20 @@ class TimedStream:
         return (min(have), max(have)) if have else (None, None)
 
 
-@pytest.mark.parametrize("backend", ENGINES)
+@pytest.mark.parametrize("backend", ENGINES + [pytest.param("gpu-sorted", marks=ENGINES[-1].marks)])
 @pytest.mark.parametrize("directed", [False, True])
 @pytest.mark.parametrize("seed", range(3))
-def test_a_timed_replays_rows_carry_the_first_and_last_ts_of_their_matchs_edges(tmp_path, seed, directed, backend):
+def test_a_timed_replays_rows_carry_the_first_and_last_ts_of_their_matchs_edges(tmp_path, seed, directed, backend,
+                                                                              monkeypatch):
+    """gpu-sorted: the GPU engine with every search's rows sorted on the device, in pieces of 32 rows
+    or more (its output buffer's drains)."""
+    if backend == "gpu-sorted":
+        from csmd.gpu import executor
+
+        monkeypatch.setattr(executor, "DEVICE_SORT_ROWS", 1)
+        monkeypatch.setattr(executor, "DEVICE_HOLD_ROWS", 32)
+        monkeypatch.setattr(executor, "EX_TUNING", dict(executor.EX_TUNING, out_rows=32))
+        backend = "gpu"
     case = TimedStream(random.Random(seed), directed)
     (tmp_path / "g.graph").write_text(case.g0)
     (tmp_path / "s.txt").write_text(case.stream)

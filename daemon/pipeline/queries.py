@@ -72,12 +72,12 @@ def canonical(found: list[tuple[ContinuousQuery, Matches | None]], batch: Update
             out[i] = QueryDeltas(cq.name, _NO_SEQ, _NO_SIGN, None, 0, 0, _NO_COUNT) if cq.count_only else \
                 QueryDeltas(cq.name, _NO_SEQ, _NO_SIGN, _no_rows(cq.q.n), 0, 0)
         elif m.rows is not None:
-            rows, seq = m.rows, np.asarray(m.seq, np.int64)
-            order = _order(rows, seq)
-            rows, seq = rows[order], seq[order]
+            rows, seq, ts = m.rows, np.asarray(m.seq, np.int64), m.ts
+            if not m.ordered:
+                order = _order(rows, seq)
+                rows, seq, ts = rows[order], seq[order], None if ts is None else ts[order]
             sign = _signs(batch, seq)
-            out[i] = QueryDeltas(cq.name, seq, sign, rows, int((sign > 0).sum()), int((sign < 0).sum()),
-                                 ts=None if m.ts is None else m.ts[order])
+            out[i] = QueryDeltas(cq.name, seq, sign, rows, int((sign > 0).sum()), int((sign < 0).sum()), ts=ts)
     if counted:
         ms = [found[i][1] for i in counted]
         seq = np.concatenate([np.asarray(m.seq, np.int64) for m in ms])

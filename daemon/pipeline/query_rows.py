@@ -37,6 +37,22 @@ def by_query(chunks, names: list[str], widths: np.ndarray) -> dict[str, Matches]
     return out
 
 
+def merged(parts: list[dict[str, Matches]]) -> dict[str, Matches]:
+    """Each query's matches from several searches' dicts in one Matches: ordered where a single
+    piece, itself ordered, holds them (a query's pieces together are in no order)."""
+    if len(parts) == 1:
+        return parts[0]
+    pieces: dict[str, list[Matches]] = {}
+    for part in parts:
+        for name, m in part.items():
+            pieces.setdefault(name, []).append(m)
+    cat = np.concatenate
+    return {name: ms[0] if len(ms) == 1 else
+            Matches(cat([m.seq for m in ms]), rows=cat([m.rows for m in ms]),
+                    ts=None if ms[0].ts is None else cat([m.ts for m in ms]))
+            for name, ms in pieces.items()}
+
+
 @njit(cache=True, nogil=True)
 def split_rows(rows, row_q, row_op, row_ts, seq, width, first, ids, filled, out, out_seq, out_ts):
     """One chunk's rows (rows, row_q, row_op and row_ts, empty without event time, as
