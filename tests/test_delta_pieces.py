@@ -54,6 +54,12 @@ def test_the_file_is_the_bytes_of_a_row_by_row_encoding(tmp_path, seed, batch_si
 
 
 @pytest.mark.parametrize("seed", range(2))
+def test_columns_built_on_threads_give_the_same_bytes(tmp_path, monkeypatch, seed):
+    monkeypatch.setattr(deltas, "PARALLEL_ROWS", 0)
+    check_the_bytes(tmp_path, seed, 7)
+
+
+@pytest.mark.parametrize("seed", range(2))
 def test_without_numba_the_file_is_the_same_bytes(tmp_path, monkeypatch, seed):
     monkeypatch.setattr(deltas, "_copy", deltas._numpy_copy)
     monkeypatch.setattr(deltas, "_repeat", deltas._numpy_repeat)

@@ -11,6 +11,7 @@ duplicates that a restart after a crash re-sends.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +30,7 @@ MAX_ROWS = 1 << 20
 MAX_VALUES = (1 << 31) - 1
 MAX_STRING_BYTES = (1 << 31) - 1  # of a string column of one piece: its int32 offsets' reach
 SMALL_PIECE = 256  # rows: pieces up to this size reuse their all-null and empty columns (DeltaEncoder._constant)
+PARALLEL_ROWS = 1 << 16  # rows: larger pieces build their string and vertex columns on threads (_side_by_side)
 
 
 class DeltaEncoder:
@@ -193,19 +195,24 @@ class _Runs:
         return [self.origins[x] for x in code[np.append(True, code[1:] != code[:-1])].tolist()]
 
     def _batch(self, enc: DeltaEncoder, runs, lo, hi, index) -> pa.RecordBatch:
-        """The record batch of the rows lo:hi of the runs `runs`, the first numbered index."""
+        """The record batch of the rows lo:hi of the runs `runs`, the first numbered index. A large
+        piece's string and vertex columns are built on threads side by side (their fills release
+        the GIL): they were most of the encoder's time, a piece's bytes copied one column at a time."""
         n = hi - lo
         k = int(n.sum())
         at = np.cumsum(n) - n  # each run's first row in the batch
         part, upd, code = self.part[runs], self.upd[runs], self.code[runs]
+        names, sources, vertices, inputs = _side_by_side(k, (
+            lambda: _repeated(self.names, part, n), lambda: _repeated(self.sources, upd, n),
+            lambda: self._vertices(enc, part, lo, hi), lambda: _repeated(self.inputs, code, n)))
         return pa.record_batch([
-            _repeated(self.names, part, n),
+            names,
             pa.array(np.repeat(self.sign[runs], n), pa.int8()),
             pa.array(np.repeat(self.useq[upd], n), pa.int64()),
-            _repeated(self.sources, upd, n),
-            self._vertices(enc, part, lo, hi),
+            sources,
+            vertices,
             pa.array(self._counts(part, lo, hi, at, k), pa.int64()),
-            _repeated(self.inputs, code, n),
+            inputs,
             pa.array(np.repeat(self.partitions[code], n), pa.int32()),
             pa.array(np.repeat(self.offsets[code], n), pa.int64()),
             pa.array(np.arange(k, dtype=np.int64) + np.repeat(index - at, n), pa.int64()),
@@ -260,6 +267,18 @@ class _Runs:
             bits = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
             out.append(pa.Array.from_buffers(pa.int64(), k, [bits, pa.py_buffer(values)]))
         return out
+
+
+_POOL: list = []  # _side_by_side's threads, made on first use
+
+
+def _side_by_side(rows: int, makers) -> list:
+    """Each maker's result: called here for a piece of up to PARALLEL_ROWS rows, else on threads."""
+    if rows <= PARALLEL_ROWS:
+        return [make() for make in makers]
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(4, thread_name_prefix="csmd-encode"))
+    return [f.result() for f in [_POOL[0].submit(make) for make in makers]]
 
 
 def _run_starts(seq: np.ndarray) -> np.ndarray:

