@@ -124,45 +124,57 @@ class ChunkedFile:
 
 class FileSink:
     """Deltas to an Arrow IPC file (or stream: arrow_writer): each pipeline batch's deltas by update
-    (then query, match), encoded and written on a thread of its own while the pipeline goes on
-    with the next batches (the encoder's compiled fills and the writes release the GIL: on the
-    yeast stream with 2 threads replay --output took a fifth less)."""
+    (then query, match), encoded on a thread of its own and written on another while the pipeline
+    goes on with the next batches (the encoder's compiled fills and the writes release the GIL: on
+    the yeast stream with 2 threads replay --output took a fifth less with one thread for both)."""
 
     def __init__(self, path, schema: pa.Schema):
         # a file format's file through ChunkedFile; a pipe or standard output as arrow_writer opens it
         self._file = ChunkedFile(path) if seekable_file(path) else None
         self._writer = arrow_writer(path, schema) if self._file is None else ipc.new_file(self._file, schema)
-        # one batch's items waiting at most (a second write waits): a batch's deltas and the one
-        # being written are what the sink holds
-        self._queue: queue.Queue = queue.Queue(1)
+        # one batch's items waiting at most (a second write waits), and one encoded piece: a batch's
+        # deltas, the piece being encoded, one waiting and the one being written are what the sink holds
+        self._jobs: queue.Queue = queue.Queue(1)
+        self._pieces: queue.Queue = queue.Queue(1)
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._drain, name="csmd-file-sink", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._encode, name="csmd-file-encode", daemon=True),
+                         threading.Thread(target=self._write, name="csmd-file-sink", daemon=True)]
+        for t in self._threads:
+            t.start()
 
     def write(self, items, on_ack=None, on_send=None) -> None:
         """items: (query, record batch, origins) from DeltaEncoder.encode(by_update=True), in the
-        file's order, taken and written on the sink's thread after the items written before;
-        each written before the next is taken (the encoder builds it then), so a batch's deltas
-        are never all in memory as Arrow; on_send and on_ack (on that thread) once it is written.
-        Raises what a write before failed with."""
+        file's order, taken on the sink's encoding thread after the items before and written in
+        turn on its writing thread; a piece is built while the one before is written, so a batch's
+        deltas are never all in memory as Arrow; on_send and on_ack (on the writing thread) once it
+        is written. Raises what a write before failed with."""
         self._raise()
-        self._queue.put((items, on_ack, on_send))
+        self._jobs.put((items, on_ack, on_send))
 
-    def _drain(self) -> None:
-        while (job := self._queue.get()) is not None:
-            if self._error is None:  # after a failure, what is queued is dropped: close raises it
+    def _encode(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            items, on_ack, on_send = job
+            try:
+                for _, batch, origins in items if self._error is None else ():
+                    self._pieces.put((batch, origins, on_ack, on_send))
+                    if self._error is not None:  # after a failure, what is queued is dropped: close raises it
+                        break
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+                self._error = exc
+        self._pieces.put(None)
+
+    def _write(self) -> None:
+        while (piece := self._pieces.get()) is not None:
+            if self._error is None:
+                batch, origins, on_ack, on_send = piece
                 try:
-                    self._write(*job)
+                    self._writer.write_batch(batch)
+                    if on_send is not None:
+                        on_send(origins)
+                    if on_ack is not None:
+                        on_ack(origins)
                 except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
                     self._error = exc
-
-    def _write(self, items, on_ack, on_send) -> None:
-        for _, batch, origins in items:
-            self._writer.write_batch(batch)
-            if on_send is not None:
-                on_send(origins)
-            if on_ack is not None:
-                on_ack(origins)
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -170,8 +182,9 @@ class FileSink:
 
     def close(self) -> None:
         """Once every write is written: the file's footer, then the file closed."""
-        self._queue.put(None)
-        self._thread.join()
+        self._jobs.put(None)
+        for t in self._threads:
+            t.join()
         try:
             self._writer.close()
         finally:
