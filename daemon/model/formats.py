@@ -29,6 +29,11 @@ from csmd.model.graph import Graph, id_array, scalar
 from csmd.model.labels import NO_NAMES, LabelNames, unknown_label
 from csmd.model.time_constraints import query_time
 
+try:
+    from csmd.model.graph_scan import scan_graph
+except ImportError:  # no numba: the line parser reads every file
+    scan_graph = None
+
 MAX_QUERY_VERTICES = 32
 TABLE_SUFFIXES = (".arrow", ".ipc", ".feather", ".parquet")
 # the longest string vertex id, in UTF-8 bytes ([graph] max_id_bytes, --max-id-bytes): every match,
@@ -111,7 +116,8 @@ def _repeats(src, dst, els, directed: bool = False) -> tuple[tuple[int, int] | N
     arc each way): which label a data graph keeps, or which a query asks for, would be anyone's
     guess (repeats with the same label are harmless, and dropped; so are self-loops)."""
     lo, hi = (src, dst) if directed else (np.minimum(src, dst), np.maximum(src, dst))
-    order = np.lexsort((np.arange(len(lo)), hi, lo))  # by pair, then position
+    lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+    order = np.argsort(lo * (int(hi.max(initial=0)) + 1) + hi, kind="stable")  # by pair, then position (ids >= 0)
     el = np.where(src == dst, -1, els)[order]  # self-loops are dropped whatever their labels
     lo, hi = lo[order], hi[order]
     new = np.ones(len(lo), bool)
@@ -131,7 +137,12 @@ def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNa
                      directed: bool = False) -> Graph:
     """A graph in either text format; `lines` ((number, text) pairs) replace reading `path`. A
     query's self-loop is refused: a data graph has none, and dropping it would match more.
-    `names`: the names that may stand for labels. directed: `e u v` is the arc u -> v."""
+    `names`: the names that may stand for labels. directed: `e u v` is the arc u -> v. A data
+    graph file that is plain (graph_scan.py) is read by the compiled scanner."""
+    if lines is None and not query and not names.vertex and not names.edge and scan_graph is not None:
+        scanned = scan_graph(path)
+        if scanned is not None:
+            return _text_graph(path, *scanned, query=False, directed=directed)
     ids: dict[int, int] = {}
     labels: list[int] = []
     src: list[int] = []
@@ -206,8 +217,16 @@ def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNa
         lineno, n, m = header
         if n != len(labels) or m != len(src):
             raise InputError(path, lineno, f"header says {n} vertices and {m} edges, file has {len(labels)} and {len(src)}")
-    ext = np.fromiter(ids.keys(), np.int64, len(ids))
-    s, d = np.array(src, np.int64), np.array(dst, np.int64)
+    g = _text_graph(path, np.fromiter(ids.keys(), np.int64, len(ids)), labels, src, dst, els, edge_lines,
+                    tuple(np.array(c, np.int64) for c in zip(*timed)) if timed else None, query, directed)
+    g.time = query_time(list(zip(src, dst)), span, order, directed, path)
+    return g
+
+
+def _text_graph(path, ext, labels, src, dst, els, edge_lines, timed, query: bool, directed: bool) -> Graph:
+    """The graph of a text file's vertices (ext ids, labels) and edges (internal ends, labels, line
+    numbers; timed: the (u, v, ts) columns of those with a ts, ext ids, or None), checked."""
+    s, d = np.asarray(src, np.int64), np.asarray(dst, np.int64)
     twice, both = _repeats(s, d, els, directed)
     if twice is not None:
         a, b = twice
@@ -218,10 +237,9 @@ def _read_text_graph(path: Path, lines=None, query: bool = False, names: LabelNa
     if not query:
         _warn_both_ways(path, both)
     ext_ids = None if np.array_equal(ext, np.arange(len(ext))) else ext
-    g = Graph.from_edges(labels, src, dst, els, ext_ids, directed)
-    g.time = query_time(list(zip(src, dst)), span, order, directed, path)
-    if timed:
-        g.edge_ts = tuple(np.array(c, np.int64) for c in zip(*timed))
+    g = Graph.from_edges(labels, s, d, els, ext_ids, directed)
+    if timed is not None:
+        g.edge_ts = timed
     return g
 
 

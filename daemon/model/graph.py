@@ -19,6 +19,47 @@ def gather_ranges(start: np.ndarray, size: np.ndarray) -> np.ndarray:
     return np.repeat(start - (ends - size), size) + np.arange(int(ends[-1]) if len(ends) else 0)
 
 
+def _packed_csr(lo, hi, el, n: int):
+    """An undirected graph's entries (rows, cols, labels) in CSR order, its pairs (lo < hi, label el)
+    deduplicated, by sorting one int64 key an entry (row, column, label packed): numpy sorts keys
+    some 20 times as fast as its stable argsort sorts positions (70M entries: 0.5 against 9.9 s on
+    the 2-core VM; LiveJournal's size took from_edges 13 s). None where a key would not fit, or a
+    pair repeats with another label: which label the first of them has is then the caller's to keep."""
+    eb, nb = int(el.max(initial=0)).bit_length(), max(int(n - 1).bit_length(), 1)
+    if 2 * nb + eb > 62 or el.min(initial=0) < 0:
+        return None
+    # in place where numpy allows: at this size each new array is mostly page faults
+    key = np.left_shift(lo, nb + eb)
+    key |= hi << eb
+    key |= el
+    key.sort()
+    if len(key) > 1:
+        new = np.empty(len(key), bool)
+        new[0] = True
+        np.not_equal(key[1:], key[:-1], out=new[1:])
+        if not new.all():
+            key = key[new]
+    pair = key >> eb
+    if (pair[1:] == pair[:-1]).any():
+        return None
+    both = np.empty(2 * len(key), np.int64)
+    both[: len(key)] = key
+    back = both[len(key):]  # each pair from its other end: (hi, lo, label)
+    np.bitwise_and(pair, (1 << nb) - 1, out=back)
+    back <<= nb
+    pair >>= nb
+    back |= pair
+    back <<= eb
+    key &= (1 << eb) - 1
+    back |= key
+    both.sort()
+    els = (both & ((1 << eb) - 1)).astype(np.int32)
+    both >>= eb
+    cols = (both & ((1 << nb) - 1)).astype(np.int32)
+    both >>= nb
+    return both, cols, els
+
+
 def id_array(ids, strings: bool | None = None) -> np.ndarray:
     """External ids as an int64 array, or for string ids an object array: never numpy's
     fixed-width unicode, which cut ids to the width of the first array's longest and padded
@@ -84,22 +125,26 @@ class Graph:
         keep = src != dst
         src, dst, el = src[keep], dst[keep], elabels[keep]
         lo, hi = np.minimum(src, dst), np.maximum(src, dst)
-        if directed:
-            _, first = np.unique(src * n + dst, return_index=True)
-            code = arc_code(el[first], src[first] < dst[first]).astype(np.int64)  # as lo sees it
-            pair, inverse = np.unique(lo[first] * n + hi[first], return_inverse=True)
-            lo, hi = pair // max(n, 1), pair % max(n, 1)
-            el_lo = np.bincount(inverse, code, len(pair)).astype(np.int32)  # a pair's two halves
-            el_hi = flip(el_lo)
+        packed = None if directed else _packed_csr(lo, hi, el, n)
+        if packed is not None:
+            rows, cols, els = packed
         else:
-            _, first = np.unique(lo * n + hi, return_index=True)
-            lo, hi, el_lo = lo[first], hi[first], el[first]
-            el_hi = el_lo
-        rows = np.concatenate([lo, hi])
-        cols = np.concatenate([hi, lo])
-        els = np.concatenate([el_lo, el_hi])
-        order = np.argsort(rows * n + cols, kind="stable")
-        rows, cols, els = rows[order], cols[order], els[order]
+            if directed:
+                _, first = np.unique(src * n + dst, return_index=True)
+                code = arc_code(el[first], src[first] < dst[first]).astype(np.int64)  # as lo sees it
+                pair, inverse = np.unique(lo[first] * n + hi[first], return_inverse=True)
+                lo, hi = pair // max(n, 1), pair % max(n, 1)
+                el_lo = np.bincount(inverse, code, len(pair)).astype(np.int32)  # a pair's two halves
+                el_hi = flip(el_lo)
+            else:
+                _, first = np.unique(lo * n + hi, return_index=True)
+                lo, hi, el_lo = lo[first], hi[first], el[first]
+                el_hi = el_lo
+            rows = np.concatenate([lo, hi])
+            cols = np.concatenate([hi, lo])
+            els = np.concatenate([el_lo, el_hi])
+            order = np.argsort(rows * n + cols, kind="stable")
+            rows, cols, els = rows[order], cols[order], els[order]
         indptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
         return cls(labels, indptr, cols, els, ext_ids, directed)
