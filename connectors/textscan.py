@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-_MAX_DIGITS = 18
+from csmd.model.graph_scan import int_fields
+
 _MAX_LABEL = 2**31 - 1
 # fields of each op (its index in formats.OPS): fewest, most
 FIELDS = np.array([[2, 3], [2, 3], [2, 2], [1, 1]], np.int64)
@@ -36,26 +37,9 @@ def _plain(buf, s, e, val):
     else:
         op = 0 if buf[s] == 101 else 2 if buf[s] == 118 else -1
     s += 1
-    if op < 0 or s == e or (buf[s] != 32 and buf[s] != 9):
+    if op < 0 or s == e:
         return -1
-    k = 0  # fields read
-    while s < e:
-        while s < e and (buf[s] == 32 or buf[s] == 9):
-            s += 1
-        if s == e:
-            break
-        neg = buf[s] == 45
-        s += neg
-        digits = 0
-        x = 0
-        while s < e and 48 <= buf[s] <= 57:
-            x = x * 10 + (buf[s] - 48)
-            digits += 1
-            s += 1
-        if not (0 < digits <= _MAX_DIGITS and k < 3 and (s == e or buf[s] == 32 or buf[s] == 9)):
-            return -1
-        val[k] = -x if neg else x
-        k += 1
+    k = int_fields(buf, s, e, val, 3)  # -1 (not plain) fails the check below
     if not FIELDS[op, 0] <= k <= FIELDS[op, 1]:
         return -1
     label = val[k - 1] if k == 3 or op == 2 else 0

@@ -56,9 +56,10 @@ def _count(buf):
 
 
 @njit(cache=True, nogil=True)
-def _fields(buf, s, e, val):
-    """The integers of buf[s:e] (after the tag, from a separator on) into val; how many, or -1
-    when a field is not a plain integer or there are more than len(val)."""
+def int_fields(buf, s, e, val, most):
+    """The integers of buf[s:e] (a line after its one-byte tag, from a separator on) into val; how
+    many, or -1 when a field is not a plain integer or there are more than `most` (the stream
+    scanner's too: connectors/textscan.py)."""
     k = 0
     if s < e and buf[s] != 32 and buf[s] != 9:  # the tag is one byte
         return -1
@@ -75,7 +76,7 @@ def _fields(buf, s, e, val):
             x = x * 10 + (buf[s] - 48)
             digits += 1
             s += 1
-        if not (0 < digits <= _MAX_DIGITS and k < len(val) and (s == e or buf[s] == 32 or buf[s] == 9)):
+        if not (0 < digits <= _MAX_DIGITS and k < most and (s == e or buf[s] == 32 or buf[s] == 9)):
             return -1
         val[k] = -x if neg else x
         k += 1
@@ -102,7 +103,7 @@ def _scan(buf, vid, vlab, eu, ev, elab, ets, ehas, eline, head):
                 if buf[j] == 13:
                     return nv, ne, line
             continue
-        k = _fields(buf, s + 1, e, val)
+        k = int_fields(buf, s + 1, e, val, 4)
         if tag == 118:  # v id label [degree]
             if not (k == 2 or k == 3) or not 0 <= val[1] <= _MAX_LABEL:
                 return nv, ne, line
