@@ -10,6 +10,7 @@ duplicates that a restart after a crash re-sends.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -269,16 +270,17 @@ class _Runs:
         return out
 
 
-_POOL: list = []  # _side_by_side's threads, made on first use
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    """_side_by_side's threads, made on first use."""
+    return ThreadPoolExecutor(4, thread_name_prefix="csmd-encode")
 
 
 def _side_by_side(rows: int, makers) -> list:
     """Each maker's result: called here for a piece of up to PARALLEL_ROWS rows, else on threads."""
     if rows <= PARALLEL_ROWS:
         return [make() for make in makers]
-    if not _POOL:
-        _POOL.append(ThreadPoolExecutor(4, thread_name_prefix="csmd-encode"))
-    return [f.result() for f in [_POOL[0].submit(make) for make in makers]]
+    return [f.result() for f in [_pool().submit(make) for make in makers]]
 
 
 def _run_starts(seq: np.ndarray) -> np.ndarray:
