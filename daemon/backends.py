@@ -84,11 +84,18 @@ def static_matcher(backend: str) -> StaticMatcher:
 
 
 def continuous_engine(backend: str, g0: Graph, setting: str = "--backend", threads: int | None = None,
-                      timed: bool = False) -> ContinuousEngine:
+                      timed: bool = False, gpus: int | str = 1, gpus_setting: str = "--gpus") -> ContinuousEngine:
     """A continuous engine holding g0, for `backend` (cpu, gpu or auto: the GPU when there is one);
     threads: the compiled engine's (None: CSMD_THREADS, else the cores); timed: under event time
-    (its graph keeps every edge's ts, its searches the queries' time constraints)."""
-    if resolve_backend(backend, setting) == "gpu":
+    (its graph keeps every edge's ts, its searches the queries' time constraints); gpus: the GPU
+    engine's devices (a count or "all"; gpus_setting names it in errors)."""
+    resolved = resolve_backend(backend, setting)
+    devices = gpu_devices(resolved, gpus, gpus_setting)
+    if len(devices) > 1:
+        from csmd.gpu.replicas import MultiGpuEngine
+
+        return MultiGpuEngine(g0, devices, timed)
+    if devices:
         from csmd.gpu.engine import GpuEngine
 
         return GpuEngine(g0, timed=timed)
@@ -98,6 +105,21 @@ def continuous_engine(backend: str, g0: Graph, setting: str = "--backend", threa
     from csmd.cpu.numpy_engine import CpuEngine
 
     return CpuEngine(g0, timed)
+
+
+def gpu_devices(resolved: str, gpus: int | str = 1, gpus_setting: str = "--gpus") -> list[int]:
+    """The devices an engine of the resolved backend ("cpu", "numpy", "gpu") runs on: none for a
+    CPU engine (an error where gpus asks for several: not a silent run on the CPU), else the
+    first `gpus` devices or "all" (an error naming gpus_setting where the machine has fewer)."""
+    if resolved == "gpu":
+        from csmd.gpu.replicas import device_ids
+
+        return device_ids(gpus, gpus_setting)
+    if gpus not in (1, "all"):
+        reason = gpu_unavailable_reason()
+        raise CsmdError(f"{gpus_setting} {gpus}: the {resolved} backend runs on the CPU"
+                        f"{f' ({reason})' if reason else ''}; use the gpu backend on a machine with GPUs, or 1")
+    return []
 
 
 def sampler_backend(name: str, directed: bool = False) -> str:
@@ -119,15 +141,25 @@ def make_sampler(backend: str, g: Graph, plan: Plan, method: str, seed: int, tra
     return CpuSampler(g, CandidateGraph(g, plan), method, seed, trawl)
 
 
-_warmed: set[str] = set()
+_warmed: set = set()  # (backend, device) pairs warmed in this process (device None: the CPU's)
 
 
-def warm_once(backend: str) -> float:
-    """warm_up(backend) the first time this process asks for it; its seconds (0 after that)."""
-    if backend in _warmed:
-        return 0.0
-    seconds = warm_up(backend)[0]
-    _warmed.add(backend)
+def warm_once(backend: str, gpus: int | str = 1, gpus_setting: str = "--gpus") -> float:
+    """warm_up(backend) the first time this process asks for it, on the GPU on each device `gpus`
+    names (each loads its own modules); its seconds (0 after that)."""
+    devices = gpu_devices(backend, gpus, gpus_setting) or [None]
+    seconds = 0.0
+    for device in devices:
+        if (backend, device) in _warmed:
+            continue
+        if device is None:
+            seconds += warm_up(backend)[0]
+        else:
+            import cupy
+
+            with cupy.cuda.Device(device):
+                seconds += warm_up(backend)[0]
+        _warmed.add((backend, device))
     return seconds
 
 
@@ -155,7 +187,13 @@ def warm_up(backend: str) -> tuple[float, dict[str, int]]:
     big = 130 if backend == "gpu" else 0
     g0 = Graph.from_edges([0] * 4 + [1] * big, [0, 1, 2], [1, 2, 3], [0] * 3, [0, 1, 2, 3, *range(100, 100 + big)])
     tri = Graph.from_edges([0] * 3, [0, 1, 0], [1, 2, 2], [0] * 3)
-    pipe = Pipeline(g0, engine=continuous_engine(backend, g0), batch_size=3, threaded=False)
+    if backend == "gpu":  # the current device's (warm_once runs it on each device a multi-GPU engine uses)
+        from csmd.gpu.engine import GpuEngine
+
+        engine = GpuEngine(g0)
+    else:
+        engine = continuous_engine(backend, g0)
+    pipe = Pipeline(g0, engine=engine, batch_size=3, threaded=False)
     pipe.add_query("count", tri, True)
     pipe.add_query("rows", tri, False)
     pipe.warm()

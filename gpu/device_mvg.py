@@ -26,7 +26,7 @@ import numpy as np
 from csmd.model.direction import flip
 from csmd.model.graph import Graph
 
-from .launch import THREADS, DirectLaunch, i64
+from .launch import THREADS, DirectLaunch, flat_grid, i64
 from .module import HERE, kernel
 
 INF = np.iinfo(np.int64).max
@@ -51,21 +51,19 @@ _FORMATS = {"int*": np.uint64, "i64*": np.uint64, "i64": np.int64}
 VID_SLAB = 1 << 14
 
 
-_SMS: list[int] = []
-_KERNELS: dict = {}
+_KERNELS: dict = {}  # (device, name) -> kernel
+_SMALL: dict = {}  # device -> _small_layout()
 
 
 def _kernel(name: str):
-    return _KERNELS.get(name) or _KERNELS.setdefault(name, kernel("mvg", name))
+    key = (cp.cuda.Device().id, name)
+    return _KERNELS.get(key) or _KERNELS.setdefault(key, kernel("mvg", name))
 
 
 def _launch(name: str, n: int, args) -> None:
-    """A grid-stride kernel over n items. The SM count and the functions are looked up once:
-    launch.flat_grid asks CuPy for every device attribute on each call, and a batch's fixed
-    cost is mostly such host overhead."""
-    if not _SMS:
-        _SMS.append(cp.cuda.Device().attributes["MultiProcessorCount"])
-    _kernel(name)((max(1, min(-(-n // THREADS), _SMS[0] * 8)),), (THREADS,), args)
+    """A grid-stride kernel over n items. The SM count and the functions are looked up once
+    per device: launch.flat_grid's, and a batch's fixed cost is mostly such host overhead."""
+    _kernel(name)(flat_grid(n), (THREADS,), args)
 
 
 def _small_layout() -> tuple[int, int, int, int]:
@@ -219,7 +217,6 @@ class DeviceMVG:
     """Vertex labels and the versioned adjacency on the device (internal vertex ids)."""
 
     _dtype: np.dtype | None = None
-    _small: tuple[int, int, int] | None = None
 
     def __init__(self, labels: cp.ndarray, indptr: cp.ndarray, nbrs: cp.ndarray, els: cp.ndarray | None,
                  directed: bool = False, ts: cp.ndarray | None = None):
@@ -232,7 +229,9 @@ class DeviceMVG:
         back; daemon/model/time_constraints.py NO_TS where none); None: untimed.
         """
         if DeviceMVG._dtype is None:
-            DeviceMVG._dtype, DeviceMVG._small = _view_dtype(), _small_layout()
+            DeviceMVG._dtype = _view_dtype()
+        device = cp.cuda.Device().id  # the layout is the compiler's, the kernels' shared memory limit each device's
+        self._small = _SMALL.get(device) or _SMALL.setdefault(device, _small_layout())
         cp.cuda.Device().synchronize()  # the inputs may still be in flight on another stream
         self.stream = cp.cuda.Stream(non_blocking=True)
         n, m = len(labels), len(nbrs)

@@ -237,6 +237,11 @@ class GpuEngine(ContinuousEngine):
         self.executor.groups(queries)
 
     def submit(self, batch: UpdateBatch, queries: list[PreparedQuery], select: np.ndarray | None = None) -> Done:
+        self.await_apply(batch)
+        return Done(self.executor.run(self.mvg, batch, queries, self._labels, select))
+
+    def await_apply(self, batch: UpdateBatch) -> None:
+        """Have the executor's stream wait for the batch's apply (and any earlier one's)."""
         with self._events:  # this batch's event, and those of earlier batches that were never submitted
             done = [s for s in self._applied if s <= batch.first_seq]
             applied = [self._applied.pop(s) for s in done]
@@ -244,7 +249,11 @@ class GpuEngine(ContinuousEngine):
         self.executor.stream.wait_event(applied[-1] if applied else self.mvg.stream.record())
         with self._events:  # a wait holds the event's state at the call: it may be recorded again
             self._spare += applied
-        return Done(self.executor.run(self.mvg, batch, queries, self._labels, select))
+
+    @property
+    def labels(self) -> np.ndarray:
+        """The vertex labels on the host (a valid prefix: vertices added later may follow)."""
+        return self._labels
 
     def stats(self) -> EngineStats:
         with self._writing:

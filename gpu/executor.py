@@ -20,6 +20,8 @@ Two-vertex queries need no search: every seed is a match.
 
 from __future__ import annotations
 
+from functools import partial
+
 import cupy as cp
 import numpy as np
 
@@ -259,17 +261,20 @@ class Executor:
         return grp
 
     def run(self, mvg, batch: UpdateBatch, queries: list[PreparedQuery], labels: np.ndarray,
-            select: np.ndarray | None = None) -> dict[str, Matches]:
+            select: np.ndarray | None = None, split=None) -> dict[str, Matches]:
         """Every query's matches (or per-update counts) for the batch's edge updates (those select
         marks, as the engine interface's submit), on the executor's stream (the caller made it
         wait for the batch's apply). labels: the vertex labels on the host. Queries without
-        matches are absent."""
+        matches are absent. split: None (this device searches), or split(g, seeds...) searches
+        the seeds of the g-th of groups(queries) as `searched` does (gpu/replicas.py: on several
+        devices)."""
         out: dict[str, Matches] = {}
         if not len(batch.edge_seq) or not queries:
             return out
-        for rows, grp in self.groups(queries):
-            out.update(self._matches(mvg, grp, batch, labels, None if select is None else select[rows],
-                                     emit=not grp.queries[0].count_only))
+        for g, (rows, grp) in enumerate(self.groups(queries)):
+            search = partial(self.searched, mvg, grp) if split is None else partial(split, g)
+            out.update(self._matches(grp, batch, labels, None if select is None else select[rows],
+                                     not grp.queries[0].count_only, search))
         return out
 
     def groups(self, queries: list[PreparedQuery]) -> list[tuple[list[int], _Group]]:
@@ -286,23 +291,13 @@ class Executor:
         self._last = (queries, out)
         return out
 
-    def _matches(self, mvg, grp: _Group, batch: UpdateBatch, labels, select, emit: bool) -> dict[str, Matches]:
+    def _matches(self, grp: _Group, batch: UpdateBatch, labels, select, emit: bool, search) -> dict[str, Matches]:
         sides = grp.sides(batch, labels)
         if sides is None:
             return {}
         a, b, seq, tab, op = grp.searched.seeds(*sides, select)
         ts = _seed_ts(batch, a, op) if grp.timed else None  # the seeds' arcs' ts (an insertion is not visible at its T)
-        counts = np.empty(len(seq), np.int64)
-        found, ready = [], []  # (rows, seed) from the search; the drains sorted on the device
-        for at in range(0, len(seq), MAX_SEEDS):
-            end = at + MAX_SEEDS
-            counts[at:end], drains = self._search(mvg, grp, a[at:end], b[at:end], seq[at:end], tab[at:end], emit,
-                                                  None if ts is None else ts[at:end], id_bits(len(labels)))
-            for d in drains:
-                if isinstance(d, dict):
-                    ready.append(d)
-                else:
-                    found.append((d[0], at + d[1]))
+        counts, found, ready = search(a, b, seq, tab, emit, ts, id_bits(len(labels)))
         # a two-vertex anchor's seed is its match (under event time, where it keeps the constraints)
         none = (np.zeros(0, np.int64),) * 5
         pa, pb, pseq, ptab, pop = grp.pairs.seeds(*sides, select) if len(grp.pairs.order) else none
@@ -325,6 +320,23 @@ class Executor:
         chunks += [(rows, grp.tab_query[tab[s]], s, np.ascontiguousarray(rows[:, -5:-1]).view(np.int64) if grp.timed
                     else none, seq) for rows, s in found]
         return merged([by_query(chunks, grp.names, grp.widths)] + ready)
+
+    def searched(self, mvg, grp: _Group, a, b, seq, tab, emit: bool, ts, bits: int):
+        """The search of the seeds (a, b, seq, tab; ts under event time, else None; bits: the graph's
+        id_bits) in launch sequences of at most MAX_SEEDS: (matches per seed, (rows, seed) per drain
+        read back as it was, the drains sorted on the device as query -> Matches dicts)."""
+        counts = np.empty(len(seq), np.int64)
+        found, ready = [], []
+        for at in range(0, len(seq), MAX_SEEDS):
+            end = at + MAX_SEEDS
+            counts[at:end], drains = self._search(mvg, grp, a[at:end], b[at:end], seq[at:end], tab[at:end], emit,
+                                                  None if ts is None else ts[at:end], bits)
+            for d in drains:
+                if isinstance(d, dict):
+                    ready.append(d)
+                else:
+                    found.append((d[0], at + d[1]))
+        return counts, found, ready
 
     def seeded(self, mvg, pq: PreparedQuery, g, emit: bool) -> tuple[np.ndarray | None, int]:
         """A static search of pq (one anchor) in mvg, a timed device graph of g read after every

@@ -33,16 +33,17 @@ def u64(x) -> np.uint64:
     return np.uint64(x)
 
 
-_DUMMY: dict[str, cp.ndarray] = {}
+_DUMMY: dict[int, cp.ndarray] = {}  # per device
 
 
 def or_dummy(a: cp.ndarray | None) -> cp.ndarray:
     """A stand-in for an absent array (the kernel never reads it)."""
     if a is not None:
         return a
-    if "int32" not in _DUMMY:
-        _DUMMY["int32"] = cp.zeros(1, cp.int32)
-    return _DUMMY["int32"]
+    device = cp.cuda.Device().id
+    if device not in _DUMMY:
+        _DUMMY[device] = cp.zeros(1, cp.int32)
+    return _DUMMY[device]
 
 
 class DirectLaunch:

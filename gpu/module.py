@@ -1,4 +1,5 @@
-"""The CUDA sources of this package, compiled once per process with cupy.RawModule.
+"""The CUDA sources of this package, compiled once per process with cupy.RawModule (loaded once
+per device: a daemon that drives several GPUs launches each kernel on each of them).
 
 CuPy also keeps compiled binaries in its on-disk kernel cache, keyed by the source
 text: local headers are pasted into the source so that editing one invalidates it.
@@ -31,12 +32,19 @@ def source(name: str) -> str:
 
 
 @lru_cache(maxsize=None)
-def module(name: str):
-    """The compiled module of gpu/<name>.cu."""
+def _module(name: str, device: int):
     import cupy
 
     return cupy.RawModule(code=source(name), options=OPTIONS)
 
 
+def module(name: str):
+    """The compiled module of gpu/<name>.cu on the current device."""
+    import cupy
+
+    return _module(name, cupy.cuda.Device().id)
+
+
 def kernel(name: str, function: str):
+    """A kernel of gpu/<name>.cu on the current device."""
     return module(name).get_function(function)

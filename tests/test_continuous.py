@@ -236,7 +236,7 @@ def test_compiled_batches_split_over_threads_overlap_and_give_the_same_deltas(tm
         time.sleep(0.002)
         return match(self, *args)
 
-    def engine(backend, g0, timed=False):
+    def engine(backend, g0, timed=False, gpus=1):
         e = compiled.CompiledEngine(g0, threads=2, timed=timed)
         free, releases = e.mvg.free, iter(range(1 << 30))
         e.mvg.free = lambda versions: free(versions) or next(releases) % 3 == 2

@@ -48,6 +48,9 @@ def test_config_layers_defaults_file_and_environment(tmp_path):
     ('[pipeline]\nbatch_size = "64"\n', {}, "[pipeline] batch_size must be an integer"),
     ('[pipeline]\nbatch_size = 0\n', {}, "[pipeline] batch_size must be > 0"),
     ('[pipeline]\nthreads = -1\n', {}, "[pipeline] threads must be >= 0"),
+    ('[pipeline]\ngpus = 0\n', {}, "[pipeline] gpus must be > 0"),
+    ('[pipeline]\ngpus = "two"\n', {}, "[pipeline] gpus must be an integer or 'all', got 'two'"),
+    ('', {"CSMD_PIPELINE__GPUS": "most"}, "CSMD_PIPELINE__GPUS: expected an integer or 'all', got 'most'"),
     ('[input]\nformat = "xml"\n', {}, "[input] format must be one of auto, arrow, json, text"),
     ('[kafka\n', {}, "not valid TOML"),
     ('', {"CSMD_PIPELINE__BATCH_SIZE": "many"}, "CSMD_PIPELINE__BATCH_SIZE: expected an integer"),
@@ -70,6 +73,15 @@ def test_config_errors_name_the_file_and_key(tmp_path, text, env, message):
     with pytest.raises(CsmdError, match=None) as exc:
         load_config(f, env=env)
     assert message in str(exc.value)
+
+
+def test_gpus_is_a_count_or_all(tmp_path):
+    assert Config().pipeline.gpus == 1
+    for text, want in (('gpus = 4', 4), ('gpus = "all"', "all")):
+        (tmp_path / "c.toml").write_text(f"[pipeline]\n{text}\n")
+        assert load_config(tmp_path / "c.toml", env={}).pipeline.gpus == want
+    assert load_config(None, env={"CSMD_PIPELINE__GPUS": "all"}).pipeline.gpus == "all"
+    assert load_config(None, env={"CSMD_PIPELINE__GPUS": "2"}).pipeline.gpus == 2
 
 
 def test_shipped_configs_load():

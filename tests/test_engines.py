@@ -33,6 +33,25 @@ def test_gpu_without_a_gpu_is_a_clear_error_naming_the_setting():
         continuous_engine("tpu", G)
 
 
+def test_several_gpus_on_a_cpu_engine_is_a_clear_error_naming_the_setting(tmp_path):
+    from csmd.backends import gpu_devices
+
+    assert gpu_devices("cpu") == [] and gpu_devices("numpy", "all") == []
+    with pytest.raises(CsmdError, match=r"^\[pipeline\] gpus 2: the cpu backend runs on the CPU( \(.*\))?; use the gpu backend"):
+        gpu_devices("cpu", 2, "[pipeline] gpus")
+    with pytest.raises(CsmdError, match=r"^--gpus 3: "):
+        continuous_engine("numpy", G, gpus=3)
+    (tmp_path / "g.graph").write_text("v 1 0\nv 2 0\ne 1 2\n")
+    (tmp_path / "s.txt").write_text("e 1 3\n")
+    (tmp_path / "q.graph").write_text("t 2 1\nv 0 0\nv 1 0\ne 0 1\n")
+    args = [sys.executable, "-m", "csmd", "replay", "--data", tmp_path / "g.graph", "--stream", tmp_path / "s.txt",
+            "--query", tmp_path / "q.graph", "--backend", "cpu", "--gpus"]
+    out = subprocess.run([*args, "2"], capture_output=True, text=True)
+    assert out.returncode == 2 and "--gpus 2: the cpu backend runs on the CPU" in out.stderr, out.stderr
+    out = subprocess.run([*args, "0"], capture_output=True, text=True)
+    assert out.returncode == 2 and "argument --gpus: must be a number of GPUs (1 or more) or all" in out.stderr
+
+
 def test_replay_backend_gpu_is_exit_2_with_reason(tmp_path):
     if gpu_unavailable_reason() is None:
         pytest.skip("the GPU continuous engine runs here")

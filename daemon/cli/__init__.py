@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from csmd import STARTED
-from csmd.backends import BACKENDS, resolve_backend
+from csmd.backends import BACKENDS, gpu_devices, resolve_backend
 from csmd.errors import CsmdError, InputError, missing
 from csmd.jobs import COUNT_ONLY_REPLAY_BATCH
 from csmd.model.formats import ID_KINDS, MAX_ID_BYTES
@@ -32,6 +32,15 @@ def _positive_int(text: str) -> int:
     val = _number(int, text)
     if val < 0:
         raise argparse.ArgumentTypeError("must be >= 0")
+    return val
+
+
+def _gpus(text: str) -> int | str:
+    if text == "all":
+        return text
+    val = _number(int, text)
+    if val < 1:
+        raise argparse.ArgumentTypeError("must be a number of GPUs (1 or more) or all")
     return val
 
 
@@ -184,7 +193,7 @@ def cmd_replay(args) -> int:
 
     if args.count_only and args.output:
         raise CsmdError("--output writes the matches of each delta; it cannot be combined with --count-only")
-    resolve_backend(args.backend)  # a clear error before any reading
+    gpu_devices(resolve_backend(args.backend), args.gpus)  # a clear error before any reading
     _check_output(args.output)
     if not args.stream.exists():
         raise missing(args.stream)
@@ -201,7 +210,8 @@ def cmd_replay(args) -> int:
     batch_size = args.batch_size or (COUNT_ONLY_REPLAY_BATCH if args.count_only else DEFAULT_BATCH_SIZE)
     results, _ = replay(g0, args.stream, queries, batch_size=batch_size, count_only=args.count_only,
                         distinct=args.distinct, output=args.output, backend=args.backend,
-                        max_id_bytes=args.max_id_bytes, labels=labels, started=STARTED, event_time=event_time)
+                        max_id_bytes=args.max_id_bytes, labels=labels, started=STARTED, event_time=event_time,
+                        gpus=args.gpus)
     out = _report_stream(args.output)
     if not args.json:
         print(f"{'query':<32} {'positive':>14} {'negative':>14} {'updates':>9} {'records':>9} {'ignored':>9} "
@@ -395,6 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--stream", required=True, type=Path, help="update stream: e/-e/v/-v lines")
     r.add_argument("--query", required=True, nargs="+", type=Path, help="query files or directories of them")
     r.add_argument("--backend", choices=BACKENDS, default="auto", help="engine (default auto)")
+    r.add_argument("--gpus", type=_gpus, default=1, help="the GPU engine's devices: the first N, or all (default 1); "
+                   "each holds the graph and searches a share of every large batch")
     r.add_argument("--batch-size", type=_batch_size,
                    help=f"updates per graph-updater batch (default {DEFAULT_BATCH_SIZE}; "
                         f"{COUNT_ONLY_REPLAY_BATCH} with --count-only)")

@@ -55,7 +55,8 @@ def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: i
            distinct: bool = False, output=None, threaded: bool = True, show_progress: bool | None = None,
            backend: str = "cpu", executor_lag: int = 0, max_batch: int | None = None,
            max_id_bytes: int = MAX_ID_BYTES, labels: LabelNames = NO_NAMES,
-           started: float | None = None, event_time: EventTime | None = None) -> tuple[list[dict], "Pipeline"]:
+           started: float | None = None, event_time: EventTime | None = None,
+           gpus: int | str = 1) -> tuple[list[dict], "Pipeline"]:
     """Run the stream through the pipeline on `backend`; returns one result dict per query and the pipeline.
     stream: a stream file's path (read as the pipeline goes: `seconds` includes reading it), or
     what read_stream made of one (`seconds`: the pipeline alone). threaded: the pipeline's
@@ -67,11 +68,12 @@ def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: i
     subgraph instance (pipeline/queries.py continuous_query). A string id of the stream longer than
     max_id_bytes (UTF-8), or empty, stops it with file:line: reason. labels: the names a stream
     file's lines may give labels by. event_time: the window and lateness of event time
-    (pipeline/event_time.py; every edge line then needs a ts); None: off."""
+    (pipeline/event_time.py; every edge line then needs a ts); None: off. gpus: the GPU engine's
+    devices (a count or "all": gpu/replicas.py)."""
     started = time.monotonic() if started is None else started
     load_scanner()
-    warm_once(resolve_backend(backend))  # before the engine: the GPU's pool keeps what the warm-up freed
-    engine = continuous_engine(backend, g0, timed=event_time is not None)
+    warm_once(resolve_backend(backend), gpus)  # before the engine: the GPU's pool keeps what the warm-up freed
+    engine = continuous_engine(backend, g0, timed=event_time is not None, gpus=gpus)
     pipe = Pipeline(g0, engine=engine, batch_size=batch_size,
                     threaded=threaded, executor_lag=executor_lag,
                     max_batch=max_batch, event_time=event_time)

@@ -30,10 +30,11 @@ from csmd.pipeline.event_time import EventTime
 
 
 def _setting(default, *, choices: tuple = (), positive: bool = False, non_negative: bool = False,
-             path: bool = False):
+             path: bool = False, also: tuple = ()):
     """A setting's default (a fresh empty list or table for each config) and what a value must be:
-    one of `choices`, > 0, >= 0; `path`: relative to the config file's folder."""
-    rules = {"choices": choices, "positive": positive, "non_negative": non_negative, "path": path}
+    one of `choices`, > 0, >= 0; `path`: relative to the config file's folder; `also`: strings
+    taken besides values of the default's type (a count's "all")."""
+    rules = {"choices": choices, "positive": positive, "non_negative": non_negative, "path": path, "also": also}
     if isinstance(default, (list, dict)):
         assert not default, "a list or table setting defaults to empty"
         return field(default_factory=type(default), metadata=rules)
@@ -143,6 +144,9 @@ class PipelineConfig:
     max_pending_records: int = _setting(80_000, positive=True)
     # the compiled CPU engine's threads; 0: CSMD_THREADS, else the cores
     threads: int = _setting(0, non_negative=True)
+    # the GPU engine's devices: the first this many, or "all": each holds a replica of the graph and
+    # searches a share of every batch large enough to split (gpu/replicas.py)
+    gpus: int | str = _setting(1, positive=True, also=("all",))
 
 
 @dataclass(frozen=True)
@@ -245,13 +249,16 @@ def _type_name(v) -> str:
 
 def _check(where: str, section: str, key: str, value, default):
     """The value, converted where harmless (an int for a float); CsmdError if it has the wrong type."""
+    rules = _RULES[section, key]
+    if isinstance(value, str) and value in rules.get("also", ()):
+        return value
     if isinstance(default, float) and type(value) is int:
         value = float(value)
     if type(value) is not type(default):
-        raise CsmdError(f"{where}: [{section}] {key} must be {_type_name(default)}, got {value!r}")
+        also = "".join(f" or {a!r}" for a in rules.get("also", ()))
+        raise CsmdError(f"{where}: [{section}] {key} must be {_type_name(default)}{also}, got {value!r}")
     if isinstance(default, list) and not all(isinstance(x, str) for x in value):
         raise CsmdError(f"{where}: [{section}] {key} must be a list of strings")
-    rules = _RULES[section, key]
     if rules.get("choices") and value not in rules["choices"]:
         raise CsmdError(f"{where}: [{section}] {key} must be one of {', '.join(rules['choices'])}, got {value!r}")
     if rules.get("positive") and not value > 0:
@@ -261,7 +268,9 @@ def _check(where: str, section: str, key: str, value, default):
     return value
 
 
-def _from_env(text: str, default, var: str):
+def _from_env(text: str, default, var: str, also: tuple = ()):
+    if text in also:
+        return text
     if isinstance(default, bool):
         low = text.strip().lower()
         if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
@@ -271,7 +280,8 @@ def _from_env(text: str, default, var: str):
         try:
             return type(default)(text)
         except ValueError:
-            raise CsmdError(f"{var}: expected {_type_name(default)}, got {text!r}") from None
+            also = "".join(f" or {a!r}" for a in also)
+            raise CsmdError(f"{var}: expected {_type_name(default)}{also}, got {text!r}") from None
     if isinstance(default, list):
         return [p.strip() for p in text.split(",") if p.strip()]
     if isinstance(default, dict):
@@ -319,7 +329,8 @@ def load_config(path=None, env=None) -> Config:
         if section not in values or key not in values[section]:
             raise CsmdError(f"{var}: no setting [{section}] {key}")
         default = defaults[section][key]
-        values[section][key] = _check(var, section, key, _from_env(text, default, var), default)
+        also = _RULES[section, key].get("also", ())
+        values[section][key] = _check(var, section, key, _from_env(text, default, var, also), default)
         origin[section, key] = var
     cfg = Config(**{section: _SECTIONS[section](**table) for section, table in values.items()})
     _check_listen(cfg.admin.listen, origin.get(("admin", "listen"), "defaults"))

@@ -135,9 +135,10 @@ class Daemon:
         # CuPy's own kernels): a throwaway engine runs a tiny stream before the live one is made,
         # so that on the GPU the device memory it freed stays in CuPy's pool for the live engine
         try:
-            warm = warm_once(resolve_backend(bs.backend, "[pipeline] backend")) + load_scanner()
+            warm = warm_once(resolve_backend(bs.backend, "[pipeline] backend"), bs.gpus, "[pipeline] gpus") + load_scanner()
             engine = continuous_engine(bs.backend, st.graph, "[pipeline] backend", threads=bs.threads or None,
-                                       timed=self.cfg.graph.event_time() is not None)
+                                       timed=self.cfg.graph.event_time() is not None, gpus=bs.gpus,
+                                       gpus_setting="[pipeline] gpus")
             self.pipe = Pipeline(st.graph, engine=engine, batch_size=bs.batch_size,
                                  batch_wait=bs.batch_wait_ms / 1000, queue_depth=bs.queue_depth,
                                  max_batch=bs.max_batch, first_seq=st.seq,

@@ -1,0 +1,170 @@
+"""Several GPUs behind one engine (gpu/replicas.py): updates/s with 1, 2 and 4 devices, count-only,
+and the share of the one-GPU time that its searches take (where a split can pay at all).
+
+Workloads (--parts): `lj`, bench/workloads.py's LiveJournal-sized graph and insertion stream (built
+into --workload if it is not there), each query set of --sets registered at once; `human`, the
+human stream with Q_1..Q_100; `yeast`, bench/replay_yeast.py's mixed stream with its 17 queries.
+Each run streams the same updates, decoded beforehand, through a fresh pipeline and engine (the
+graph's upload to every device is set-up, not timed). On `lj` the one-GPU run streams for
+--seconds and the others take the same updates. `search`: the seconds in the engine's submit
+(seeds, the devices' search, the counts), of the run's seconds.
+
+    python bench/gpus.py [--parts lj,human,yeast] [--workload DIR] [--sets dense_8,sparse_8,tree_8]
+                         [--gpus 1,2,4] [--seconds 30] [--batch-size 4096] [--runs 1] [--progress]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from csmd.backends import continuous_engine, warm_once
+from csmd.jobs.replay import read_stream
+from csmd.model.formats import UpdateBlock, query_files, read_graph, read_query
+from csmd.pipeline.stages import Pipeline
+from csmd.testing.streams import make_stream
+
+from replay_yeast import QUERIES as YEAST_QUERIES
+
+HERE = Path(__file__).resolve().parent
+
+
+PIECE = 512  # updates: a limited run stops between two pieces (a batch takes several)
+
+
+def pieces(items: list, size: int = PIECE) -> list:
+    """The decoded stream in pieces of at most `size` updates."""
+    out = []
+    for x in items:
+        if isinstance(x, UpdateBlock):
+            out += [x.rows(lo, min(lo + size, len(x))) for lo in range(0, len(x), size)]
+        else:
+            out.append(x)
+    return out
+
+
+def run(g0, items: list, queries, gpus: int, batch_size: int, seconds: float | None = None, progress: bool = False):
+    """One pipeline over items (all of them, or those taken within `seconds`): (seconds, updates,
+    seconds in submit, {query: positive})."""
+    engine = continuous_engine("gpu", g0, gpus=gpus)
+    in_submit = [0.0]
+    submit = engine.submit
+
+    def timed_submit(*args):
+        t = time.perf_counter()
+        try:
+            return submit(*args)
+        finally:
+            in_submit[0] += time.perf_counter() - t
+
+    engine.submit = timed_submit
+    pipe = Pipeline(g0, engine=engine, batch_size=batch_size)
+    for name, q in queries:
+        pipe.add_query(name, q, True)
+    pipe.warm()
+    totals = dict.fromkeys((n for n, _ in queries), 0)
+    taken = [0]
+    t0 = time.perf_counter()
+
+    def source():
+        for x in items:
+            if seconds is not None and time.perf_counter() - t0 > seconds:
+                return
+            taken[0] += len(x) if isinstance(x, UpdateBlock) else 1
+            yield x
+
+    def on_result(result):
+        for d in result.deltas:
+            totals[d.name] += d.positive
+        if progress:
+            print(f"  {gpus} gpus: batch of {result.batch.records} at {time.perf_counter() - t0:.2f} s", file=sys.stderr,
+                  flush=True)
+
+    pipe.run(source(), on_result)
+    sec = time.perf_counter() - t0
+    engine.close()
+    return sec, taken[0], in_submit[0], totals
+
+
+def table(label: str, g0, items: list, queries, args, limit: float | None = None) -> None:
+    """One row per GPU count, the median of --runs runs; the counts must agree. limit: the updates
+    one GPU streams in that many seconds (a run first, not reported), not all."""
+    if limit is not None:
+        items = upto(items, run(g0, items, queries, args.gpus[0], args.batch_size, limit, args.progress)[1])
+    base = None
+    for n in args.gpus:
+        runs = sorted((run(g0, items, queries, n, args.batch_size, progress=args.progress) for _ in range(args.runs)),
+                      key=lambda r: r[0])
+        sec, taken, search, totals = runs[len(runs) // 2]
+        if base is None:
+            base = (sec, totals)
+        same = "ok" if totals == base[1] else "DIFFER"
+        print(f"{label:<22} {len(queries):>7} {n:>4} {taken:>9} {sec:>8.3f} {taken / sec:>11,.0f} "
+              f"{search / sec:>7.0%} {base[0] / sec:>8.2f}x {same:>6}", flush=True)
+
+
+def upto(items: list, updates: int) -> list:
+    """The leading items that hold `updates` updates."""
+    out, n = [], 0
+    for x in items:
+        if n >= updates:
+            break
+        out.append(x)
+        n += len(x) if isinstance(x, UpdateBlock) else 1
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--datasets", type=Path, default=HERE.parents[0].parent / "shared" / "datasets")
+    ap.add_argument("--parts", default="lj,human,yeast")
+    ap.add_argument("--workload", type=Path, default=Path(tempfile.gettempdir()) / "csmd-lj")
+    ap.add_argument("--sets", default="dense_8,sparse_8,tree_8")
+    ap.add_argument("--gpus", default="1,2,4")
+    ap.add_argument("--seconds", type=float, default=30.0, help="the lj one-GPU run's limit")
+    ap.add_argument("--batch-size", type=int, default=4096)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--progress", action="store_true", help="each batch's time, on standard error")
+    args = ap.parse_args()
+    args.gpus = [int(x) for x in args.gpus.split(",")]
+    for n in args.gpus:
+        warm_once("gpu", n)
+    print(f"count-only, batch {args.batch_size}; median of {args.runs} runs; search: the share of the run in the "
+          f"engine's submit; speed-up against {args.gpus[0]} GPU")
+    print(f"{'workload':<22} {'queries':>7} {'gpus':>4} {'updates':>9} {'seconds':>8} {'updates/s':>11} "
+          f"{'search':>7} {'speed-up':>9} {'counts':>6}")
+    parts = args.parts.split(",")
+    if "human" in parts:
+        root = args.datasets / "human"
+        g0 = read_graph(root / "data.graph")
+        queries = [(f"Q_{i}", read_query(root / "queries" / f"Q_{i}.graph")) for i in range(1, 101)]
+        table("human", g0, pieces(read_stream(root / "insertion.graph")), queries, args)
+    if "yeast" in parts:
+        root = args.datasets / "yeast"
+        with tempfile.TemporaryDirectory() as tmp:
+            g0_path, stream, _, _ = make_stream(root / "data.graph", Path(tmp), 1)
+            g0 = read_graph(g0_path)
+            queries = [(n, read_query(root / "queries" / f"{n}.graph")) for n in YEAST_QUERIES]
+            table("yeast mixed", g0, pieces(read_stream(stream)), queries, args)
+    if "lj" in parts:
+        wl = args.workload
+        if not (wl / "MANIFEST.sha256").exists():
+            t = time.perf_counter()
+            subprocess.run([sys.executable, str(HERE / "workloads.py"), "--out", str(wl)], check=True,
+                           stdout=subprocess.DEVNULL)
+            print(f"(built {wl} in {time.perf_counter() - t:.0f} s)", flush=True)
+        t = time.perf_counter()
+        g0 = read_graph(wl / "data.graph")
+        items = pieces(read_stream(wl / "insertion.graph"))
+        print(f"(lj: {g0.n} vertices, {g0.num_edges} edges read in {time.perf_counter() - t:.0f} s)", flush=True)
+        for name in args.sets.split(","):
+            queries = [(p.stem, read_query(p)) for p in query_files([wl / "queries" / name])]
+            table(f"lj {name}", g0, items, queries, args, args.seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Several GPUs behind one engine: a replica of the multi-version graph on each device, every
+batch applied on all of them, and each batch's search split over them.
+
+The host work of a batch (sequencing, its seeds, its deltas) is done once; what the devices
+share is the search. Its units are seeds (one side of an update with one anchor's table):
+device i of N searches seeds i, i + N, i + 2N, ... in one launch sequence, so that the heavy
+seeds (those of hubs, of the dense queries), which come together in the seed list, spread
+over the devices, and each device's own search balances them over its warps (match_at's
+offload). Ranges handed out as devices finished (a device that drew slow seeds taking fewer)
+were measured first and lost: every range's launch ends in a tail where most of the device
+waits for a few warps, and the tails add up (the yeast stream at batch 4096: 0.074 s on one
+H200, 0.118 s on two). A search of fewer than SPLIT_SEEDS seeds stays on the first device:
+a share costs a launch, a read-back and a hand-off to the device's thread, more than a small
+search gains. Each device's counts land at their seeds' places and its rows come back as
+pieces with their seeds, which the pipeline puts in the canonical delta order as it does one
+device's: the deltas are the same bytes whatever the split.
+
+The replicas apply the same ops in the same order; the versions a batch replaced are one
+token per replica, released together. The latest-state reads (the sequencer's) come from
+the first replica. CuPy's current device is per thread: every call into a replica runs
+under its device, and each device but the first searches on a thread of its own (the first
+on the executor's, which waits for the others).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import cupy as cp
+import numpy as np
+
+from csmd.engine import ContinuousEngine, ContinuousQuery, Done, EngineStats, UpdateBatch
+from csmd.errors import CsmdError
+from csmd.model.graph import Graph
+
+from .engine import GpuEngine
+
+SPLIT_SEEDS = 2048  # a search of fewer seeds runs on the first device alone
+
+
+def device_ids(gpus, setting: str = "--gpus") -> list[int]:
+    """The devices `gpus` asks for: "all", or a count (the first that many); CsmdError naming
+    `setting` when the machine has fewer."""
+    have = cp.cuda.runtime.getDeviceCount()
+    if gpus == "all":
+        return list(range(have))
+    if not isinstance(gpus, int) or gpus < 1:
+        raise CsmdError(f"{setting} must be a positive number of GPUs or \"all\", got {gpus!r}")
+    if gpus > have:
+        raise CsmdError(f"{setting} {gpus}: this machine has {have} GPU{'s' * (have != 1)}")
+    return list(range(gpus))
+
+
+class _Prepared:
+    """A registered query in every replica's form (one PreparedQuery each)."""
+
+    def __init__(self, name: str, count_only: bool, per: list):
+        self.name, self.count_only, self.per = name, count_only, per
+
+
+class MultiGpuEngine(ContinuousEngine):
+    """The continuous engine over several devices (see the module docstring). devices: CUDA
+    device ids, the first one holding the replica the sequencer reads; a device may be named
+    twice (two replicas on one device: what the tests do on a machine with one GPU)."""
+
+    name = "gpu"
+
+    def __init__(self, g0: Graph, devices: list[int], timed: bool = False):
+        if len(devices) < 2:
+            raise ValueError("MultiGpuEngine needs two devices or more (one: GpuEngine)")
+        self.devices = [cp.cuda.Device(d) for d in devices]
+        self.replicas = []
+        for dev in self.devices:
+            with dev:
+                self.replicas.append(GpuEngine(g0, timed=timed))
+        self._pool = ThreadPoolExecutor(len(devices) - 1, thread_name_prefix="csmd-gpu")
+        self._last: tuple = (None, [])  # the last query list submitted, and each replica's list of it
+
+    # ---- storage: every replica ----------------------------------------------------------------
+    def apply(self, batch: UpdateBatch):
+        replaced = []
+        for dev, r in zip(self.devices, self.replicas):
+            with dev:
+                replaced.append(r.apply(batch))
+        if not any(replaced):
+            return []
+        # one token for the batch: each replica's (token, replaced_at) list, released when the last may be
+        return [(tuple(replaced), max(at for versions in replaced for _t, at in versions))]
+
+    def release(self, tokens) -> None:
+        for i, (dev, r) in enumerate(zip(self.devices, self.replicas)):
+            with dev:
+                r.release([t for group in tokens for t, _at in group[i]])
+
+    # ---- the latest state: the first replica -------------------------------------------------
+    def live_edge_labels(self, a, b):
+        with self.devices[0]:
+            return self.replicas[0].live_edge_labels(a, b)
+
+    def live_neighbors(self, v: int):
+        with self.devices[0]:
+            return self.replicas[0].live_neighbors(v)
+
+    def live_edges(self):
+        with self.devices[0]:
+            return self.replicas[0].live_edges()
+
+    # ---- matching ------------------------------------------------------------------------------
+    def prepare(self, query: ContinuousQuery) -> _Prepared:
+        per = []
+        for dev, r in zip(self.devices, self.replicas):
+            with dev:
+                per.append(r.prepare(query))
+        return _Prepared(query.name, query.count_only, per)
+
+    def _per_replica(self, queries: list[_Prepared]) -> list[list]:
+        """Each replica's list of the queries (the same list objects batch after batch, as the
+        executors cache their groups by them)."""
+        if queries is not self._last[0]:
+            self._last = (queries, [[pq.per[i] for pq in queries] for i in range(len(self.replicas))])
+        return self._last[1]
+
+    def warm(self, queries: list[_Prepared]) -> None:
+        for dev, r, mine in zip(self.devices, self.replicas, self._per_replica(queries)):
+            with dev:
+                r.warm(mine)
+
+    def submit(self, batch: UpdateBatch, queries: list[_Prepared], select: np.ndarray | None = None) -> Done:
+        per = self._per_replica(queries)
+        for dev, r in zip(self.devices, self.replicas):
+            with dev:
+                r.await_apply(batch)
+        first = self.replicas[0]
+
+        def split(g, a, b, seq, tab, emit, ts, bits):
+            return self._split(per, g, (a, b, seq, tab), emit, ts, bits)
+
+        with self.devices[0]:
+            return Done(first.executor.run(first.mvg, batch, per[0], first.labels, select, split))
+
+    def _split(self, per, g: int, seeds: tuple, emit: bool, ts, bits: int):
+        """Executor.searched's answer for the seeds of group g, searched in shares on every device."""
+        S, N = len(seeds[2]), len(self.replicas)
+        if S < SPLIT_SEEDS:
+            return self._share(0, 1, per, g, seeds, emit, ts, bits)
+        others = [self._pool.submit(self._on_device, i, N, per, g, seeds, emit, ts, bits) for i in range(1, N)]
+        try:
+            parts = [self._share(0, N, per, g, seeds, emit, ts, bits)]
+        finally:
+            parts += [f.result() for f in others]  # the others' errors too (a device failure stops the daemon)
+        counts = np.empty(S, np.int64)
+        found, ready = [], []
+        for i, (c, f, r) in enumerate(parts):
+            counts[i::N] = c
+            found += [(rows, i + N * s) for rows, s in f]
+            ready += r
+        return counts, found, ready
+
+    def _on_device(self, i: int, *args):
+        with self.devices[i]:
+            return self._share(i, *args)
+
+    def _share(self, i: int, N: int, per, g: int, seeds: tuple, emit: bool, ts, bits: int):
+        """Replica i searches seeds i, i + N, ...: Executor.searched's answer for them."""
+        r = self.replicas[i]
+        mine = slice(i, None, N)
+        return r.executor.searched(r.mvg, r.executor.groups(per[i])[g][1], *(x[mine] for x in seeds), emit,
+                                   None if ts is None else ts[mine], bits)
+
+    def stats(self) -> EngineStats:
+        per = []
+        for dev, r in zip(self.devices, self.replicas):
+            with dev:
+                per.append(r.stats())
+        return EngineStats(per[0].live_versions, sum(s.memory_bytes for s in per))
+
+    def close(self) -> None:
+        self._pool.shutdown()
+        for dev, r in zip(self.devices, self.replicas):
+            with dev:
+                r.close()
