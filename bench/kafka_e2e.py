@@ -9,6 +9,9 @@ per input record in one run:
   (c) the daemon's own time: from a record's arrival at its consumer to its deltas acknowledged
       by the broker (its latency histogram, every record; `csmd admin stats`).
 (a) holds two hops of (b) and (c): a daemon that adds nothing of its own has a <= c + 2b.
+Within (c), from the daemon's stats: (m) from an update's batch forming to its deltas ready,
+(p) to its deltas handed to the producer; (c) less (p) is the wait for the batch to form and
+for the broker's acknowledgement.
 
 Burst: --rounds rounds of the human stream (each undoing the last, csmd.testing.streams.in_rounds),
 --per-record updates a record, produced at once; updates/s from the first record produced to
@@ -131,7 +134,9 @@ def paced(bootstrap: str, queries, backend: str, rate: float, workdir: Path) -> 
     hop_seen = back.close()
     b = [hop_seen[o] - hop_handed[o] for o in hop_seen if o in hop_handed]
     q = lambda x: (float(np.percentile(x, 50)), float(np.percentile(x, 99)))  # noqa: E731
-    return {"a": q(a), "b": q(b), "c": (own["latency_p50_s"], own["latency_p99_s"]), "with_deltas": len(a)}
+    return {"a": q(a), "b": q(b), "c": (own["latency_p50_s"], own["latency_p99_s"]),
+            "m": (own["matched_p50_s"], own["matched_p99_s"]), "p": (own["produced_p50_s"], own["produced_p99_s"]),
+            "with_deltas": len(a)}
 
 
 def burst(bootstrap: str, queries, backend: str, rounds: int, per_record: int, workdir: Path) -> tuple[float, int]:
@@ -167,7 +172,7 @@ def main() -> None:
         try:
             for backend in args.backend:
                 runs = [paced(broker.bootstrap, queries, backend, args.rate, work) for _ in range(args.runs)]
-                med = {k: tuple(statistics.median(r[k][i] for r in runs) for i in (0, 1)) for k in "abc"}
+                med = {k: tuple(statistics.median(r[k][i] for r in runs) for i in (0, 1)) for k in "abcmp"}
                 rates = [burst(broker.bootstrap, queries, backend, args.rounds, args.per_record, work)
                          for _ in range(args.runs)]
                 rows.append((backend, med, runs[0]["with_deltas"], statistics.median(r[0] for r in rates),
@@ -183,13 +188,15 @@ def main() -> None:
     print(f"burst: {args.rounds} rounds, {args.per_record} updates a record, produced at once; daemon's producer "
           f"settings: {PRODUCER or 'the defaults'}\n")
     print(f"{'engine':<7} {'(a) p50':>8} {'(a) p99':>8} {'(b) p50':>8} {'(b) p99':>8} {'(c) p50':>8} {'(c) p99':>8} "
+          f"{'(m) p50':>8} {'(m) p99':>8} {'(p) p50':>8} {'(p) p99':>8} "
           f"{'c+2b p50':>9} {'records w/ deltas':>18} {'burst upd/s':>12} {'updates':>10}")
     for backend, med, with_deltas, rate, updates in rows:
         ms = {k: (v[0] * 1000, v[1] * 1000) for k, v in med.items()}
         print(f"{backend:<7} {ms['a'][0]:>8.1f} {ms['a'][1]:>8.1f} {ms['b'][0]:>8.1f} {ms['b'][1]:>8.1f} "
-              f"{ms['c'][0]:>8.2f} {ms['c'][1]:>8.2f} {ms['c'][0] + 2 * ms['b'][0]:>9.1f} {with_deltas:>18} "
+              f"{ms['c'][0]:>8.2f} {ms['c'][1]:>8.2f} {ms['m'][0]:>8.2f} {ms['m'][1]:>8.2f} {ms['p'][0]:>8.2f} "
+              f"{ms['p'][1]:>8.2f} {ms['c'][0] + 2 * ms['b'][0]:>9.1f} {with_deltas:>18} "
               f"{rate:>12.0f} {updates:>10}")
-    print("\nms; (a) and (b) per record, (c) from the daemon's histogram (bucketed)")
+    print("\nms; (a) and (b) per record, (c), (m) and (p) from the daemon's histograms (bucketed)")
 
 
 if __name__ == "__main__":

@@ -271,6 +271,9 @@ class Daemon:
             "updates_per_s": round(self.metrics.updates_rate.per_second(), 3),
             "deltas_per_s": round(self.metrics.deltas_rate.per_second(), 3),
             "latency_p50_s": lat.quantile(0.5), "latency_p99_s": lat.quantile(0.99),
+            # per update, from its batch's forming: matched (deltas ready), produced (handed to the producer)
+            **{f"{k}_p{q}_s": h.quantile(q / 100) for k, h in (("matched", pipe.stats.latency),
+                                                              ("produced", self.metrics.produced)) for q in (50, 99)},
             "pending_records": tracker.pending(), "paused": self.backpressure.paused,
             "batches": pipe.stats.batches, "largest_batch": pipe.stats.largest,  # grown when behind
             "inline_batches": pipe.stats.inline,  # all stages on one thread: the stream was quiet

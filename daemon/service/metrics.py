@@ -147,6 +147,11 @@ class Metrics:
         self.latency = LatencyHistogram()
         self.registry.register(_LatencyCollector(self.latency, "csmd_update_latency_seconds",
                                                  "Per update record: arrival at the daemon to its deltas acknowledged"))
+        # the same records' way in parts: taken into a batch to its deltas handed to the producer (the
+        # rest of the above is the wait for the pipeline before, and for the broker's acknowledgement after)
+        self.produced = LatencyHistogram()
+        self.registry.register(_LatencyCollector(self.produced, "csmd_publish_latency_seconds",
+                                                 "Per update: taken into a batch to its deltas handed to the producer"))
         self.updates_rate = Rate()
         self.deltas_rate = Rate()
         Gauge("csmd_updates_per_second", "Updates applied per second over the last 10 s",

@@ -167,6 +167,7 @@ class Output:
             return
         self.publisher.publish(result, self.tracker.acked, self.tracker.sending)
         b = result.batch
+        self.ctx.metrics.produced.observe(time.monotonic() - b.arrived)
         # counted before the tracker hears of it: once the records are done (none pending), stats
         # must count their updates
         self.ctx.metrics.inc("csmd_updates_total", b.records)
