@@ -24,7 +24,7 @@ on the executor's, which waits for the others).
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import cupy as cp
 import numpy as np
@@ -68,6 +68,8 @@ class MultiGpuEngine(ContinuousEngine):
     def __init__(self, g0: Graph, devices: list[int], timed: bool = False):
         if len(devices) < 2:
             raise ValueError("MultiGpuEngine needs two devices or more (one: GpuEngine)")
+        if not isinstance(g0, Graph):  # a DeviceGraph lives on one device: every replica would read its arrays
+            raise TypeError("MultiGpuEngine takes a host Graph")
         self.devices = [cp.cuda.Device(d) for d in devices]
         self.replicas = []
         for dev in self.devices:
@@ -145,9 +147,10 @@ class MultiGpuEngine(ContinuousEngine):
             return self._share(0, 1, per, g, seeds, emit, ts, bits)
         others = [self._pool.submit(self._on_device, i, N, per, g, seeds, emit, ts, bits) for i in range(1, N)]
         try:
-            parts = [self._share(0, N, per, g, seeds, emit, ts, bits)]
+            first = self._share(0, N, per, g, seeds, emit, ts, bits)
         finally:
-            parts += [f.result() for f in others]  # the others' errors too (a device failure stops the daemon)
+            wait(others)  # no device is left searching when an error (a device failure: the daemon stops) leaves
+        parts = [first] + [f.result() for f in others]  # raises another device's error
         counts = np.empty(S, np.int64)
         found, ready = [], []
         for i, (c, f, r) in enumerate(parts):

@@ -16,7 +16,7 @@ import pytest
 
 from csmd.backends import gpu_unavailable_reason
 
-from continuous_cases import make_case, run_replay
+from continuous_cases import delta_file, make_case, run_replay
 from helpers import dataset, read_expected
 
 pytestmark = [pytest.mark.gpu,
@@ -43,22 +43,25 @@ def replicas(request, monkeypatch):
 
 @pytest.mark.parametrize("seed", range(400, 410))
 def test_replicas_give_the_cpu_engines_delta_file(tmp_path, seed, replicas):
-    """Materialised and count-only, batches of 1, 7, 64 and 1024, inline and with the executor held
-    4 batches behind the updater (each replica applies ahead of its searches)."""
-    from csmd.backends import continuous_engine
+    """Materialised at batches of 1, 7, 64 and 1024, inline and with the executor held 4 batches
+    behind the updater (each replica applies ahead of its searches); count-only (each update's
+    count, in the delta file) at batches of 1 and 64 against the CPU engine's at the same size."""
     from csmd.gpu.replicas import MultiGpuEngine
-    from csmd.model.formats import read_graph
+    from csmd.model.formats import read_graph, read_query
 
     qpaths, _ = make_case(tmp_path, seed, steps=80)
     reference, ref_results, _ = run_replay(tmp_path, qpaths, batch_size=7, threaded=False, name="ref.arrow")
-    assert isinstance(continuous_engine("gpu", read_graph(tmp_path / "g0.graph")), MultiGpuEngine)
     for b, lag in ((1, 0), (7, 0), (64, 0), (1024, 0), (3, 4)):
         table, results, pipe = run_replay(tmp_path, qpaths, batch_size=b, backend="gpu", executor_lag=lag,
                                           name=f"g{b}-{lag}.arrow")
-        assert len(pipe.engine.replicas) == replicas
+        assert isinstance(pipe.engine, MultiGpuEngine) and len(pipe.engine.replicas) == replicas
         assert table.equals(reference), (b, lag)
         assert [(r["positive"], r["negative"]) for r in results] == [(r["positive"], r["negative"])
                                                                      for r in ref_results]
+    g0, queries = read_graph(tmp_path / "g0.graph"), [(p.stem, read_query(p)) for p in qpaths]
+    for b in (1, 64):  # a count-only file holds a record batch per batch: the CPU engine's at the same size
+        assert delta_file(tmp_path, g0, queries, b, True, "gpu", f"c{b}")[0] == \
+            delta_file(tmp_path, g0, queries, b, True, "cpu", f"c{b}")[0], b
 
 
 @pytest.mark.parametrize("seed", range(410, 414))
@@ -103,7 +106,7 @@ def test_replicas_under_event_time_keep_the_constraints(tmp_path, seed, replicas
 def test_the_human_stream_on_several_gpus(tmp_path, gpus, monkeypatch):
     """Q_1..Q_40 count-only with the split as it runs (searches of SPLIT_SEEDS or more) on the
     first `gpus` devices (replicas sharing a device where there are fewer): the reference totals;
-    Q_2 and Q_26 materialised at batch 1024: one GPU's delta file, byte for byte."""
+    Q_2 and Q_26 materialised at batch 1024, every search split: one GPU's delta file, byte for byte."""
     from csmd.gpu import replicas as mod
     from csmd.jobs.replay import replay
     from csmd.model.formats import read_graph, read_query
@@ -118,8 +121,11 @@ def test_the_human_stream_on_several_gpus(tmp_path, gpus, monkeypatch):
                            show_progress=False, backend="gpu", gpus=gpus)
     assert len(pipe.engine.replicas) == gpus
     assert {r["query"]: (r["positive"], r["negative"]) for r in results} == {n: (c, 0) for n, c in expected.items()}
-    assert pipe.engine_stats()["live_versions"] == pipe.vertices.n  # drained on every replica alike
+    for dev, r in zip(pipe.engine.devices, pipe.engine.replicas):  # drained on every replica alike
+        with dev:
+            assert r.stats().live_versions == pipe.vertices.n
     some = [q for q in queries if q[0] in ("Q_2", "Q_26")]
+    monkeypatch.setattr(mod, "SPLIT_SEEDS", 1)  # their few seeds a batch split too
     files = []
     for n in (1, gpus):
         replay(g0, root / "insertion.graph", some, batch_size=1024, count_only=False,
