@@ -15,8 +15,8 @@ search gains. Each device's counts land at their seeds' places and its rows come
 pieces with their seeds, which the pipeline puts in the canonical delta order as it does one
 device's: the deltas are the same bytes whatever the split.
 
-The replicas apply the same ops in the same order; the versions a batch replaced are one
-token per replica, released together. The latest-state reads (the sequencer's) come from
+The replicas apply the same ops in the same order; the versions a batch replaced on all of
+them are one entry of the GC (each replica's list), released together. The latest-state reads (the sequencer's) come from
 the first replica. CuPy's current device is per thread: every call into a replica runs
 under its device, and each device but the first searches on a thread of its own (the first
 on the executor's, which waits for the others).
