@@ -46,3 +46,22 @@ def test_a_failed_write_is_raised_by_the_next_write_or_by_close(tmp_path):
             sink.write(iter([(None, piece(1), [])]))
     with pytest.raises(OSError):
         sink.close()
+
+
+def test_a_file_there_is_replaced_and_a_symlink_written_through(tmp_path):
+    """An old file's bytes are all gone (it is removed first, not truncated: a longer old file
+    leaves nothing behind); a symlink stays one, its target holding the new file."""
+    import os
+
+    for path in (tmp_path / "out.arrow", tmp_path / "link.arrow"):
+        target = tmp_path / "out.arrow"
+        target.write_bytes(b"x" * 100_000)
+        if path != target:
+            path.symlink_to(target)
+        sink = FileSink(path, SCHEMA)
+        sink.write([(None, piece(7), [])])
+        sink.close()
+        assert os.path.islink(path) == (path != target)
+        f = ipc.open_file(target)
+        assert f.num_record_batches == 1 and f.get_batch(0).column("x").to_pylist() == [7, 8]
+        assert target.stat().st_size < 100_000
