@@ -65,3 +65,19 @@ def test_a_file_there_is_replaced_and_a_symlink_written_through(tmp_path):
         f = ipc.open_file(target)
         assert f.num_record_batches == 1 and f.get_batch(0).column("x").to_pylist() == [7, 8]
         assert target.stat().st_size < 100_000
+
+
+def test_a_file_whose_folder_we_may_not_change_is_truncated(tmp_path, monkeypatch):
+    """Where the old file cannot be removed (its folder is not ours to change), it is truncated."""
+    import os
+
+    def refused(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    (tmp_path / "out.arrow").write_bytes(b"x" * 100_000)
+    monkeypatch.setattr(os, "unlink", refused)
+    sink = FileSink(tmp_path / "out.arrow", SCHEMA)
+    sink.write([(None, piece(3), [])])
+    sink.close()
+    assert ipc.open_file(tmp_path / "out.arrow").get_batch(0).column("x").to_pylist() == [3, 4]
+    assert (tmp_path / "out.arrow").stat().st_size < 100_000
