@@ -187,13 +187,8 @@ def warm_up(backend: str) -> tuple[float, dict[str, int]]:
     big = 130 if backend == "gpu" else 0
     g0 = Graph.from_edges([0] * 4 + [1] * big, [0, 1, 2], [1, 2, 3], [0] * 3, [0, 1, 2, 3, *range(100, 100 + big)])
     tri = Graph.from_edges([0] * 3, [0, 1, 0], [1, 2, 2], [0] * 3)
-    if backend == "gpu":  # the current device's (warm_once runs it on each device a multi-GPU engine uses)
-        from csmd.gpu.engine import GpuEngine
-
-        engine = GpuEngine(g0)
-    else:
-        engine = continuous_engine(backend, g0)
-    pipe = Pipeline(g0, engine=engine, batch_size=3, threaded=False)
+    # one device's engine, on the current device (warm_once runs this on each device an engine uses)
+    pipe = Pipeline(g0, engine=continuous_engine(backend, g0), batch_size=3, threaded=False)
     pipe.add_query("count", tri, True)
     pipe.add_query("rows", tri, False)
     pipe.warm()

@@ -31,12 +31,20 @@ def devices_here() -> int:
 
 @pytest.fixture(params=[2, 3])
 def replicas(request, monkeypatch):
-    """Every GPU engine made in the test is n replicas, device ids 0, 1, ... wrapped round the
-    devices there are; every search of one seed or more is split over them."""
+    """Every GPU engine replay makes in the test is n replicas, device ids 0, 1, ... wrapped round
+    the devices there are; every search of one seed or more is split over them."""
+    from csmd.backends import continuous_engine
+    import csmd.jobs.replay as replay_module
     from csmd.gpu import replicas as mod
 
     n, have = request.param, devices_here()
-    monkeypatch.setattr(mod, "device_ids", lambda gpus, setting="--gpus": [i % have for i in range(n)])
+
+    def engine(backend, g0, *args, timed=False, **kwargs):
+        if backend == "gpu":
+            return mod.MultiGpuEngine(g0, [i % have for i in range(n)], timed)
+        return continuous_engine(backend, g0, *args, timed=timed, **kwargs)
+
+    monkeypatch.setattr(replay_module, "continuous_engine", engine)
     monkeypatch.setattr(mod, "SPLIT_SEEDS", 1)
     return n
 

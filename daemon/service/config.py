@@ -247,6 +247,11 @@ def _type_name(v) -> str:
             dict: "a table"}[type(v)]
 
 
+def _or_also(also: tuple) -> str:
+    """The strings a setting takes besides its type's values, for an error: " or 'all'"."""
+    return "".join(f" or {a!r}" for a in also)
+
+
 def _check(where: str, section: str, key: str, value, default):
     """The value, converted where harmless (an int for a float); CsmdError if it has the wrong type."""
     rules = _RULES[section, key]
@@ -255,8 +260,8 @@ def _check(where: str, section: str, key: str, value, default):
     if isinstance(default, float) and type(value) is int:
         value = float(value)
     if type(value) is not type(default):
-        also = "".join(f" or {a!r}" for a in rules.get("also", ()))
-        raise CsmdError(f"{where}: [{section}] {key} must be {_type_name(default)}{also}, got {value!r}")
+        raise CsmdError(f"{where}: [{section}] {key} must be {_type_name(default)}{_or_also(rules.get('also', ()))}, "
+                        f"got {value!r}")
     if isinstance(default, list) and not all(isinstance(x, str) for x in value):
         raise CsmdError(f"{where}: [{section}] {key} must be a list of strings")
     if rules.get("choices") and value not in rules["choices"]:
@@ -280,8 +285,7 @@ def _from_env(text: str, default, var: str, also: tuple = ()):
         try:
             return type(default)(text)
         except ValueError:
-            also = "".join(f" or {a!r}" for a in also)
-            raise CsmdError(f"{var}: expected {_type_name(default)}{also}, got {text!r}") from None
+            raise CsmdError(f"{var}: expected {_type_name(default)}{_or_also(also)}, got {text!r}") from None
     if isinstance(default, list):
         return [p.strip() for p in text.split(",") if p.strip()]
     if isinstance(default, dict):
