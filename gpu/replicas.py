@@ -24,6 +24,7 @@ on the executor's, which waits for the others).
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import cupy as cp
@@ -77,6 +78,9 @@ class MultiGpuEngine(ContinuousEngine):
                 self.replicas.append(GpuEngine(g0, timed=timed))
         self._pool = ThreadPoolExecutor(len(devices) - 1, thread_name_prefix="csmd-gpu")
         self._last: tuple = (None, [])  # the last query list submitted, and each replica's list of it
+        # the split searches' seconds: wall, their slowest device's and their devices' mean, summed
+        # (slowest / mean: how unevenly the shares weighed; wall / slowest: the split's own cost)
+        self.split_seconds = np.zeros(3)
 
     # ---- storage: every replica ----------------------------------------------------------------
     def apply(self, batch: UpdateBatch):
@@ -145,12 +149,16 @@ class MultiGpuEngine(ContinuousEngine):
         S, N = len(seeds[2]), len(self.replicas)
         if S < SPLIT_SEEDS:
             return self._share(0, 1, per, g, seeds, emit, ts, bits)
+        t0 = time.perf_counter()
         others = [self._pool.submit(self._on_device, i, N, per, g, seeds, emit, ts, bits) for i in range(1, N)]
         try:
-            first = self._share(0, N, per, g, seeds, emit, ts, bits)
+            first = self._timed_share(0, N, per, g, seeds, emit, ts, bits)
         finally:
             wait(others)  # no device is left searching when an error (a device failure: the daemon stops) leaves
         parts = [first] + [f.result() for f in others]  # raises another device's error
+        took = [sec for _, sec in parts]
+        self.split_seconds += (time.perf_counter() - t0, max(took), sum(took) / N)
+        parts = [p for p, _ in parts]
         counts = np.empty(S, np.int64)
         found, ready = [], []
         for i, (c, f, r) in enumerate(parts):
@@ -161,7 +169,11 @@ class MultiGpuEngine(ContinuousEngine):
 
     def _on_device(self, i: int, *args):
         with self.devices[i]:
-            return self._share(i, *args)
+            return self._timed_share(i, *args)
+
+    def _timed_share(self, i: int, *args):
+        t = time.perf_counter()
+        return self._share(i, *args), time.perf_counter() - t
 
     def _share(self, i: int, N: int, per, g: int, seeds: tuple, emit: bool, ts, bits: int):
         """Replica i searches seeds i, i + N, ...: Executor.searched's answer for them."""
