@@ -1,5 +1,6 @@
 """Several GPUs behind one engine (gpu/replicas.py): updates/s with 1, 2 and 4 devices, count-only,
-and the share of the one-GPU time that its searches take (where a split can pay at all).
+and the share of the one-GPU time that its searches take (where a split can pay at all); and
+static matching with each query's roots split over the devices (gpu/engine.py on_devices).
 
 Workloads (--parts): `lj`, bench/workloads.py's LiveJournal-sized graph and insertion stream (built
 into --workload if it is not there), each query set of --sets registered at once; `human`, the
@@ -7,9 +8,11 @@ human stream with Q_1..Q_100; `yeast`, bench/replay_yeast.py's mixed stream with
 Each run streams the same updates, decoded beforehand, through a fresh pipeline and engine (the
 graph's upload to every device is set-up, not timed). On `lj` the one-GPU run streams for
 --seconds and the others take the same updates. `search`: the seconds in the engine's submit
-(seeds, the devices' search, the counts), of the run's seconds.
+(seeds, the devices' search, the counts), of the run's seconds. `github` (static): plan + search
+of each of github's Q_0..Q_21 alone and of all 22 in one search (what `csmd match --gpus N`
+does), the median of --runs runs, the graph on every device beforehand.
 
-    python bench/gpus.py [--parts lj,human,yeast] [--workload DIR] [--sets dense_8,sparse_8,tree_8]
+    python bench/gpus.py [--parts lj,human,yeast,github] [--workload DIR] [--sets dense_8,sparse_8,tree_8]
                          [--gpus 1,2,4] [--seconds 30] [--batch-size 4096] [--runs 1] [--progress]
 """
 
@@ -87,6 +90,11 @@ def run(g0, items: list, queries, gpus: int, batch_size: int, seconds: float | N
     pipe.run(source(), on_result)
     sec = time.perf_counter() - t0
     engine.close()
+    split = getattr(engine, "split_seconds", None)
+    if split is not None and split[0]:
+        wall, slowest, mean = split
+        print(f"  {gpus} gpus: split searches {wall:.3f} s, their slowest device {slowest:.3f} s, the devices' "
+              f"mean {mean:.3f} s (uneven {slowest / mean:.2f}x)", file=sys.stderr, flush=True)
     return sec, taken[0], in_submit[0], totals
 
 
@@ -118,6 +126,51 @@ def upto(items: list, updates: int) -> list:
     return out
 
 
+def static(g, queries, args) -> None:
+    """github's table: one row per query alone, then the 22 in one search; seconds per GPU count."""
+    from csmd.gpu.engine import match, match_many
+
+    def devices(n):
+        return list(range(n)) if n > 1 else None
+
+    for n in args.gpus:  # every device's upload and modules, before the clock
+        match(g, queries[0][1], devices=devices(n))
+    print(f"{'github query':<14} {'matches':>18} " + " ".join(f"{f'{n} gpu s':>9}" for n in args.gpus)
+          + " " + " ".join(f"{f'{n} gpus':>8}" for n in args.gpus[1:]), flush=True)
+
+    def row(label, search):
+        per, counts = [], set()
+        for n in args.gpus:
+            runs = sorted(search(devices(n)) for _ in range(args.runs))
+            sec, found = runs[len(runs) // 2]
+            per.append(sec)
+            counts.add(found)
+        same = next(iter(counts)) if len(counts) == 1 else "DIFFER"
+        print(f"{label:<14} {same:>18} " + " ".join(f"{s:>9.3f}" for s in per) + " "
+              + " ".join(f"{per[0] / s:>7.2f}x" for s in per[1:]), flush=True)
+        return per
+
+    def alone(q):
+        def search(devs):
+            res = match(g, q, devices=devs)
+            assert res.complete
+            return res.seconds, res.count
+        return search
+
+    total = [0.0] * len(args.gpus)
+    for name, q in queries:
+        total = [a + b for a, b in zip(total, row(name, alone(q)))]
+    print(f"{'sum alone':<14} {'':>18} " + " ".join(f"{s:>9.3f}" for s in total) + " "
+          + " ".join(f"{total[0] / s:>7.2f}x" for s in total[1:]), flush=True)
+
+    def batch(devs):
+        res = match_many(g, [q for _, q in queries], devices=devs)
+        assert all(r.complete for r in res)
+        return res[0].seconds, sum(r.count for r in res)
+
+    row("one search", batch)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--datasets", type=Path, default=HERE.parents[0].parent / "shared" / "datasets")
@@ -133,11 +186,17 @@ def main() -> None:
     args.gpus = [int(x) for x in args.gpus.split(",")]
     for n in args.gpus:
         warm_once("gpu", n)
-    print(f"count-only, batch {args.batch_size}; median of {args.runs} runs; search: the share of the run in the "
-          f"engine's submit; speed-up against {args.gpus[0]} GPU")
-    print(f"{'workload':<22} {'queries':>7} {'gpus':>4} {'updates':>9} {'seconds':>8} {'updates/s':>11} "
-          f"{'search':>7} {'speed-up':>9} {'counts':>6}")
     parts = args.parts.split(",")
+    if "github" in parts:
+        root = args.datasets / "github"
+        print(f"static, median of {args.runs} runs; speed-up against {args.gpus[0]} GPU")
+        static(read_graph(root / "data.graph"),
+               [(f"Q_{i}", read_query(root / "queries" / f"Q_{i}.graph")) for i in range(22)], args)
+    if set(parts) - {"github"}:
+        print(f"count-only, batch {args.batch_size}; median of {args.runs} runs; search: the share of the run in "
+              f"the engine's submit; speed-up against {args.gpus[0]} GPU")
+        print(f"{'workload':<22} {'queries':>7} {'gpus':>4} {'updates':>9} {'seconds':>8} {'updates/s':>11} "
+              f"{'search':>7} {'speed-up':>9} {'counts':>6}")
     if "human" in parts:
         root = args.datasets / "human"
         g0 = read_graph(root / "data.graph")

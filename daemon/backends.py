@@ -69,12 +69,15 @@ def _compiled():
     return compiled
 
 
-def static_matcher(backend: str) -> StaticMatcher:
-    """The static matcher of a resolved backend ("cpu", "numpy" or "gpu")."""
-    if backend == "gpu":
+def static_matcher(backend: str, gpus: int | str = 1, gpus_setting: str = "--gpus") -> StaticMatcher:
+    """The static matcher of a resolved backend ("cpu", "numpy" or "gpu"); gpus: the GPU
+    matcher's devices, as continuous_engine takes them (several: each query's roots split
+    over them)."""
+    devices = gpu_devices(backend, gpus, gpus_setting)
+    if devices:
         from csmd.gpu.engine import GpuMatcher
 
-        return GpuMatcher()
+        return GpuMatcher(devices if len(devices) > 1 else None)
     compiled = _compiled() if backend == "cpu" else None
     if compiled is not None:
         return compiled.CompiledMatcher()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -94,17 +95,23 @@ class DeviceGraph:
         return cls(n, indptr, adj, adj_el, gadj, gadj_el, labels, num_labels)
 
 
-_UPLOADED: "weakref.WeakKeyDictionary[Graph, DeviceGraph]" = weakref.WeakKeyDictionary()
+# each Graph's upload on each device it was uploaded to (a static search on several GPUs
+# uploads it to every one of them, from a thread per device)
+_UPLOADED: "weakref.WeakKeyDictionary[Graph, dict[int, DeviceGraph]]" = weakref.WeakKeyDictionary()
+_UPLOADING = threading.Lock()
 
 
 def uploaded(g: Graph) -> bool:
-    """Whether g has been uploaded (device_graph(g) costs nothing more)."""
-    return g in _UPLOADED
+    """Whether g has been uploaded to the current device (device_graph(g) costs nothing more)."""
+    return cp.cuda.runtime.getDevice() in _UPLOADED.get(g, {})
 
 
 def device_graph(g: Graph) -> DeviceGraph:
-    """g on the device, uploaded once per Graph object."""
-    dg = _UPLOADED.get(g)
+    """g on the current device, uploaded once per Graph object and device."""
+    device = cp.cuda.runtime.getDevice()
+    with _UPLOADING:
+        on = _UPLOADED.setdefault(g, {})
+    dg = on.get(device)
     if dg is None:
         el = g.elabels if g.elabels.any() else None
         adj, adj_el = cp.asarray(g.indices), None if el is None else cp.asarray(el)
@@ -114,5 +121,5 @@ def device_graph(g: Graph) -> DeviceGraph:
             _, nbrs, nels = g.grouped
             gadj, gadj_el = cp.asarray(nbrs), None if el is None else cp.asarray(nels)
         dg = DeviceGraph(g.n, cp.asarray(g.indptr), adj, adj_el, gadj, gadj_el, cp.asarray(g.labels), g.num_labels)
-        _UPLOADED[g] = dg
+        on[device] = dg
     return dg

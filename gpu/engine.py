@@ -11,8 +11,10 @@ computes for the whole batch at once from the candidates' adjacency volumes
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import cupy as cp
 import numpy as np
@@ -25,42 +27,116 @@ from csmd.model.plan import anchor_order, greedy_orders, symmetry_constraints
 from .device_graph import DeviceGraph, device_graph
 from .device_mvg import DeviceMVG
 from .executor import Executor, PreparedQuery
-from .filtering import QueryBatch, filter_candidates, root_pool
+from .filtering import QueryBatch, filter_candidates, root_pool, share_roots
 from .matcher import Tuning, WarpSearch, query_tables
 
 
 def match_many(g: Graph | DeviceGraph, queries: list[Graph], *, distinct: bool = False, time_limit=None,
-               tuning: Tuning | None = None) -> list[SearchResult]:
+               tuning: Tuning | None = None, devices: list[int] | None = None) -> list[SearchResult]:
     """Count the matches of every query, all in one search. Each query has `time_limit`
     seconds from the start of the batch; one still running then is reported incomplete.
-    seconds = the batch's time (the same for every query)."""
-    return _search(g, queries, distinct=distinct, time_limit=time_limit, tuning=tuning)
+    seconds = the batch's time (the same for every query). devices: the CUDA devices to
+    split the search over (on_devices); default the current one."""
+    return on_devices(devices, g, None, None, time_limit, lambda share, _, seconds: _search(
+        g, queries, distinct=distinct, time_limit=seconds, tuning=tuning, share=share))
 
 
 def match(g: Graph | DeviceGraph, q: Graph, *, distinct: bool = False, limit=None, time_limit=None, sink=None,
-          tuning: Tuning | None = None, balance: dict | None = None) -> SearchResult:
+          tuning: Tuning | None = None, balance: dict | None = None, devices: list[int] | None = None
+          ) -> SearchResult:
     """Plan and enumerate q in g; `time_limit` covers both, and so does seconds. sink(rows)
     receives int32 arrays, one row per match, columns in query-vertex order. balance, if
-    given, receives WarpSearch.balance() of the search."""
-    return _search(g, [q], distinct=distinct, limit=limit, time_limit=time_limit, sink=sink, tuning=tuning,
-                   balance=balance)[0]
+    given, receives WarpSearch.balance() of the search (of the first device's share)."""
+    return on_devices(devices, g, limit, sink, time_limit, lambda share, rows, seconds: _search(
+        g, [q], distinct=distinct, limit=limit, time_limit=seconds, sink=rows, tuning=tuning,
+        balance=balance if share[0] == 0 else None, share=share))[0]
 
 
-def _search(g, queries, *, distinct, time_limit, tuning, limit=None, sink=None, balance=None) -> list[SearchResult]:
+SPECULATE_S = 0.02  # a count the first device finishes alone within this is not split (0: none is tried)
+_THREADS = ThreadPoolExecutor(thread_name_prefix="csmd-match")  # where the devices after the first search
+
+
+def on_devices(devices: list[int] | None, g, limit, sink, time_limit, search, speculate: bool = True
+               ) -> list[SearchResult]:
+    """search(share, sink, time_limit) -> [SearchResult per query] on the current device, or split
+    over several: device i of N runs search((i, N), ...) on a thread of its own (the first on the
+    caller's), filtering and planning as one device does and searching its share of every
+    query's roots (filtering.share_roots). A query's matches are the sum of the shares', it is
+    complete where every share is and the limit was not reached; the shares' rows go to sink one
+    piece at a time, no more than the limit in all (each share stops at the limit itself).
+    seconds: the whole split's.
+
+    A count (no sink) first runs on the first device alone for SPECULATE_S seconds where
+    `speculate`: most queries end within it, and a split costs them more than it gains (a few ms
+    a device: its own filtering and planning, the hand-offs); a larger one is then split, SPECULATE_S
+    later than it could have been."""
+    if devices is None or len(devices) == 1:
+        with cp.cuda.Device(devices[0]) if devices else contextlib.nullcontext():
+            return search((0, 1), sink, time_limit)
+    if isinstance(g, DeviceGraph):  # its arrays live on one device
+        raise TypeError("a search on several devices takes a host Graph")
+    t0 = time.monotonic()
+    if sink is None and speculate and SPECULATE_S > 0:
+        alone = time_limit is not None and time_limit <= SPECULATE_S
+        with cp.cuda.Device(devices[0]):
+            first = search((0, 1), None, time_limit if alone else SPECULATE_S)
+        if alone or all(r.complete or (limit is not None and r.count >= limit) for r in first):
+            return first
+        time_limit = None if time_limit is None else time_limit - (time.monotonic() - t0)
+    if g.num_labels > 1:
+        g.grouped  # noqa: B018 -- the label-grouped adjacency every device uploads, computed once here
+    lock, given = threading.Lock(), [0]
+
+    def rows_to_sink(rows):
+        with lock:
+            if limit is not None:
+                rows = rows[: max(0, limit - given[0])]
+            if len(rows):
+                sink(rows)
+                given[0] += len(rows)
+
+    n = len(devices)
+
+    def share(i: int) -> list[SearchResult]:
+        with cp.cuda.Device(devices[i]):
+            return search((i, n), None if sink is None else rows_to_sink, time_limit)
+
+    others = [_THREADS.submit(share, i) for i in range(1, n)]
+    try:
+        parts = [share(0)]
+    finally:
+        wait(others)  # no device is left searching when the first one's error leaves
+    parts += [f.result() for f in others]
+    seconds = time.monotonic() - t0
+    results = []
+    for per in zip(*parts):
+        count, complete = sum(r.count for r in per), all(r.complete for r in per)
+        if limit is not None:
+            count, complete = min(count, limit), complete and count < limit
+        results.append(SearchResult(count, complete, seconds))
+    return results
+
+
+def _search(g, queries, *, distinct, time_limit, tuning, limit=None, sink=None, balance=None, share=(0, 1)
+            ) -> list[SearchResult]:
+    """One device's search of the queries; share (i, n): its part of a search split over n
+    devices (on_devices): the roots filtering.share_roots deals it (each device then widens its
+    own, as one device does), and the one-vertex queries where i is 0."""
     t0 = time.monotonic()
     deadline = None if time_limit is None else t0 + time_limit
     dg = g if isinstance(g, DeviceGraph) else device_graph(g)
     batch = QueryBatch.pack(queries)
     counts = np.zeros(len(queries), np.int64)
     complete = np.ones(len(queries), bool)
-    cbits, sizes, volume = filter_candidates(dg, batch)
+    cbits, sizes, volume = filter_candidates(dg, batch, converge=share[1] > 1)  # every share the same
     valid = np.arange(sizes.shape[1]) < batch.nq[:, None]
     # no match: a query vertex without candidates, or query edge labels the graph lacks
     live = (sizes > 0).all(1, where=valid) & np.array([dg.has_edge_labels or not q.elabels.any() for q in queries])
     single = live & (batch.nq == 1)
-    counts[single] = sizes[single, 0]
-    if single.any() and len(queries) == 1:  # its matches are its candidates
-        counts[0], complete[0] = _single_vertex(cbits[0], int(sizes[0, 0]), limit, sink)
+    if share[0] == 0:  # a one-vertex query's matches are its candidates: the first share's
+        counts[single] = sizes[single, 0]
+        if single.any() and len(queries) == 1:
+            counts[0], complete[0] = _single_vertex(cbits[0], int(sizes[0, 0]), limit, sink)
     idx = np.flatnonzero(live & ~single)
     if len(idx):
         sub = batch.take(idx)
@@ -74,13 +150,16 @@ def _search(g, queries, *, distinct, time_limit, tuning, limit=None, sink=None, 
         sym = [symmetry_constraints(queries[i])[0] for i in idx] if distinct else None
         tables, el = query_tables(sub, orders, sym)
         pool, chunk_q = root_pool(dg, cb, sub, orders, sizes[idx, orders[:, 0]])
-        search = WarpSearch(dg, tables, el, cb, pool, chunk_q, tuning or Tuning())
-        if search.widen_pool(deadline):
-            counts[idx], complete[idx] = search.run(limit=limit, deadline=deadline, sink=sink)
-        else:
-            complete[idx] = False
-        if balance is not None:
-            balance.update(search.balance())
+        if share[1] > 1:
+            pool, chunk_q = share_roots(dg, pool, chunk_q, len(idx), *share)
+        if len(pool):  # a share may have no roots at all
+            search = WarpSearch(dg, tables, el, cb, pool, chunk_q, tuning or Tuning())
+            if search.widen_pool(deadline):
+                counts[idx], complete[idx] = search.run(limit=limit, deadline=deadline, sink=sink)
+            else:
+                complete[idx] = False
+            if balance is not None:
+                balance.update(search.balance())
     if limit is not None:
         complete &= counts < limit
     seconds = time.monotonic() - t0
@@ -96,26 +175,33 @@ def _single_vertex(cbits: cp.ndarray, total: int, limit, sink) -> tuple[int, boo
 
 
 class GpuMatcher(StaticMatcher):
-    """The static matcher of the GPU engine (one search for a batch of queries)."""
+    """The static matcher of the GPU engine (one search for a batch of queries), on the current
+    device or split over `devices` (on_devices)."""
 
     name = "gpu"
 
+    def __init__(self, devices: list[int] | None = None):
+        self.devices = devices
+
     def match(self, g, q, *, distinct=False, limit=None, time_limit=None, sink=None):
         if q.time is not None and q.time.constrained:
-            return match_timed(g, q, distinct=distinct, limit=limit, sink=sink)
-        return match(g, q, distinct=distinct, limit=limit, time_limit=time_limit, sink=sink)
+            return on_devices(self.devices, g, limit, sink, None, lambda share, rows, _: [match_timed(
+                g, q, distinct=distinct, limit=limit, sink=rows, share=share)], speculate=False)[0]
+        return match(g, q, distinct=distinct, limit=limit, time_limit=time_limit, sink=sink, devices=self.devices)
 
     def match_many(self, g, queries, *, distinct=False, time_limit=None):
         if any(q.time is not None and q.time.constrained for q in queries):
             return [self.match(g, q, distinct=distinct, time_limit=time_limit) for q in queries]
-        return match_many(g, queries, distinct=distinct, time_limit=time_limit)
+        return match_many(g, queries, distinct=distinct, time_limit=time_limit, devices=self.devices)
 
 
-def match_timed(g: Graph, q: Graph, *, distinct: bool = False, limit=None, sink=None) -> SearchResult:
+def match_timed(g: Graph, q: Graph, *, distinct: bool = False, limit=None, sink=None, share=(0, 1)
+                ) -> SearchResult:
     """A static match of a query with time constraints (the static search's graph keeps no ts):
     the continuous search of a timed device graph of g, read after every edge, seeded by every
     data pair that fits one anchor (query edge 0, both orientations): each match maps that
-    query edge onto one pair one way, so it is found once. limit truncates what is counted."""
+    query edge onto one pair one way, so it is found once. limit truncates what is counted.
+    share (i, n): the seeds i, i + n, ... of them (a search split over n devices)."""
     from csmd.model.time_constraints import require_ts
 
     require_ts(g)
@@ -128,7 +214,7 @@ def match_timed(g: Graph, q: Graph, *, distinct: bool = False, limit=None, sink=
     sym = symmetry_constraints(q)[0] if distinct else []
     anchor = Anchor(x, y, el, anchor_order(q, sizes, x, y))
     pq = ex.prepare(ContinuousQuery("query", q, sink is None, [anchor], sym), timed=True)
-    rows, count = ex.seeded(mvg, pq, g, emit=sink is not None)
+    rows, count = ex.seeded(mvg, pq, g, emit=sink is not None, share=share)
     if limit is not None:
         count = min(count, limit)
         rows = None if rows is None else rows[:limit]

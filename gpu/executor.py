@@ -338,11 +338,11 @@ class Executor:
                     found.append((d[0], at + d[1]))
         return counts, found, ready
 
-    def seeded(self, mvg, pq: PreparedQuery, g, emit: bool) -> tuple[np.ndarray | None, int]:
+    def seeded(self, mvg, pq: PreparedQuery, g, emit: bool, share=(0, 1)) -> tuple[np.ndarray | None, int]:
         """A static search of pq (one anchor) in mvg, a timed device graph of g read after every
         edge, seeded by every adjacency entry of g (one orientation of a data pair: x on its owner,
-        y on its neighbour) whose labels and edge label fit the anchor. Returns (the matches, in
-        query-vertex order, where emit; their number)."""
+        y on its neighbour) whose labels and edge label fit the anchor; share (i, n): the seeds
+        i, i + n, ... of them. Returns (the matches, in query-vertex order, where emit; their number)."""
         from csmd.cpu.mvg import entry_ts
 
         grp = self._group([pq])
@@ -355,6 +355,7 @@ class Executor:
         if grp.searched.tab_order is not None:  # --distinct: the seed's own symmetry constraint
             fit &= grp.searched.tab_order[0] * (nbrs - owner) >= 0
         a, b, ts = owner[fit], nbrs[fit], np.stack([ts_out[fit], ts_in[fit]], 1)
+        a, b, ts = a[share[0]::share[1]], b[share[0]::share[1]], ts[share[0]::share[1]]
         tab, seq = np.zeros(len(a), np.int64), np.ones(len(a), np.int64)  # T 1: every entry is alive (ct -1)
         if pq.n == 2:  # each seed is a match where it keeps the constraints
             keep, _ = _pair_times(grp, ts, tab)

@@ -74,10 +74,17 @@ def _grid(dg: DeviceGraph, queries: int) -> tuple[int, int]:
     return flat_grid(dg.n)[0], queries
 
 
-def filter_candidates(dg: DeviceGraph, batch: QueryBatch) -> tuple[cp.ndarray, np.ndarray, np.ndarray]:
+def filter_candidates(dg: DeviceGraph, batch: QueryBatch, converge: bool = False
+                      ) -> tuple[cp.ndarray, np.ndarray, np.ndarray]:
     """(cbits, sizes, volume): cbits[i, v] bit u <=> v is a candidate of vertex u of query i
     (shape (Q, n)); sizes[i, u] = |C(u)| of query i and volume[i, u] the sum of the degrees
-    of those candidates (shape (Q, MAXQ))."""
+    of those candidates (shape (Q, MAXQ)).
+
+    A refine round updates cbits in place while its other threads read them, so what
+    REFINE_ROUNDS rounds leave depends on the threads' timing (a superset of the matches'
+    vertices all the same). `converge` refines until a round changes nothing: the one
+    arc-consistent fixpoint, the same on every run and device, which a search split over
+    devices needs (they must deal out the same roots, planned in the same order)."""
     nb = len(batch)
     cbits = cp.empty((nb, dg.n), cp.uint32)
     grid, n = _grid(dg, nb), i64(dg.n)
@@ -88,7 +95,9 @@ def filter_candidates(dg: DeviceGraph, batch: QueryBatch) -> tuple[cp.ndarray, n
     if dg.has_edge_labels:  # a query without edge labels asks for label 0 on every edge
         qel = cp.zeros((nb, MAXQ, MAXQ), cp.int32) if batch.el is None else cp.asarray(batch.el)
     changed = cp.zeros(1, cp.int32)
-    for _ in range(REFINE_ROUNDS):
+    rounds = 0
+    while converge or rounds < REFINE_ROUNDS:
+        rounds += 1
         changed.fill(0)
         kernel("filtering", "refine")(grid, (THREADS,), (n, dg.indptr, dg.gadj, or_dummy(dg.gadj_el), dg.labels, *index,
                                                        i32(dg.has_edge_labels), *query, qel, cbits, changed))
@@ -113,3 +122,30 @@ def root_pool(dg: DeviceGraph, cbits: cp.ndarray, batch: QueryBatch, orders: np.
     kernel("filtering", "by_depth")(_grid(dg, len(roots)), (THREADS,), (
         i64(dg.n), cbits, cp.asarray(orders.astype(np.int32)), cp.asarray(batch.nq), cp.asarray(at), pool, filled))
     return pool, cp.asarray(np.repeat(np.arange(len(roots), dtype=np.int32), chunks))
+
+
+def share_roots(dg: DeviceGraph, pool: cp.ndarray, chunk_q: cp.ndarray, queries: int, i: int, n: int
+                ) -> tuple[cp.ndarray, cp.ndarray]:
+    """The part of root_pool's (pool, chunk_q) that device i of n searches: each query's roots
+    ordered by degree (highest first: the largest subtrees below them), then by id, and dealt
+    out i, i + n, ..., so that every device has its share of the hubs; repacked as root_pool
+    packs them (a query left without roots has no chunk). Every device computes the same order
+    from the same candidates, so the shares partition the roots."""
+    keep = pool >= 0
+    if not bool(keep.any()):
+        return pool[:0], chunk_q[:0]
+    v = pool[keep].astype(cp.int64)
+    q = cp.repeat(chunk_q, 32)[keep].astype(cp.int64)
+    order = cp.lexsort(cp.stack([v, dg.indptr[v] - dg.indptr[v + 1], q]))  # by query, -degree, id
+    v, q = v[order], q[order]
+    first = cp.searchsorted(q, cp.arange(queries), side="left")
+    rank = cp.arange(len(v)) - first[q]
+    mine = rank % n == i
+    v, q, rank = v[mine], q[mine], rank[mine] // n
+    have = cp.bincount(q, minlength=queries).get()
+    chunks = -(-have // 32)
+    at = np.zeros(queries, np.int64)
+    at[1:] = np.cumsum(chunks[:-1]) * 32
+    shared = cp.full(int(chunks.sum()) * 32, -1, cp.int32)
+    shared[cp.asarray(at)[q] + rank] = v.astype(cp.int32)
+    return shared, cp.asarray(np.repeat(np.arange(queries, dtype=np.int32), chunks))

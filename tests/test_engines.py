@@ -10,7 +10,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from csmd.backends import continuous_engine, gpu_unavailable_reason, warm_up
+from csmd.backends import continuous_engine, gpu_unavailable_reason, static_matcher, warm_up
 from csmd.errors import CsmdError
 from csmd.model.graph import Graph
 
@@ -50,6 +50,14 @@ def test_several_gpus_on_a_cpu_engine_is_a_clear_error_naming_the_setting(tmp_pa
     assert out.returncode == 2 and "--gpus 2: the cpu backend runs on the CPU" in out.stderr, out.stderr
     out = subprocess.run([*args, "0"], capture_output=True, text=True)
     assert out.returncode == 2 and "argument --gpus: must be a number of GPUs (1 or more) or all" in out.stderr
+    match = [sys.executable, "-m", "csmd", "match", "--data", tmp_path / "g.graph", "--query", tmp_path / "q.graph",
+             "--backend", "cpu", "--gpus"]
+    out = subprocess.run([*match, "all"], capture_output=True, text=True)
+    assert out.returncode == 0 and "q " in out.stdout, out.stderr  # all the GPUs of a CPU engine: none
+    out = subprocess.run([*match, "2"], capture_output=True, text=True)
+    assert out.returncode == 2 and "--gpus 2: the cpu backend runs on the CPU" in out.stderr, out.stderr
+    with pytest.raises(CsmdError, match=r"^--gpus 4: "):
+        static_matcher("numpy", 4)
 
 
 def test_replay_backend_gpu_is_exit_2_with_reason(tmp_path):

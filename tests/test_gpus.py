@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from csmd.backends import gpu_unavailable_reason
@@ -140,3 +141,171 @@ def test_the_human_stream_on_several_gpus(tmp_path, gpus, monkeypatch):
                output=tmp_path / f"{n}.arrow", show_progress=False, backend="gpu", gpus=n)
         files.append((tmp_path / f"{n}.arrow").read_bytes())
     assert files[0] == files[1]
+
+
+# ---- static matching split over several devices (gpu/engine.py on_devices) ------------------
+@pytest.fixture(params=[2, 3])
+def split(request, monkeypatch):
+    """n device ids for a static search, wrapped round the devices there are; every count is split
+    (not first tried on one device: SPECULATE_S)."""
+    from csmd.gpu import engine
+
+    monkeypatch.setattr(engine, "SPECULATE_S", 0)
+    return [i % devices_here() for i in range(request.param)]
+
+
+def split_rows(g, q, devices, **kw):
+    from csmd.gpu.engine import match
+
+    rows = []
+    res = match(g, q, sink=lambda r: rows.append(np.array(r)), devices=devices, **kw)
+    return res, [tuple(x) for r in rows for x in r.tolist()]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_a_split_static_search_equals_brute_force(seed, split):
+    """Counts, rows, --distinct and limits of a search whose roots are dealt out over the devices
+    (small graphs: a share often has no roots at all): the brute-force matcher's matches."""
+    from csmd.gpu.engine import match
+    from csmd.gpu.matcher import Tuning
+    from static_cases import make_case, to_graph
+    from brute import adjacency, brute_force
+
+    kind, glabels, gedges, qlabels, qedges, truth = make_case(seed)
+    g, q = to_graph(glabels, gedges, random.Random(seed * 7919 + 1)), to_graph(qlabels, qedges)
+    total, ctx = len(truth), f"seed={seed} kind={kind}"
+    res = match(g, q, devices=split)
+    assert (res.count, res.complete) == (total, True), ctx
+    res, rows = split_rows(g, q, split, tuning=Tuning(out_rows=32, offload_us=0.001))
+    assert res.complete and res.count == len(rows) == total and set(rows) == truth, ctx
+    qadj = adjacency(len(qlabels), qedges)
+    autos = brute_force(qadj, qlabels, qadj, qlabels)
+    res, rows = split_rows(g, q, split, distinct=True)
+    expanded = {tuple(m[a[u]] for u in range(len(qlabels))) for m in rows for a in autos}
+    assert res.complete and res.count * len(autos) == total and expanded == truth, ctx
+    for limit in sorted({1, total // 2, max(total - 1, 1), total, total + 1}):
+        r = match(g, q, limit=limit, devices=split)
+        assert r.count == min(limit, total) and r.complete is (limit > total), (limit, ctx)
+        r, got = split_rows(g, q, split, limit=limit, tuning=Tuning(out_rows=32))
+        assert r.count == len(got) == len(set(got)) == min(limit, total) and set(got) <= truth, (limit, ctx)
+        assert r.complete is (limit > total), (limit, ctx)
+
+
+@pytest.mark.parametrize("seed", range(0, 40, 8))
+def test_a_split_batch_on_a_hub_graph_equals_one_device(seed, split):
+    """Many queries in one search on a graph with hubs of thousands of neighbours (the heaviest
+    roots, dealt to different devices), a one-vertex query (counted once) and one with no
+    candidates among them: one device's counts, --distinct too."""
+    import cupy
+
+    from csmd.gpu.device_graph import device_graph
+    from csmd.gpu.engine import match_many
+    from csmd.gpu.filtering import QueryBatch, filter_candidates
+    from static_cases import random_connected_query, to_graph
+    from test_gpu_static import hub_case
+
+    g, q, total = hub_case(seed)
+    rng = random.Random(seed + 7)
+    nlabels = int(g.labels.max()) + 1
+    drawn = [to_graph(*random_connected_query(rng, rng.randint(2, 6), nlabels, 2)) for _ in range(16)]
+    queries = [q] + [x for x, r in zip(drawn, match_many(g, drawn, time_limit=5.0)) if r.complete]
+    queries += [to_graph([1], []), to_graph([nlabels, 0], [(0, 1, 0)])]
+    assert len(queries) >= 6, f"seed={seed}: only {len(queries) - 3} random queries end within 5 s"
+    # what the split rests on: refined to the fixpoint, every device (and every run) has the same candidates
+    batch = QueryBatch.pack(queries)
+    runs = []
+    for device in dict.fromkeys(split):
+        with cupy.cuda.Device(device):
+            runs += [filter_candidates(device_graph(g), batch, converge=True)[0].get() for _ in range(2)]
+    assert all(np.array_equal(runs[0], r) for r in runs[1:]), seed
+    for distinct in (False, True):
+        one = match_many(g, queries, distinct=distinct)
+        got = match_many(g, queries, distinct=distinct, devices=split)
+        assert [(r.count, r.complete) for r in got] == [(r.count, r.complete) for r in one], (seed, distinct)
+        assert all(r.complete for r in got), (seed, distinct)
+    assert match_many(g, queries, devices=split)[0].count == total
+    assert got[-2].count == int((g.labels == 1).sum()) and got[-1].count == 0  # one vertex: no automorphism
+
+
+def test_hprd_in_one_split_search(split, monkeypatch):
+    """All 200 queries in one search, split; and each query alone, first tried on one device
+    (SPECULATE_S as it is set; the larger ones split after it): the expected counts."""
+    from csmd.gpu import engine
+    from csmd.model.formats import read_graph, read_query
+
+    root = dataset("hprd")
+    g, expected = read_graph(root / "data.graph"), read_expected(root / "expected_counts.txt")
+    queries = [read_query(root / "queries" / f"{name}.graph") for name in expected]
+    res = engine.match_many(g, queries, devices=split)
+    assert {n: (r.count, r.complete) for n, r in zip(expected, res)} == {n: (c, True) for n, c in expected.items()}
+    monkeypatch.setattr(engine, "SPECULATE_S", 0.001)
+    res = [engine.match(g, q, devices=split) for q in queries]
+    assert {n: (r.count, r.complete) for n, r in zip(expected, res)} == {n: (c, True) for n, c in expected.items()}
+
+
+def test_a_split_search_stops_at_its_limits(split):
+    """A 7-vertex star on a hub of 3000 leaves (~3000^6 matches): the limit's rows come from
+    every device, no more than the limit in all; the time limit stops every share."""
+    from csmd.gpu.engine import match
+    from csmd.gpu.matcher import Tuning
+    from test_gpu_static import star_graph
+
+    g, q = star_graph()
+    res, rows = split_rows(g, q, split, limit=100_000, tuning=Tuning(out_rows=1000))
+    assert res.count == len(rows) == len(set(rows)) == 100_000 and not res.complete
+    res = match(g, q, time_limit=0.3, devices=split)
+    assert not res.complete and res.count > 0 and res.seconds < 3.0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_split_static_match_of_a_directed_or_timed_query(tmp_path, seed, split):
+    """The timed static search (its seeds dealt out) and directed graphs: the matches the event-time
+    model holds after its stream."""
+    from collections import Counter
+
+    from csmd.gpu.engine import GpuMatcher
+    from csmd.model.formats import read_graph
+    from test_time_constraints import constrained_case
+
+    directed = seed % 2 == 1
+    queries, _, _, _, _, model = constrained_case(tmp_path, seed, directed=directed)
+    (tmp_path / "final.graph").write_text(model.text())
+    g = read_graph(tmp_path / "final.graph", directed=directed)
+    if g.edge_ts is None:
+        pytest.skip("no edge has a ts")
+    for name, q in queries.items():
+        got = Counter()
+
+        def sink(rows):
+            for r in rows.tolist():
+                got[tuple(g.ext_ids[x].item() for x in r)] += 1
+
+        res = GpuMatcher(split).match(g, q, sink=sink)
+        want = Counter(model.matches(q))
+        assert res.complete and res.count == sum(got.values()) and got == want, (seed, name)
+        assert GpuMatcher(split).match(g, q).count == len(want), (seed, name)
+
+
+def test_csmd_match_with_several_gpus(tmp_path, capsys, monkeypatch):
+    """`csmd match --gpus N` (devices wrapped round those there are): the counts of --gpus 1, one
+    batch of queries and each query alone with --output (whose rows, sorted, are the same)."""
+    import pyarrow.ipc as ipc
+
+    from csmd.gpu import replicas as mod
+    from static_cases import run_cli
+
+    have = devices_here()
+    monkeypatch.setattr(mod, "device_ids", lambda n, setting="--gpus": [i % have for i in range(n)])
+    root = dataset("hprd")
+    some = [str(root / "queries" / f"{name}.graph") for name in list(read_expected(root / "expected_counts.txt"))[:12]]
+    argv = ["match", "--json", "--backend", "gpu", "--data", str(root / "data.graph"), "--query", *some]
+    one, two = run_cli(capsys, argv), run_cli(capsys, argv + ["--gpus", "3"])
+    assert [(r["query"], r["matches"], r["complete"]) for r in two] == \
+        [(r["query"], r["matches"], r["complete"]) for r in one]
+    tables = []
+    for n in ("1", "3"):
+        out = tmp_path / f"{n}.arrow"
+        assert run_cli(capsys, argv[:-len(some)] + some[:4] + ["--gpus", n, "--output", str(out)]) is not None
+        t = ipc.open_file(out).read_all().drop_columns(["index"])  # a match's number: the order it came in
+        tables.append(sorted(map(str, t.to_pylist())))
+    assert tables[0] == tables[1] and len(tables[0]) > 0

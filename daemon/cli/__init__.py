@@ -44,6 +44,11 @@ def _gpus(text: str) -> int | str:
     return val
 
 
+def _gpus_option(p: argparse.ArgumentParser, each: str) -> None:
+    p.add_argument("--gpus", type=_gpus, default=1,
+                   help=f"the GPU engine's devices: the first N, or all (default 1); each {each}")
+
+
 def _batch_size(text: str) -> int:
     val = _number(int, text)
     if val < 1:
@@ -117,6 +122,7 @@ def cmd_match(args) -> int:
     if args.window is not None and args.at is None:
         raise CsmdError("--window needs --at (the event time the window ends at)")
     backend = resolve_backend(args.backend)
+    gpu_devices(backend, args.gpus)  # a clear error before any reading
     _check_output(args.output)
     labels = _labels(args)
     g = initial_graph(args.data, args.ids, args.max_id_bytes, labels=labels)
@@ -133,7 +139,7 @@ def cmd_match(args) -> int:
     total = 0
     try:
         for res in run_queries(g, [(p.stem, q) for p, q in queries], backend=backend, distinct=args.distinct,
-                               limit=args.limit, time_limit=args.time_limit, writer=writer):
+                               limit=args.limit, time_limit=args.time_limit, writer=writer, gpus=args.gpus):
             total += res["matches"]
             progress.step(note=res["query"])
             if args.at is not None:
@@ -383,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--data", required=True, type=Path, help="data graph (text format, .arrow or .parquet)")
     m.add_argument("--query", required=True, nargs="+", type=Path, help="query files or directories of them")
     m.add_argument("--backend", choices=BACKENDS, default="auto", help="engine (default auto: GPU if CuPy sees one)")
+    _gpus_option(m, "searches a share of every query's roots")
     m.add_argument("--distinct", action="store_true", help="count each subgraph instance once (symmetry breaking)")
     m.add_argument("--limit", type=_positive_int, help="stop after N matches per query (complete: false)")
     m.add_argument("--time-limit", type=_positive_float, help="stop a query after S seconds (complete: false)")
@@ -405,8 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--stream", required=True, type=Path, help="update stream: e/-e/v/-v lines")
     r.add_argument("--query", required=True, nargs="+", type=Path, help="query files or directories of them")
     r.add_argument("--backend", choices=BACKENDS, default="auto", help="engine (default auto)")
-    r.add_argument("--gpus", type=_gpus, default=1, help="the GPU engine's devices: the first N, or all (default 1); "
-                   "each holds the graph and searches a share of every large batch")
+    _gpus_option(r, "holds the graph and searches a share of every large batch")
     r.add_argument("--batch-size", type=_batch_size,
                    help=f"updates per graph-updater batch (default {DEFAULT_BATCH_SIZE}; "
                         f"{COUNT_ONLY_REPLAY_BATCH} with --count-only)")

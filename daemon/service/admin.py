@@ -164,7 +164,8 @@ def _match(daemon, body: dict) -> dict:
     name, q = _query(body, daemon.labels)
     g, seq = daemon.live_graph()
     res = run_query(g, q, name, backend=daemon.pipe.engine.name, distinct=bool(body.get("distinct", False)),
-                    limit=_number(body, "limit", int), time_limit=_number(body, "time_limit", float))
+                    limit=_number(body, "limit", int), time_limit=_number(body, "time_limit", float),
+                    gpus=daemon.cfg.pipeline.gpus if daemon.pipe.engine.name == "gpu" else 1)
     return {**res, "seq": seq, "vertices": g.n, "edges": g.num_edges}
 
 
