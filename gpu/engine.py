@@ -62,14 +62,18 @@ def on_devices(devices: list[int] | None, g, limit, sink, time_limit, search, sp
     over several: device i of N runs search((i, N), ...) on a thread of its own (the first on the
     caller's), filtering and planning as one device does and searching its share of every
     query's roots (filtering.share_roots). A query's matches are the sum of the shares', it is
-    complete where every share is and the limit was not reached; the shares' rows go to sink one
-    piece at a time, no more than the limit in all (each share stops at the limit itself).
-    seconds: the whole split's.
+    complete where every share is; the shares' rows go to sink one piece at a time. seconds: the
+    whole split's.
 
-    A count (no sink) first runs on the first device alone for SPECULATE_S seconds where
-    `speculate`: most queries end within it, and a split costs them more than it gains (a few ms
-    a device: its own filtering and planning, the hand-offs); a larger one is then split, SPECULATE_S
-    later than it could have been."""
+    A search with a limit runs on the first device alone: a share cannot be stopped in its
+    launch when the others reach the limit, so each would search on to the limit or its end,
+    where one device stops at the limit. A count (no sink) first runs on the first device alone
+    for SPECULATE_S seconds where `speculate`: most queries end within it, and a split costs them
+    more than it gains (a few ms a device: its own filtering and planning, the hand-offs); a
+    larger one is then split, SPECULATE_S later than it could have been (a time limit under
+    twice that: no split)."""
+    if devices is not None and (len(devices) == 1 or limit is not None):
+        devices = devices[:1]
     if devices is None or len(devices) == 1:
         with cp.cuda.Device(devices[0]) if devices else contextlib.nullcontext():
             return search((0, 1), sink, time_limit)
@@ -77,23 +81,25 @@ def on_devices(devices: list[int] | None, g, limit, sink, time_limit, search, sp
         raise TypeError("a search on several devices takes a host Graph")
     t0 = time.monotonic()
     if sink is None and speculate and SPECULATE_S > 0:
-        alone = time_limit is not None and time_limit <= SPECULATE_S
+        alone = time_limit is not None and time_limit < 2 * SPECULATE_S
         with cp.cuda.Device(devices[0]):
             first = search((0, 1), None, time_limit if alone else SPECULATE_S)
-        if alone or all(r.complete or (limit is not None and r.count >= limit) for r in first):
+        if alone or all(r.complete for r in first):
             return first
         time_limit = None if time_limit is None else time_limit - (time.monotonic() - t0)
     if g.num_labels > 1:
         g.grouped  # noqa: B018 -- the label-grouped adjacency every device uploads, computed once here
-    lock, given = threading.Lock(), [0]
+    lock, failed = threading.Lock(), []
 
     def rows_to_sink(rows):
         with lock:
-            if limit is not None:
-                rows = rows[: max(0, limit - given[0])]
-            if len(rows):
+            if failed:  # the sink failed on another share's rows: this share stops at its next drain
+                raise RuntimeError("stopped: the sink failed on another device's rows")
+            try:
                 sink(rows)
-                given[0] += len(rows)
+            except BaseException as exc:
+                failed.append(exc)
+                raise
 
     n = len(devices)
 
@@ -106,15 +112,11 @@ def on_devices(devices: list[int] | None, g, limit, sink, time_limit, search, sp
         parts = [share(0)]
     finally:
         wait(others)  # no device is left searching when the first one's error leaves
+        if failed:
+            raise failed[0]  # the sink's own error, not another share's stop
     parts += [f.result() for f in others]
     seconds = time.monotonic() - t0
-    results = []
-    for per in zip(*parts):
-        count, complete = sum(r.count for r in per), all(r.complete for r in per)
-        if limit is not None:
-            count, complete = min(count, limit), complete and count < limit
-        results.append(SearchResult(count, complete, seconds))
-    return results
+    return [SearchResult(sum(r.count for r in per), all(r.complete for r in per), seconds) for per in zip(*parts)]
 
 
 def _search(g, queries, *, distinct, time_limit, tuning, limit=None, sink=None, balance=None, share=(0, 1)

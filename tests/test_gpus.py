@@ -11,6 +11,7 @@ random cases, brute-force checked in their own modules) and the expected-count f
 from __future__ import annotations
 
 import random
+import time
 
 import numpy as np
 import pytest
@@ -164,8 +165,9 @@ def split_rows(g, q, devices, **kw):
 
 @pytest.mark.parametrize("seed", range(60))
 def test_a_split_static_search_equals_brute_force(seed, split):
-    """Counts, rows, --distinct and limits of a search whose roots are dealt out over the devices
-    (small graphs: a share often has no roots at all): the brute-force matcher's matches."""
+    """Counts, rows and --distinct of a search whose roots are dealt out over the devices (small
+    graphs: a share often has no roots at all), and limits (searched on the first device): the
+    brute-force matcher's matches."""
     from csmd.gpu.engine import match
     from csmd.gpu.matcher import Tuning
     from static_cases import make_case, to_graph
@@ -244,8 +246,9 @@ def test_hprd_in_one_split_search(split, monkeypatch):
 
 
 def test_a_split_search_stops_at_its_limits(split):
-    """A 7-vertex star on a hub of 3000 leaves (~3000^6 matches): the limit's rows come from
-    every device, no more than the limit in all; the time limit stops every share."""
+    """A 7-vertex star on a hub of 3000 leaves (~3000^6 matches): a limit (searched on one device)
+    gives its rows; the time limit stops every share; a sink that fails stops every share at its
+    next drain, and the sink's own error is the one raised."""
     from csmd.gpu.engine import match
     from csmd.gpu.matcher import Tuning
     from test_gpu_static import star_graph
@@ -255,6 +258,17 @@ def test_a_split_search_stops_at_its_limits(split):
     assert res.count == len(rows) == len(set(rows)) == 100_000 and not res.complete
     res = match(g, q, time_limit=0.3, devices=split)
     assert not res.complete and res.count > 0 and res.seconds < 3.0
+    calls = []
+
+    def full_disk(rows):
+        calls.append(len(rows))
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+
+    t = time.monotonic()
+    with pytest.raises(OSError, match="No space left"):
+        match(g, q, sink=full_disk, tuning=Tuning(out_rows=1000), time_limit=60, devices=split)
+    assert time.monotonic() - t < 10 and len(calls) == 3
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -291,7 +305,7 @@ def test_csmd_match_with_several_gpus(tmp_path, capsys, monkeypatch):
     batch of queries and each query alone with --output (whose rows, sorted, are the same)."""
     import pyarrow.ipc as ipc
 
-    from csmd.gpu import replicas as mod
+    from csmd.gpu import engine, replicas as mod
     from static_cases import run_cli
 
     have = devices_here()
@@ -299,6 +313,7 @@ def test_csmd_match_with_several_gpus(tmp_path, capsys, monkeypatch):
     root = dataset("hprd")
     some = [str(root / "queries" / f"{name}.graph") for name in list(read_expected(root / "expected_counts.txt"))[:12]]
     argv = ["match", "--json", "--backend", "gpu", "--data", str(root / "data.graph"), "--query", *some]
+    monkeypatch.setattr(engine, "SPECULATE_S", 0)  # the batch split, not ended on one device
     one, two = run_cli(capsys, argv), run_cli(capsys, argv + ["--gpus", "3"])
     assert [(r["query"], r["matches"], r["complete"]) for r in two] == \
         [(r["query"], r["matches"], r["complete"]) for r in one]
