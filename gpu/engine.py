@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
 
 import cupy as cp
 import numpy as np
@@ -28,6 +27,7 @@ from .device_graph import DeviceGraph, device_graph
 from .device_mvg import DeviceMVG
 from .executor import Executor, PreparedQuery
 from .filtering import QueryBatch, filter_candidates, root_pool, share_roots
+from .launch import on_each_device
 from .matcher import Tuning, WarpSearch, query_tables
 
 
@@ -53,7 +53,6 @@ def match(g: Graph | DeviceGraph, q: Graph, *, distinct: bool = False, limit=Non
 
 
 SPECULATE_S = 0.02  # a count the first device finishes alone within this is not split (0: none is tried)
-_THREADS = ThreadPoolExecutor(thread_name_prefix="csmd-match")  # where the devices after the first search
 
 
 def on_devices(devices: list[int] | None, g, limit, sink, time_limit, search, speculate: bool = True
@@ -101,20 +100,12 @@ def on_devices(devices: list[int] | None, g, limit, sink, time_limit, search, sp
                 failed.append(exc)
                 raise
 
-    n = len(devices)
-
-    def share(i: int) -> list[SearchResult]:
-        with cp.cuda.Device(devices[i]):
-            return search((i, n), None if sink is None else rows_to_sink, time_limit)
-
-    others = [_THREADS.submit(share, i) for i in range(1, n)]
     try:
-        parts = [share(0)]
+        rows = None if sink is None else rows_to_sink
+        parts = on_each_device(devices, lambda i: search((i, len(devices)), rows, time_limit))
     finally:
-        wait(others)  # no device is left searching when the first one's error leaves
         if failed:
             raise failed[0]  # the sink's own error, not another share's stop
-    parts += [f.result() for f in others]
     seconds = time.monotonic() - t0
     return [SearchResult(sum(r.count for r in per), all(r.complete for r in per), seconds) for per in zip(*parts)]
 

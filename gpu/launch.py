@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import cupy as cp
 import numpy as np
@@ -19,6 +20,30 @@ def flat_grid(n: int) -> tuple[int]:
 def _sms(device: int) -> int:
     """The device's multiprocessors (CuPy reads every attribute at once: some 100 us)."""
     return cp.cuda.Device(device).attributes["MultiProcessorCount"]
+
+
+@functools.cache
+def _device_threads() -> ThreadPoolExecutor:
+    """The threads on_each_device runs the devices after the first on, made on first use."""
+    return ThreadPoolExecutor(thread_name_prefix="csmd-gpu")
+
+
+def on_each_device(devices: list[int], fn) -> list:
+    """[fn(i) for each device i of `devices`], each call under its device (CuPy's current device is
+    per thread): the first on the caller's thread, the others at once on threads of their own.
+    Returns when every call has ended, so that no device is left working when an error (the
+    first device's before the others') is raised."""
+    others = [_device_threads().submit(_under, d, fn, i) for i, d in enumerate(devices[1:], 1)]
+    try:
+        first = _under(devices[0], fn, 0)
+    finally:
+        wait(others)
+    return [first] + [f.result() for f in others]
+
+
+def _under(device: int, fn, i: int):
+    with cp.cuda.Device(device):
+        return fn(i)
 
 
 def i64(x) -> np.int64:

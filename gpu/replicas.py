@@ -25,7 +25,6 @@ on the executor's, which waits for the others).
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
 
 import cupy as cp
 import numpy as np
@@ -35,6 +34,7 @@ from csmd.errors import CsmdError
 from csmd.model.graph import Graph
 
 from .engine import GpuEngine
+from .launch import on_each_device
 
 SPLIT_SEEDS = 2048  # a search of fewer seeds runs on the first device alone
 
@@ -76,7 +76,7 @@ class MultiGpuEngine(ContinuousEngine):
         for dev in self.devices:
             with dev:
                 self.replicas.append(GpuEngine(g0, timed=timed))
-        self._pool = ThreadPoolExecutor(len(devices) - 1, thread_name_prefix="csmd-gpu")
+        self._ids = list(devices)
         self._last: tuple = (None, [])  # the last query list submitted, and each replica's list of it
         # the split searches' seconds: wall, their slowest device's and their devices' mean, summed
         # (slowest / mean: how unevenly the shares weighed; wall / slowest: the split's own cost)
@@ -150,12 +150,7 @@ class MultiGpuEngine(ContinuousEngine):
         if S < SPLIT_SEEDS:
             return self._share(0, 1, per, g, seeds, emit, ts, bits)
         t0 = time.perf_counter()
-        others = [self._pool.submit(self._on_device, i, N, per, g, seeds, emit, ts, bits) for i in range(1, N)]
-        try:
-            first = self._timed_share(0, N, per, g, seeds, emit, ts, bits)
-        finally:
-            wait(others)  # no device is left searching when an error (a device failure: the daemon stops) leaves
-        parts = [first] + [f.result() for f in others]  # raises another device's error
+        parts = on_each_device(self._ids, lambda i: self._timed_share(i, N, per, g, seeds, emit, ts, bits))
         took = [sec for _, sec in parts]
         self.split_seconds += (time.perf_counter() - t0, max(took), sum(took) / N)
         parts = [p for p, _ in parts]
@@ -166,10 +161,6 @@ class MultiGpuEngine(ContinuousEngine):
             found += [(rows, i + N * s) for rows, s in f]
             ready += r
         return counts, found, ready
-
-    def _on_device(self, i: int, *args):
-        with self.devices[i]:
-            return self._timed_share(i, *args)
 
     def _timed_share(self, i: int, *args):
         t = time.perf_counter()
@@ -190,7 +181,6 @@ class MultiGpuEngine(ContinuousEngine):
         return EngineStats(per[0].live_versions, sum(s.memory_bytes for s in per))
 
     def close(self) -> None:
-        self._pool.shutdown()
         for dev, r in zip(self.devices, self.replicas):
             with dev:
                 r.close()
