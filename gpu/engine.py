@@ -26,7 +26,7 @@ from csmd.model.plan import anchor_order, greedy_orders, symmetry_constraints
 from .device_graph import DeviceGraph, device_graph
 from .device_mvg import DeviceMVG
 from .executor import Executor, PreparedQuery
-from .filtering import QueryBatch, filter_candidates, root_pool, share_roots
+from .filtering import QueryBatch, filter_candidates, root_pool
 from .launch import on_each_device
 from .matcher import Tuning, WarpSearch, query_tables
 
@@ -60,7 +60,7 @@ def on_devices(devices: list[int] | None, g, limit, sink, time_limit, search, sp
     """search(share, sink, time_limit) -> [SearchResult per query] on the current device, or split
     over several: device i of N runs search((i, N), ...) on a thread of its own (the first on the
     caller's), filtering and planning as one device does and searching its share of every
-    query's roots (filtering.share_roots). A query's matches are the sum of the shares', it is
+    query's roots or depth-1 prefixes (_search). A query's matches are the sum of the shares', it is
     complete where every share is; the shares' rows go to sink one piece at a time. seconds: the
     whole split's.
 
@@ -113,8 +113,10 @@ def on_devices(devices: list[int] | None, g, limit, sink, time_limit, search, sp
 def _search(g, queries, *, distinct, time_limit, tuning, limit=None, sink=None, balance=None, share=(0, 1)
             ) -> list[SearchResult]:
     """One device's search of the queries; share (i, n): its part of a search split over n
-    devices (on_devices): the roots filtering.share_roots deals it (each device then widens its
-    own, as one device does), and the one-vertex queries where i is 0."""
+    devices (on_devices): of a query searched alone, the depth-1 prefixes that every device
+    widens its roots to alike and filtering.share_roots deals out (the roots themselves where
+    they are not widened, as in a batch of several queries: WarpSearch.widen_pool), and the
+    one-vertex queries where i is 0."""
     t0 = time.monotonic()
     deadline = None if time_limit is None else t0 + time_limit
     dg = g if isinstance(g, DeviceGraph) else device_graph(g)
@@ -143,14 +145,12 @@ def _search(g, queries, *, distinct, time_limit, tuning, limit=None, sink=None, 
         sym = [symmetry_constraints(queries[i])[0] for i in idx] if distinct else None
         tables, el = query_tables(sub, orders, sym)
         pool, chunk_q = root_pool(dg, cb, sub, orders, sizes[idx, orders[:, 0]])
-        if share[1] > 1:
-            pool, chunk_q = share_roots(dg, pool, chunk_q, len(idx), *share)
-        if len(pool):  # a share may have no roots at all
+        if len(pool):
             search = WarpSearch(dg, tables, el, cb, pool, chunk_q, tuning or Tuning())
-            if search.widen_pool(deadline):
-                counts[idx], complete[idx] = search.run(limit=limit, deadline=deadline, sink=sink)
-            else:
+            if not search.widen_pool(deadline, share):
                 complete[idx] = False
+            elif len(search.pool):  # a share may have no roots at all
+                counts[idx], complete[idx] = search.run(limit=limit, deadline=deadline, sink=sink)
             if balance is not None:
                 balance.update(search.balance())
     if limit is not None:

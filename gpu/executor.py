@@ -321,16 +321,18 @@ class Executor:
                     else none, seq) for rows, s in found]
         return merged([by_query(chunks, grp.names, grp.widths)] + ready)
 
-    def searched(self, mvg, grp: _Group, a, b, seq, tab, emit: bool, ts, bits: int):
+    def searched(self, mvg, grp: _Group, a, b, seq, tab, emit: bool, ts, bits: int, split=(0, 1)):
         """The search of the seeds (a, b, seq, tab; ts under event time, else None; bits: the graph's
         id_bits) in launch sequences of at most MAX_SEEDS: (matches per seed, (rows, seed) per drain
-        read back as it was, the drains sorted on the device as query -> Matches dicts)."""
+        read back as it was, the drains sorted on the device as query -> Matches dicts). split
+        (i, n): part i of the search split over n devices (matcher.cu below_seed: the parts' counts
+        add up, their rows are the search's)."""
         counts = np.empty(len(seq), np.int64)
         found, ready = [], []
         for at in range(0, len(seq), MAX_SEEDS):
             end = at + MAX_SEEDS
             counts[at:end], drains = self._search(mvg, grp, a[at:end], b[at:end], seq[at:end], tab[at:end], emit,
-                                                  None if ts is None else ts[at:end], bits)
+                                                  None if ts is None else ts[at:end], bits, split)
             for d in drains:
                 if isinstance(d, dict):
                     ready.append(d)
@@ -382,7 +384,7 @@ class Executor:
             self._shapes[depth] = smem, _grid(fn, smem, self.tuning.max_blocks_per_sm)
         return self._shapes[depth]
 
-    def _search(self, mvg, grp: _Group, a, b, seq, tab, emit: bool, ts=None, bits: int | None = None):
+    def _search(self, mvg, grp: _Group, a, b, seq, tab, emit: bool, ts=None, bits: int | None = None, split=(0, 1)):
         """Search the seeds (ts: under event time, the ts of their arcs a -> b and b -> a): (matches
         per seed, valid until the next search; per drain (rows, seed index), or with bits (the
         graph's id_bits), where the search's rows are DEVICE_SORT_ROWS or more, its rows sorted
@@ -413,7 +415,7 @@ class Executor:
             out_cap = max(32, tn.out_rows) if emit else 0
             out = cp.empty(out_cap * grp.width, cp.int32) if emit else None
             if self._launch is None:
-                self._launch = DirectLaunch(self._match_at, 20, len(mvg.view_words()))
+                self._launch = DirectLaunch(self._match_at, 22, len(mvg.view_words()))
             tt, tspan = (0, 0) if grp.tt is None else (grp.tt.data.ptr, grp.tspan.data.ptr)  # null: untimed
             resume, held = False, []  # held: drains waiting on the device for one sort
             while True:
@@ -422,7 +424,7 @@ class Executor:
                         int(not mvg.has_edge_labels), grp.nmax, grp.tables.data.ptr, grp.el.data.ptr, seeds.data.ptr, S,
                         ctl, self._queue.data.ptr, self._ready.data.ptr, tn.queue_tasks, state.data.ptr,
                         counts, int(resume), int(emit), 0 if out is None else out.data.ptr, out_cap, 0,
-                        int(tn.offload_us * 1e3), tt, tspan), mvg.view_words(), smem)
+                        int(tn.offload_us * 1e3), tt, tspan, split[1], split[0]), mvg.view_words(), smem)
                 if not emit:
                     back = self._seeds.read_back(R * S, 8 + S, self.stream)
                     if back[CTL_STOP]:

@@ -124,28 +124,33 @@ def root_pool(dg: DeviceGraph, cbits: cp.ndarray, batch: QueryBatch, orders: np.
     return pool, cp.asarray(np.repeat(np.arange(len(roots), dtype=np.int32), chunks))
 
 
-def share_roots(dg: DeviceGraph, pool: cp.ndarray, chunk_q: cp.ndarray, queries: int, i: int, n: int
+def share_roots(dg: DeviceGraph, pool: cp.ndarray, chunk_q: cp.ndarray, queries: int, i: int, n: int, m: int = 1
                 ) -> tuple[cp.ndarray, cp.ndarray]:
-    """The part of root_pool's (pool, chunk_q) that device i of n searches: each query's roots
-    ordered by degree (highest first: the largest subtrees below them), then by id, and dealt
-    out i, i + n, ..., so that every device has its share of the hubs; repacked as root_pool
-    packs them (a query left without roots has no chunk). Every device computes the same order
-    from the same candidates, so the shares partition the roots."""
-    keep = pool >= 0
+    """The part of a root pool (pool, chunk_q: rows of m vertices, 32 rows a chunk, as root_pool
+    packs roots and WarpSearch.widen_pool depth-1 prefixes) that device i of n searches: each
+    query's rows ordered by the degree of their last vertex (highest first: the largest
+    subtrees below them), then by their vertices, and dealt out i, i + n, ..., so that every
+    device has its share of the hubs; repacked alike (a query left without rows has no chunk).
+    Every device computes the same order from the same candidates, so the shares partition
+    the pool."""
+    rows = pool.reshape(-1, m)
+    keep = rows[:, 0] >= 0
     if not bool(keep.any()):
         return pool[:0], chunk_q[:0]
-    v = pool[keep].astype(cp.int64)
+    rows = rows[keep].astype(cp.int64)
     q = cp.repeat(chunk_q, 32)[keep].astype(cp.int64)
-    order = cp.lexsort(cp.stack([v, dg.indptr[v] - dg.indptr[v + 1], q]))  # by query, -degree, id
-    v, q = v[order], q[order]
+    last = rows[:, -1]
+    keys = [rows[:, j] for j in reversed(range(m))] + [dg.indptr[last] - dg.indptr[last + 1], q]
+    order = cp.lexsort(cp.stack(keys))  # by query, -degree, vertices
+    rows, q = rows[order], q[order]
     first = cp.searchsorted(q, cp.arange(queries), side="left")
-    rank = cp.arange(len(v)) - first[q]
+    rank = cp.arange(len(q)) - first[q]
     mine = rank % n == i
-    v, q, rank = v[mine], q[mine], rank[mine] // n
+    rows, q, rank = rows[mine], q[mine], rank[mine] // n
     have = cp.bincount(q, minlength=queries).get()
     chunks = -(-have // 32)
     at = np.zeros(queries, np.int64)
     at[1:] = np.cumsum(chunks[:-1]) * 32
-    shared = cp.full(int(chunks.sum()) * 32, -1, cp.int32)
-    shared[cp.asarray(at)[q] + rank] = v.astype(cp.int32)
-    return shared, cp.asarray(np.repeat(np.arange(queries, dtype=np.int32), chunks))
+    shared = cp.full((int(chunks.sum()) * 32, m), -1, cp.int32)
+    shared[cp.asarray(at)[q] + rank] = rows.astype(cp.int32)
+    return shared.reshape(-1), cp.asarray(np.repeat(np.arange(queries, dtype=np.int32), chunks))

@@ -105,6 +105,8 @@ struct Batch {
     i64 n, n_seeds;
     const int* __restrict__ tt;         // versioned, under event time: TT_WORDS per table (else null)
     const i64* __restrict__ tspan;      // and the span of each table (-1: none)
+    int split_n, split_i;               // versioned, a search split over split_n > 1 devices: this one's
+                                        // part (below_seed)
 };
 
 enum { SEED_A, SEED_B, SEED_T, SEED_TAB, SEED_TS_OUT, SEED_TS_BACK };
@@ -120,6 +122,19 @@ __device__ __forceinline__ Query query_of(const Batch& b, const QueryTable* t, i
     return {t, b.cbits ? b.cbits + (i64)tab * b.n : nullptr, b.el + (i64)tab * MAXQ * MAXQ,
             at < 0 ? nullptr : b.prefix + at, b.seeds ? seed(b, SEED_T, q) : 0, tt, tt ? __ldg(b.tspan + tab) : -1,
             tt ? seed(b, SEED_TS_OUT, q) : 0, tt ? seed(b, SEED_TS_BACK, q) : 0};
+}
+
+// A search split over devices (gpu/replicas.py) shares a seed below it where depth 2 is
+// enumerated and has depths after it: every device takes the seed and keeps the depth-2
+// candidates that hash to it, so a heavy seed's work is dealt out. The other seeds are dealt
+// out whole (seed q to device q % split_n): where depth 2 is the last, or counted with the
+// rest of the tail at once (count_suffix_at), every device would scan it in full.
+__device__ __forceinline__ bool below_seed(const Batch& b, const QueryTable* Q, int emit) {
+    return b.split_n > 1 && Q->n >= 4 && (emit || !Q->fast || Q->n - Q->fast > 2);
+}
+
+__device__ __forceinline__ bool mine_at_depth_2(const Batch& b, int c) {
+    return (int)__umulhi((unsigned)c * 0x9E3779B1u, (unsigned)b.split_n) == b.split_i;
 }
 
 // Does the query hold time constraints (a span or an order pair)?
@@ -241,7 +256,7 @@ __device__ void node_range(const View& g, const Query& qc, const Level* lv, int 
 // (32 positions of pool_n) is seed q, its prefix (a, b) in lane 0.
 template <class View>
 __device__ bool take_roots(const View& g, QueryTable* Q, Level* lv, WarpState* ws, const Batch& b, u64* ctl,
-                           const int* pool, i64 pool_n, int pool_m, int lane) {
+                           const int* pool, i64 pool_n, int pool_m, int emit, int lane) {
     while (true) {
         u64 p = 0;
         if (lane == 0) p = vload(&ctl[CTL_POOL]) < (u64)pool_n ? atomicAdd(&ctl[CTL_POOL], 32ull) : (u64)pool_n;
@@ -252,6 +267,7 @@ __device__ bool take_roots(const View& g, QueryTable* Q, Level* lv, WarpState* w
         const i64 i = (i64)p + lane;
         auto root = [&](int j) { return b.seeds ? (int)seed(b, SEED_A + j, q) : pool[i * pool_m + j]; };
         bool have = b.seeds ? lane == 0 : __ldg(pool + i * pool_m) >= 0;
+        if (b.split_n > 1 && !below_seed(b, Q, emit) && q % b.split_n != b.split_i) have = false;  // another's seed
         int v = 0;
         if (have) {
             for (int j = 0; j < pool_m - 1; ++j) {
@@ -524,7 +540,7 @@ __device__ __forceinline__ void search(const View& g, const Batch& b, const Run&
 
     while (true) {
         if (!ws->active) {
-            if (take_roots(g, Q, lv, ws, b, ctl, pool, pool_n, pool_m, lane)) continue;
+            if (take_roots(g, Q, lv, ws, b, ctl, pool, pool_n, pool_m, emit, lane)) continue;
             if (!idle_counted) {
                 if (lane == 0) atomicAdd(&ctl[CTL_IDLE], 1ull);
                 idle_counted = true;
@@ -614,6 +630,7 @@ __device__ __forceinline__ void search(const View& g, const Batch& b, const Run&
             piv = L->piv[s];
             const i64 pos = L->start[s] + (idx - L->off[s]);
             pass = g.candidate(qc, pos, d, g.check_el ? qc.el[d * MAXQ + piv] : 0, &c);
+            if (pass && d == 2 && below_seed(b, Q, emit)) pass = mine_at_depth_2(b, c);
             if (pass) pass = check_path(g, qc, lv, d, c, s, piv);
         }
         i64 tlo = 0, thi = 0;  // under event time: the match's smallest and largest ts (emitted rows)
@@ -693,7 +710,7 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
                                  i64 out_cap, i64 limit_left, u64 count_limit, i64 budget_ns, i64 offload_ns) {
     const StaticView g{indptr, adj, adj_el, gadj, gadj_el, vlabel, {hub_of, hub_tab, num_labels, single_label},
                        check_el};
-    const Batch b{qtabs, cbits, qel, last_prefix, prefix_at, chunk_q, nullptr, n, 0, nullptr, nullptr};
+    const Batch b{qtabs, cbits, qel, last_prefix, prefix_at, chunk_q, nullptr, n, 0, nullptr, nullptr, 0, 0};
     search(g, b, Run{nmax, pool, pool_n, pool_m, ctl, queue, ready, queue_cap, state, counts, resume, emit, out,
                      out_cap, limit_left, count_limit, budget_ns, offload_ns});
 }
@@ -703,13 +720,15 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
 // rows end with the seed (column width - 1 of every table), under event time after the match's
 // smallest and largest ts (4 columns before it). A table's `fast` (count-only searches) is the
 // number of last depths count_suffix_at counts at once, plain says that no edge has a label;
-// tt and tspan (null: no event time) the tables' time words and spans.
+// tt and tspan (null: no event time) the tables' time words and spans; split_n > 1: the part
+// split_i of a search split over split_n devices (below_seed).
 extern "C" __global__ void match_at(MVGView mvg, int plain, int nmax, const QueryTable* __restrict__ qtabs,
                                     const int* qel, const i64* seeds, i64 n_seeds, u64* ctl, Task* queue, int* ready,
                                     i64 queue_cap, u64* state, u64* counts, int resume, int emit, int* out,
-                                    i64 out_cap, i64 budget_ns, i64 offload_ns, const int* tt, const i64* tspan) {
+                                    i64 out_cap, i64 budget_ns, i64 offload_ns, const int* tt, const i64* tspan,
+                                    int split_n, int split_i) {
     const VersionedView g{mvg, plain};
-    const Batch b{qtabs, nullptr, qel, nullptr, nullptr, nullptr, seeds, 0, n_seeds, tt, tspan};
+    const Batch b{qtabs, nullptr, qel, nullptr, nullptr, nullptr, seeds, 0, n_seeds, tt, tspan, split_n, split_i};
     search(g, b, Run{nmax, nullptr, 32 * n_seeds, 2, ctl, queue, ready, queue_cap, state, counts, resume, emit, out,
                      out_cap, (i64)1 << 62, 0, budget_ns, offload_ns});
 }

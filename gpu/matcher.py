@@ -20,7 +20,7 @@ import cupy as cp
 import numpy as np
 
 from .device_graph import DeviceGraph
-from .filtering import QueryBatch, bitmask
+from .filtering import QueryBatch, bitmask, share_roots
 from .launch import THREADS, flat_grid, i32, i64, or_dummy, u64
 from .layout import (CTL_GCOUNT, CTL_HEAD, CTL_IDLE, CTL_OUTN, CTL_POOL, CTL_STARTED, CTL_STOP, CTL_TAIL, MAXQ,
                      STOP_LIMIT, STOP_TIME, structs)
@@ -177,29 +177,33 @@ class WarpSearch:
             shared_mem=self.smem)
         return self.ctl.get()
 
-    def widen_pool(self, deadline: float | None) -> bool:
+    def widen_pool(self, deadline: float | None, share: tuple[int, int] = (0, 1)) -> bool:
         """Breadth-first pre-pass for a batch of one query: replace the roots by their valid
         depth-1 extensions when there are too few roots to occupy every warp and the
-        extensions fit the pool cap. False if the deadline passed."""
-        if self.nb != 1 or self.nmax < 3 or len(self.pool) >= 4 * 32 * self.nwarps:
-            return True
-        cap = self.tuning.bfs_rows
-        out = cp.empty(2 * cap, cp.int32)
-        t = self.tables.copy()
-        t[:, 0] = t[:, 1] = 2
-        t[:, 4:6] = [0, 1]
-        ctl = self._launch(cp.asarray(t), True, out, cap, cap + 1, 0, _left(deadline), False)
-        if ctl[CTL_STOP] == STOP_TIME:
-            return False
-        if ctl[CTL_STOP] == 0:  # otherwise (buffer full) the pre-pass is abandoned
-            k = int(ctl[CTL_OUTN])
-            chunks = -(-k // 32)
-            self.pool = cp.full(64 * chunks, -1, cp.int32)
-            self.pool[: 2 * k] = out[: 2 * k]
-            self.pool_m, self.chunk_q = 2, cp.zeros(chunks, cp.int32)
-        self.ctl.fill(0)  # the pre-pass may have used the task queue
-        self.ready.fill(0)
-        self.counts.fill(0)
+        extensions fit the pool cap. share (i, n): a search split over n devices then keeps
+        its part of the pool (filtering.share_roots), of the prefixes where the pool was
+        widened (every device widens all the roots alike, so a hub root's prefixes are dealt
+        out too), else of the roots. False if the deadline passed."""
+        if self.nb == 1 and self.nmax >= 3 and len(self.pool) < 4 * 32 * self.nwarps:
+            cap = self.tuning.bfs_rows
+            out = cp.empty(2 * cap, cp.int32)
+            t = self.tables.copy()
+            t[:, 0] = t[:, 1] = 2
+            t[:, 4:6] = [0, 1]
+            ctl = self._launch(cp.asarray(t), True, out, cap, cap + 1, 0, _left(deadline), False)
+            if ctl[CTL_STOP] == STOP_TIME:
+                return False
+            if ctl[CTL_STOP] == 0:  # otherwise (buffer full) the pre-pass is abandoned
+                k = int(ctl[CTL_OUTN])
+                chunks = -(-k // 32)
+                self.pool = cp.full(64 * chunks, -1, cp.int32)
+                self.pool[: 2 * k] = out[: 2 * k]
+                self.pool_m, self.chunk_q = 2, cp.zeros(chunks, cp.int32)
+            self.ctl.fill(0)  # the pre-pass may have used the task queue
+            self.ready.fill(0)
+            self.counts.fill(0)
+        if share[1] > 1:
+            self.pool, self.chunk_q = share_roots(self.dg, self.pool, self.chunk_q, self.nb, *share, m=self.pool_m)
         return True
 
     def run(self, *, limit: int | None, deadline: float | None, sink) -> tuple[np.ndarray, np.ndarray]:

@@ -2,18 +2,21 @@
 batch applied on all of them, and each batch's search split over them.
 
 The host work of a batch (sequencing, its seeds, its deltas) is done once; what the devices
-share is the search. Its units are seeds (one side of an update with one anchor's table):
-device i of N searches seeds i, i + N, i + 2N, ... in one launch sequence, so that the heavy
-seeds (those of hubs, of the dense queries), which come together in the seed list, spread
-over the devices, and each device's own search balances them over its warps (match_at's
-offload). Ranges handed out as devices finished (a device that drew slow seeds taking fewer)
-were measured first and lost: every range's launch ends in a tail where most of the device
-waits for a few warps, and the tails add up (the yeast stream at batch 4096: 0.074 s on one
-H200, 0.118 s on two). A search of fewer than SPLIT_SEEDS seeds stays on the first device:
-a share costs a launch, a read-back and a hand-off to the device's thread, more than a small
-search gains. Each device's counts land at their seeds' places and its rows come back as
-pieces with their seeds, which the pipeline puts in the canonical delta order as it does one
-device's: the deltas are the same bytes whatever the split.
+share is the search, below the seed: every device takes every seed (one side of an update
+with one anchor's table) and keeps, at the seed's first free depth (2), the candidates whose
+hash names it (matcher.cu below_seed), so that the work under a heavy seed, a hub's or a dense
+query's, is dealt out too. On the LiveJournal-sized workload (2 H200s, bench/README.md) that
+gave 1.90x on sparse_6 where dealing out whole seeds (device i searching seeds i, i + N, ...)
+gave 1.82x. A seed whose depth 2 is its last, or counted with the rest of its tail at once
+(count_suffix_at), goes to one device whole, seeds dealt out in turn: every device would scan
+its depth 2 in full. Ranges of seeds handed out as devices finished were measured first and
+lost: every range's launch ends in a tail where most of the device waits for a few warps, and
+the tails add up (the yeast stream at batch 4096: 0.074 s on one H200, 0.118 s on two). A
+search of fewer than SPLIT_SEEDS seeds stays on the first device: a part costs a launch, a
+read-back and a hand-off to the device's thread, more than a small search gains. The parts'
+counts add up seed by seed, and their rows come back as pieces, which the pipeline puts in
+the canonical delta order as it does one device's: the deltas are the same bytes whatever
+the split.
 
 The replicas apply the same ops in the same order; the versions a batch replaced on all of
 them are one entry of the GC (each replica's list), released together. The latest-state reads (the sequencer's) come from
@@ -145,33 +148,25 @@ class MultiGpuEngine(ContinuousEngine):
             return Done(first.executor.run(first.mvg, batch, per[0], first.labels, select, split))
 
     def _split(self, per, g: int, seeds: tuple, emit: bool, ts, bits: int):
-        """Executor.searched's answer for the seeds of group g, searched in shares on every device."""
-        S, N = len(seeds[2]), len(self.replicas)
-        if S < SPLIT_SEEDS:
-            return self._share(0, 1, per, g, seeds, emit, ts, bits)
+        """Executor.searched's answer for the seeds of group g, searched in parts on every device."""
+        N = len(self.replicas)
+        if len(seeds[2]) < SPLIT_SEEDS:
+            return self._part((0, 1), per, g, seeds, emit, ts, bits)
         t0 = time.perf_counter()
-        parts = on_each_device(self._ids, lambda i: self._timed_share(i, N, per, g, seeds, emit, ts, bits))
+        parts = on_each_device(self._ids, lambda i: self._timed_part((i, N), per, g, seeds, emit, ts, bits))
         took = [sec for _, sec in parts]
         self.split_seconds += (time.perf_counter() - t0, max(took), sum(took) / N)
-        parts = [p for p, _ in parts]
-        counts = np.empty(S, np.int64)
-        found, ready = [], []
-        for i, (c, f, r) in enumerate(parts):
-            counts[i::N] = c
-            found += [(rows, i + N * s) for rows, s in f]
-            ready += r
-        return counts, found, ready
+        counts = sum(c for (c, _, _), _ in parts)
+        return counts, [x for (_, f, _), _ in parts for x in f], [x for (_, _, r), _ in parts for x in r]
 
-    def _timed_share(self, i: int, *args):
+    def _timed_part(self, split: tuple[int, int], *args):
         t = time.perf_counter()
-        return self._share(i, *args), time.perf_counter() - t
+        return self._part(split, *args), time.perf_counter() - t
 
-    def _share(self, i: int, N: int, per, g: int, seeds: tuple, emit: bool, ts, bits: int):
-        """Replica i searches seeds i, i + N, ...: Executor.searched's answer for them."""
-        r = self.replicas[i]
-        mine = slice(i, None, N)
-        return r.executor.searched(r.mvg, r.executor.groups(per[i])[g][1], *(x[mine] for x in seeds), emit,
-                                   None if ts is None else ts[mine], bits)
+    def _part(self, split: tuple[int, int], per, g: int, seeds: tuple, emit: bool, ts, bits: int):
+        """Replica i's part (i, N) of the search (matcher.cu below_seed): Executor.searched's answer."""
+        r = self.replicas[split[0]]
+        return r.executor.searched(r.mvg, r.executor.groups(per[split[0]])[g][1], *seeds, emit, ts, bits, split)
 
     def stats(self) -> EngineStats:
         per = []
