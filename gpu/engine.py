@@ -151,8 +151,8 @@ def _search(g, queries, *, distinct, time_limit, tuning, limit=None, sink=None, 
                 complete[idx] = False
             elif len(search.pool):  # a share may have no roots at all
                 counts[idx], complete[idx] = search.run(limit=limit, deadline=deadline, sink=sink)
-            if balance is not None:
-                balance.update(search.balance())
+                if balance is not None:
+                    balance.update(search.balance())
     if limit is not None:
         complete &= counts < limit
     seconds = time.monotonic() - t0

@@ -253,7 +253,8 @@ __device__ void node_range(const View& g, const Query& qc, const Level* lv, int 
 
 // Take a chunk of 32 prefixes from the root pool (pool_m vertices each; -1 pads a query's
 // last chunk); false when it is empty. The versioned search's pool is its seeds: chunk q
-// (32 positions of pool_n) is seed q, its prefix (a, b) in lane 0.
+// (32 positions of pool_n) is seed q, its prefix (a, b) in lane 0; a search split over
+// devices skips the seeds that another device takes whole (below_seed).
 template <class View>
 __device__ bool take_roots(const View& g, QueryTable* Q, Level* lv, WarpState* ws, const Batch& b, u64* ctl,
                            const int* pool, i64 pool_n, int pool_m, int emit, int lane) {

@@ -27,6 +27,7 @@ from .layout import (CTL_GCOUNT, CTL_HEAD, CTL_IDLE, CTL_OUTN, CTL_POOL, CTL_STA
 from .module import kernel
 
 WARPS_PER_BLOCK = 4
+SPLIT_WIDEN_ROOTS = 1 << 17  # a search split over devices widens fewer roots (one H200: 4 x 32 x 1056 warps)
 
 
 @dataclass
@@ -184,7 +185,9 @@ class WarpSearch:
         its part of the pool (filtering.share_roots), of the prefixes where the pool was
         widened (every device widens all the roots alike, so a hub root's prefixes are dealt
         out too), else of the roots. False if the deadline passed."""
-        if self.nb == 1 and self.nmax >= 3 and len(self.pool) < 4 * 32 * self.nwarps:
+        # a split's devices must all widen or all not: a bound of their own warps could differ
+        few = 4 * 32 * self.nwarps if share[1] == 1 else SPLIT_WIDEN_ROOTS
+        if self.nb == 1 and self.nmax >= 3 and len(self.pool) < few:
             cap = self.tuning.bfs_rows
             out = cp.empty(2 * cap, cp.int32)
             t = self.tables.copy()
