@@ -13,8 +13,10 @@ graph's upload to every device is set-up, not timed). On `lj` the one-GPU run st
 of each of github's Q_0..Q_21 alone and of all 22 in one search (what `csmd match --gpus N`
 does), the median of --runs runs, the graph on every device beforehand.
 
+`--alone N`: on `lj`, each of a set's first N queries registered alone (a row each), not the set.
+
     python bench/gpus.py [--parts lj,human,yeast,github] [--workload DIR] [--sets dense_8,sparse_8,tree_8]
-                         [--gpus 1,2,4] [--seconds 30] [--batch-size 4096] [--runs 1] [--progress]
+                         [--gpus 1,2,4] [--seconds 30] [--batch-size 4096] [--runs 1] [--alone N] [--progress]
 """
 
 from __future__ import annotations
@@ -190,6 +192,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--progress", action="store_true", help="each batch's time, on standard error")
+    ap.add_argument("--alone", type=int, default=0, help="lj: each of a set's first N queries alone, not the set")
     args = ap.parse_args()
     args.gpus = [int(x) for x in args.gpus.split(",")]
     for n in args.gpus:
@@ -230,7 +233,10 @@ def main() -> None:
         print(f"(lj: {g0.n} vertices, {g0.num_edges} edges read in {time.perf_counter() - t:.0f} s)", flush=True)
         for name in args.sets.split(","):
             queries = [(p.stem, read_query(p)) for p in query_files([wl / "queries" / name])]
-            table(f"lj {name}", g0, items, queries, args, args.seconds)
+            if not args.alone:
+                table(f"lj {name}", g0, items, queries, args, args.seconds)
+            for qname, q in queries[:args.alone]:  # the set's first --alone queries, each registered alone
+                table(f"lj {name} {qname.rsplit('_', 1)[-1]}", g0, items, [(qname, q)], args, args.seconds)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ gave 1.82x. A seed whose depth 2 is its last, or counted with the rest of its ta
 its depth 2 in full. Ranges of seeds handed out as devices finished were measured first and
 lost: every range's launch ends in a tail where most of the device waits for a few warps, and
 the tails add up (the yeast stream at batch 4096: 0.074 s on one H200, 0.118 s on two). A
-search of fewer than SPLIT_SEEDS seeds stays on the first device: a part costs a launch, a
-read-back and a hand-off to the device's thread, more than a small search gains. The parts'
+search of fewer than SPLIT_SEEDS seeds stays on the first device, unless its group's last search
+took more than SPLIT_SECONDS for as many seeds: a part costs a launch, a read-back and a
+hand-off to the device's thread, more than a small search gains. The parts'
 counts add up seed by seed, and their rows come back as pieces, which the pipeline puts in
 the canonical delta order as it does one device's: the deltas are the same bytes whatever
 the split.
@@ -39,7 +40,8 @@ from csmd.model.graph import Graph
 from .engine import GpuEngine
 from .launch import on_each_device
 
-SPLIT_SEEDS = 2048  # a search of fewer seeds runs on the first device alone
+SPLIT_SEEDS = 2048  # a search of fewer seeds runs on the first device alone,
+SPLIT_SECONDS = 0.002  # unless its group's last search took longer than this a seed as many times
 
 
 def device_ids(gpus, setting: str = "--gpus") -> list[int]:
@@ -84,6 +86,7 @@ class MultiGpuEngine(ContinuousEngine):
         # the split searches' seconds: wall, their slowest device's and their devices' mean, summed
         # (slowest / mean: how unevenly the shares weighed; wall / slowest: the split's own cost)
         self.split_seconds = np.zeros(3)
+        self._per_seed: dict[tuple, float] = {}  # (query list, group) -> seconds a seed its last search took
 
     # ---- storage: every replica ----------------------------------------------------------------
     def apply(self, batch: UpdateBatch):
@@ -148,14 +151,23 @@ class MultiGpuEngine(ContinuousEngine):
             return Done(first.executor.run(first.mvg, batch, per[0], first.labels, select, split))
 
     def _split(self, per, g: int, seeds: tuple, emit: bool, ts, bits: int):
-        """Executor.searched's answer for the seeds of group g, searched in parts on every device."""
-        N = len(self.replicas)
-        if len(seeds[2]) < SPLIT_SEEDS:
-            return self._part((0, 1), per, g, seeds, emit, ts, bits)
+        """Executor.searched's answer for the seeds of group g, searched in parts on every device
+        where it is large: SPLIT_SEEDS seeds or more, or fewer that the group's last search says
+        take longer than SPLIT_SECONDS on one device (a query alone has a few hundred seeds a
+        batch of 4096 on the LiveJournal-sized stream, each of them heavy)."""
+        S, N = len(seeds[2]), len(self.replicas)
+        key = id(per[0]), g  # the group, while its query list is the one submitted (_per_replica keeps it)
+        if key not in self._per_seed and len(self._per_seed) >= 64:  # query lists gone: their estimates too
+            self._per_seed.clear()
+        if S < SPLIT_SEEDS and S * self._per_seed.get(key, 0.0) < SPLIT_SECONDS:
+            (counts, found, ready), sec = self._timed_part((0, 1), per, g, seeds, emit, ts, bits)
+            self._per_seed[key] = sec / max(S, 1)
+            return counts, found, ready
         t0 = time.perf_counter()
         parts = on_each_device(self._ids, lambda i: self._timed_part((i, N), per, g, seeds, emit, ts, bits))
         took = [sec for _, sec in parts]
         self.split_seconds += (time.perf_counter() - t0, max(took), sum(took) / N)
+        self._per_seed[key] = sum(took) / max(S, 1)  # about one device's time
         counts = sum(c for (c, _, _), _ in parts)
         return counts, [x for (_, f, _), _ in parts for x in f], [x for (_, _, r), _ in parts for x in r]
 
