@@ -88,6 +88,33 @@ def test_replicas_with_rows_sorted_on_each_device(tmp_path, seed, replicas, monk
         assert table.equals(reference), b
 
 
+def test_a_failure_on_one_device_stops_the_replay_and_a_fresh_one_is_exact(tmp_path, replicas, monkeypatch):
+    """The last device's part of the third split search fails (as a device's out-of-memory error
+    would): the replay raises that error, with no device left searching, and a fresh replay (a
+    restart) gives the CPU engine's deltas. (The daemon exits 1 on an engine's error:
+    test_gpu_daemon.)"""
+    from csmd.gpu import replicas as mod
+
+    qpaths, _ = make_case(tmp_path, 420, steps=80)
+    reference, _, _ = run_replay(tmp_path, qpaths, batch_size=7, threaded=False, name="ref.arrow")
+    part, calls = mod.MultiGpuEngine._part, []
+
+    def failing(self, split, *args):
+        if split[0] == split[1] - 1:
+            calls.append(split)
+            if len(calls) == 3:
+                raise RuntimeError("device failure")
+        return part(self, split, *args)
+
+    monkeypatch.setattr(mod.MultiGpuEngine, "_part", failing)
+    with pytest.raises(RuntimeError, match="device failure"):
+        run_replay(tmp_path, qpaths, batch_size=7, backend="gpu", name="failed.arrow")
+    assert len(calls) == 3 and calls[0] == (replicas - 1, replicas)
+    monkeypatch.setattr(mod.MultiGpuEngine, "_part", part)
+    table, _, _ = run_replay(tmp_path, qpaths, batch_size=7, backend="gpu", name="again.arrow")
+    assert table.equals(reference)
+
+
 @pytest.mark.parametrize("seed", range(100, 103))
 def test_replicas_on_a_directed_stream(tmp_path, seed, replicas):
     from test_directed import _case, _replay
