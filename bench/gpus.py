@@ -8,8 +8,9 @@ human stream with Q_1..Q_100; `yeast`, bench/replay_yeast.py's mixed stream with
 Each run streams the same updates, decoded beforehand, through a fresh pipeline and engine (the
 graph's upload to every device is set-up, not timed). On `lj` the one-GPU run streams for
 --seconds and the others take the same updates, after a run of the first batch on every device
-(its time on standard error: a device's first search of a query set costs once per process). `search`: the seconds in the engine's submit
-(seeds, the devices' search, the counts), of the run's seconds. `github` (static): plan + search
+(its time on standard error: a device's first search of a query set costs once per process).
+`search`: the seconds in the engine's submit (seeds, the devices' search, the counts), of the
+run's seconds. `github` (static): plan + search
 of each of github's Q_0..Q_21 alone and of all 22 in one search (what `csmd match --gpus N`
 does), the median of --runs runs, the graph on every device beforehand.
 

@@ -12,9 +12,9 @@ gave 1.82x. A seed whose depth 2 is its last, or counted with the rest of its ta
 its depth 2 in full. Ranges of seeds handed out as devices finished were measured first and
 lost: every range's launch ends in a tail where most of the device waits for a few warps, and
 the tails add up (the yeast stream at batch 4096: 0.074 s on one H200, 0.118 s on two). A
-search of fewer than SPLIT_SEEDS seeds stays on the first device, unless its group's last search
-took more than SPLIT_SECONDS for as many seeds: a part costs a launch, a read-back and a
-hand-off to the device's thread, more than a small search gains. The parts'
+search of fewer than SPLIT_SEEDS seeds stays on the first device unless, at its group's last
+search's seconds a seed, it would take more than SPLIT_SECONDS: a part costs a launch, a
+read-back and a hand-off to the device's thread, more than a small search gains. The parts'
 counts add up seed by seed, and their rows come back as pieces, which the pipeline puts in
 the canonical delta order as it does one device's: the deltas are the same bytes whatever
 the split.
@@ -40,8 +40,8 @@ from csmd.model.graph import Graph
 from .engine import GpuEngine
 from .launch import on_each_device
 
-SPLIT_SEEDS = 2048  # a search of fewer seeds runs on the first device alone,
-SPLIT_SECONDS = 0.002  # unless its group's last search took longer than this a seed as many times
+SPLIT_SEEDS = 2048  # a search of fewer seeds runs on the first device alone, unless at its group's
+SPLIT_SECONDS = 0.002  # last search's seconds a seed they would take longer than this
 
 
 def device_ids(gpus, setting: str = "--gpus") -> list[int]:
