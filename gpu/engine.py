@@ -194,7 +194,7 @@ def match_timed(g: Graph, q: Graph, *, distinct: bool = False, limit=None, sink=
     the continuous search of a timed device graph of g, read after every edge, seeded by every
     data pair that fits one anchor (query edge 0, both orientations): each match maps that
     query edge onto one pair one way, so it is found once. limit truncates what is counted.
-    share (i, n): the seeds i, i + n, ... of them (a search split over n devices)."""
+    share (i, n): its part i of a search split over n devices (Executor.seeded)."""
     from csmd.model.time_constraints import require_ts
 
     require_ts(g)

@@ -343,8 +343,8 @@ class Executor:
     def seeded(self, mvg, pq: PreparedQuery, g, emit: bool, share=(0, 1)) -> tuple[np.ndarray | None, int]:
         """A static search of pq (one anchor) in mvg, a timed device graph of g read after every
         edge, seeded by every adjacency entry of g (one orientation of a data pair: x on its owner,
-        y on its neighbour) whose labels and edge label fit the anchor; share (i, n): the seeds
-        i, i + n, ... of them. Returns (the matches, in query-vertex order, where emit; their number)."""
+        y on its neighbour) whose labels and edge label fit the anchor; share (i, n): part i of the
+        search split over n devices (as `searched` splits one). Returns (the matches, in query-vertex order, where emit; their number)."""
         from csmd.cpu.mvg import entry_ts
 
         grp = self._group([pq])
@@ -357,17 +357,17 @@ class Executor:
         if grp.searched.tab_order is not None:  # --distinct: the seed's own symmetry constraint
             fit &= grp.searched.tab_order[0] * (nbrs - owner) >= 0
         a, b, ts = owner[fit], nbrs[fit], np.stack([ts_out[fit], ts_in[fit]], 1)
-        a, b, ts = a[share[0]::share[1]], b[share[0]::share[1]], ts[share[0]::share[1]]
         tab, seq = np.zeros(len(a), np.int64), np.ones(len(a), np.int64)  # T 1: every entry is alive (ct -1)
-        if pq.n == 2:  # each seed is a match where it keeps the constraints
-            keep, _ = _pair_times(grp, ts, tab)
+        if pq.n == 2:  # each seed is a match where it keeps the constraints (a split's seeds i, i + n, ...)
+            keep = _pair_times(grp, ts, tab)[0] & (np.arange(len(a)) % share[1] == share[0])
             rows = np.zeros((int(keep.sum()), 2), np.int32)
             rows[:, pq.x[0]], rows[:, pq.y[0]] = a[keep], b[keep]
             return (rows if emit else None), len(rows)
         count, found = 0, []
         for at in range(0, len(a), MAX_SEEDS):
             end = at + MAX_SEEDS
-            counts, rows = self._search(mvg, grp, a[at:end], b[at:end], seq[at:end], tab[at:end], emit, ts[at:end])
+            counts, rows = self._search(mvg, grp, a[at:end], b[at:end], seq[at:end], tab[at:end], emit, ts[at:end],
+                                        split=share)
             count += int(counts.sum())
             found += [r[:, : grp.nmax] for r, _ in rows]
         if not emit:

@@ -114,14 +114,21 @@ def root_pool(dg: DeviceGraph, cbits: cp.ndarray, batch: QueryBatch, orders: np.
     """Renumber cbits in place to matching depths and gather each query's depth-0
     candidates (roots[i] of them) into one pool: (pool, chunk_q). Each query's segment is
     padded with -1 to whole chunks of 32, and chunk_q names the query of every chunk."""
-    chunks = -(-roots // 32)
-    at = np.zeros(len(roots), np.int64)
-    at[1:] = np.cumsum(chunks[:-1]) * 32
-    pool = cp.full(int(chunks.sum()) * 32, -1, cp.int32)
+    at, chunk_q = pool_chunks(roots)
+    pool = cp.full(len(chunk_q) * 32, -1, cp.int32)
     filled = cp.zeros(len(roots), cp.uint64)
     kernel("filtering", "by_depth")(_grid(dg, len(roots)), (THREADS,), (
         i64(dg.n), cbits, cp.asarray(orders.astype(np.int32)), cp.asarray(batch.nq), cp.asarray(at), pool, filled))
-    return pool, cp.asarray(np.repeat(np.arange(len(roots), dtype=np.int32), chunks))
+    return pool, cp.asarray(chunk_q)
+
+
+def pool_chunks(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A root pool's layout for rows[i] rows of query i: where each query's segment starts (in
+    rows; each padded to whole chunks of 32) and the query of every chunk (chunk_q)."""
+    chunks = -(-np.asarray(rows, np.int64) // 32)
+    at = np.zeros(len(chunks), np.int64)
+    at[1:] = np.cumsum(chunks[:-1]) * 32
+    return at, np.repeat(np.arange(len(chunks), dtype=np.int32), chunks)
 
 
 def share_roots(dg: DeviceGraph, pool: cp.ndarray, chunk_q: cp.ndarray, queries: int, i: int, n: int, m: int = 1
@@ -147,10 +154,7 @@ def share_roots(dg: DeviceGraph, pool: cp.ndarray, chunk_q: cp.ndarray, queries:
     rank = cp.arange(len(q)) - first[q]
     mine = rank % n == i
     rows, q, rank = rows[mine], q[mine], rank[mine] // n
-    have = cp.bincount(q, minlength=queries).get()
-    chunks = -(-have // 32)
-    at = np.zeros(queries, np.int64)
-    at[1:] = np.cumsum(chunks[:-1]) * 32
-    shared = cp.full((int(chunks.sum()) * 32, m), -1, cp.int32)
+    at, chunk_q = pool_chunks(cp.bincount(q, minlength=queries).get())
+    shared = cp.full((len(chunk_q) * 32, m), -1, cp.int32)
     shared[cp.asarray(at)[q] + rank] = rows.astype(cp.int32)
-    return shared.reshape(-1), cp.asarray(np.repeat(np.arange(queries, dtype=np.int32), chunks))
+    return shared.reshape(-1), cp.asarray(chunk_q)

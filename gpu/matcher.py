@@ -20,7 +20,7 @@ import cupy as cp
 import numpy as np
 
 from .device_graph import DeviceGraph
-from .filtering import QueryBatch, bitmask, share_roots
+from .filtering import QueryBatch, bitmask, pool_chunks, share_roots
 from .launch import THREADS, flat_grid, i32, i64, or_dummy, u64
 from .layout import (CTL_GCOUNT, CTL_HEAD, CTL_IDLE, CTL_OUTN, CTL_POOL, CTL_STARTED, CTL_STOP, CTL_TAIL, MAXQ,
                      STOP_LIMIT, STOP_TIME, structs)
@@ -198,10 +198,10 @@ class WarpSearch:
                 return False
             if ctl[CTL_STOP] == 0:  # otherwise (buffer full) the pre-pass is abandoned
                 k = int(ctl[CTL_OUTN])
-                chunks = -(-k // 32)
-                self.pool = cp.full(64 * chunks, -1, cp.int32)
+                _, chunk_q = pool_chunks([k])
+                self.pool = cp.full(64 * len(chunk_q), -1, cp.int32)
                 self.pool[: 2 * k] = out[: 2 * k]
-                self.pool_m, self.chunk_q = 2, cp.zeros(chunks, cp.int32)
+                self.pool_m, self.chunk_q = 2, cp.asarray(chunk_q)
             self.ctl.fill(0)  # the pre-pass may have used the task queue
             self.ready.fill(0)
             self.counts.fill(0)
