@@ -8,7 +8,7 @@ human stream with Q_1..Q_100; `yeast`, bench/replay_yeast.py's mixed stream with
 Each run streams the same updates, decoded beforehand, through a fresh pipeline and engine (the
 graph's upload to every device is set-up, not timed). On `lj` the one-GPU run streams for
 --seconds and the others take the same updates, after a run of the first batch on every device
-(its time on standard error: a device's first search of a query set costs once per process).
+(its time on standard error: a device's first use in a process loads its kernels).
 `search`: the seconds in the engine's submit (seeds, the devices' search, the counts), of the
 run's seconds. `github` (static): plan + search
 of each of github's Q_0..Q_21 alone and of all 22 in one search (what `csmd match --gpus N`
@@ -18,6 +18,7 @@ does), the median of --runs runs, the graph on every device beforehand.
 
     python bench/gpus.py [--parts lj,human,yeast,github] [--workload DIR] [--sets dense_8,sparse_8,tree_8]
                          [--gpus 1,2,4] [--seconds 30] [--batch-size 4096] [--runs 1] [--alone N] [--progress]
+                         [--deal-range N]
 """
 
 from __future__ import annotations
@@ -107,8 +108,7 @@ def table(label: str, g0, items: list, queries, args, limit: float | None = None
     one GPU streams in that many seconds (a run first, not reported), not all."""
     if limit is not None:
         items = upto(items, run(g0, items, queries, args.gpus[0], args.batch_size, limit, args.progress)[1])
-        # every device's first search of a set costs once per process (LJ tree_6: some 7 s on an H200, cause
-        # not found yet): paid here, by the first batch on all of them, not by the timed run of the first split
+        # a device's first use in a process loads its kernels: paid here, not by a timed run
         sec = run(g0, upto(items, args.batch_size), queries, max(args.gpus), args.batch_size)[0]
         print(f"  (the first batch on {max(args.gpus)} cold devices: {sec:.2f} s)", file=sys.stderr, flush=True)
     base = None
@@ -194,7 +194,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--progress", action="store_true", help="each batch's time, on standard error")
     ap.add_argument("--alone", type=int, default=0, help="lj: each of a set's first N queries alone, not the set")
+    ap.add_argument("--deal-range", type=int, default=None,
+                    help="a split search also deals out ranges of this many entries (gpu/executor.py DEAL_RANGE)")
     args = ap.parse_args()
+    from csmd.gpu import executor
+    executor.DEAL_RANGE = args.deal_range
     args.gpus = [int(x) for x in args.gpus.split(",")]
     for n in args.gpus:
         warm_once("gpu", n)

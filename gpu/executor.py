@@ -57,6 +57,11 @@ DEVICE_HOLD_ROWS = 1 << 22  # drains held on the device for one sort, at most (s
 # Up to this many updates, a batch's anchor keys come from a dict, side by side: a look-up costs
 # a fraction of a microsecond, the vectorized keys some 30 numpy calls of about one each.
 FEW_UPDATES = 32
+# A search split over devices deals out each prefix's candidate range for the last depth it
+# enumerates, or an earlier range of at least DEAL_RANGE entries (None: none; matcher.cu deal_at).
+# The LJ-sized workload's tree_6 (12,288 updates, 4 H200s): 3.47x one GPU dealing at the last depth,
+# 1.18x dealing ranges of 64 (a hub in such a range takes its whole subtree to one device)
+DEAL_RANGE: int | None = None
 
 
 def time_words(q, order: list[int], name: str) -> tuple[np.ndarray, int]:
@@ -325,7 +330,7 @@ class Executor:
         """The search of the seeds (a, b, seq, tab; ts under event time, else None; bits: the graph's
         id_bits) in launch sequences of at most MAX_SEEDS: (matches per seed, (rows, seed) per drain
         read back as it was, the drains sorted on the device as query -> Matches dicts). split
-        (i, n): part i of the search split over n devices (matcher.cu below_seed: the parts' counts
+        (i, n): part i of the search split over n devices (matcher.cu deal_at: the parts' counts
         add up, their rows are the search's)."""
         counts = np.empty(len(seq), np.int64)
         found, ready = [], []
@@ -415,7 +420,7 @@ class Executor:
             out_cap = max(32, tn.out_rows) if emit else 0
             out = cp.empty(out_cap * grp.width, cp.int32) if emit else None
             if self._launch is None:
-                self._launch = DirectLaunch(self._match_at, 22, len(mvg.view_words()))
+                self._launch = DirectLaunch(self._match_at, 23, len(mvg.view_words()))
             tt, tspan = (0, 0) if grp.tt is None else (grp.tt.data.ptr, grp.tspan.data.ptr)  # null: untimed
             resume, held = False, []  # held: drains waiting on the device for one sort
             while True:
@@ -424,7 +429,8 @@ class Executor:
                         int(not mvg.has_edge_labels), grp.nmax, grp.tables.data.ptr, grp.el.data.ptr, seeds.data.ptr, S,
                         ctl, self._queue.data.ptr, self._ready.data.ptr, tn.queue_tasks, state.data.ptr,
                         counts, int(resume), int(emit), 0 if out is None else out.data.ptr, out_cap, 0,
-                        int(tn.offload_us * 1e3), tt, tspan, split[1], split[0]), mvg.view_words(), smem)
+                        int(tn.offload_us * 1e3), tt, tspan, split[1], split[0],
+                        0x7FFFFFFF if DEAL_RANGE is None else DEAL_RANGE), mvg.view_words(), smem)
                 if not emit:
                     back = self._seeds.read_back(R * S, 8 + S, self.stream)
                     if back[CTL_STOP]:

@@ -72,7 +72,7 @@ struct Level {
     i64 total;
     i64 cursor;
     int cnt;
-    int pad;
+    unsigned dealt;  // a split search: bit s, node s's subtree is this device's part (matcher.cu deal_at)
 };
 
 struct WarpState {
@@ -92,6 +92,7 @@ struct Task {
     int piv;
     int group;
     int q;
+    int dealt;  // the node's dealt bit (Level.dealt)
     int v[MAXQ];
 };
 

@@ -106,7 +106,7 @@ struct Batch {
     const int* __restrict__ tt;         // versioned, under event time: TT_WORDS per table (else null)
     const i64* __restrict__ tspan;      // and the span of each table (-1: none)
     int split_n, split_i;               // versioned, a search split over split_n > 1 devices: this one's
-                                        // part (below_seed)
+    int split_range;                    // part, and the ranges it deals out where it can (deal_at)
 };
 
 enum { SEED_A, SEED_B, SEED_T, SEED_TAB, SEED_TS_OUT, SEED_TS_BACK };
@@ -124,17 +124,50 @@ __device__ __forceinline__ Query query_of(const Batch& b, const QueryTable* t, i
             tt ? seed(b, SEED_TS_OUT, q) : 0, tt ? seed(b, SEED_TS_BACK, q) : 0};
 }
 
-// A search split over devices (gpu/replicas.py) shares a seed below it where depth 2 is
-// enumerated and has depths after it: every device takes the seed and keeps the depth-2
-// candidates that hash to it, so a heavy seed's work is dealt out. The other seeds are dealt
-// out whole (seed q to device q % split_n): where depth 2 is the last, or counted with the
-// rest of the tail at once (count_suffix_at), every device would scan it in full.
-__device__ __forceinline__ bool below_seed(const Batch& b, const QueryTable* Q, int emit) {
-    return b.split_n > 1 && Q->n >= 4 && (emit || !Q->fast || Q->n - Q->fast > 2);
+// A search split over devices (gpu/replicas.py) deals out the subtrees under each seed. Every
+// device takes the seed; along each prefix, the first node whose candidate range is for depth D
+// (the last depth enumerated: n - 1, or the last before the tail that count_suffix_at counts at
+// once), or holds at least split_range entries, keeps only this device's share of the range
+// (my_share), and the subtrees of its candidates are the device's alone (Level.dealt, inherited
+// by every node under it; an offloaded node carries it in its task). The ranges above D are
+// searched on every device: dealing out an earlier range sends a hub in it, and its whole subtree,
+// to one device (executor.py DEAL_RANGE). Seeds with no such depth (fewer than 4 vertices, or a
+// counted tail from depth 2: every device would scan it in full) are dealt out whole, seed q to
+// device q % split_n.
+__device__ __forceinline__ int deal_depth(const QueryTable* Q, int emit) {
+    return emit || !Q->fast ? Q->n - 1 : Q->n - Q->fast - 1;
 }
 
-__device__ __forceinline__ bool mine_at_depth_2(const Batch& b, int c) {
-    return (int)__umulhi((unsigned)c * 0x9E3779B1u, (unsigned)b.split_n) == b.split_i;
+__device__ __forceinline__ bool below_seed(const Batch& b, const QueryTable* Q, int emit) {
+    return b.split_n > 1 && Q->n >= 4 && deal_depth(Q, emit) >= 2;
+}
+
+// Does a node whose prefix is not dealt yet deal out its range, of `size` entries, for depth d?
+__device__ __forceinline__ bool deal_at(const Batch& b, const QueryTable* Q, int emit, int d, int size) {
+    const int D = deal_depth(Q, emit);
+    return below_seed(b, Q, emit) && d <= D && (d == D || size >= b.split_range);
+}
+
+// This device's share of a candidate range [*st, *st + *len): the entries whose vertex lies in its
+// share of the range's values, cut before the entries at evenly spaced positions. A range is a
+// label range of a version, sorted by neighbour (a re-inserted pair's entries side by side), with
+// the same entries on every replica: the shares of all devices partition it.
+__device__ void my_share(const VersionedView& g, const Batch& b, i64* st, int* len) {
+    const i64 s = *st, n = *len;
+    auto cut = [&](int i) -> i64 {
+        if (i == 0) return s;
+        if (i == b.split_n) return s + n;
+        const int v = MVG_ENTRY(g.m.e_nbr + s + n * i / b.split_n);
+        i64 lo = s, hi = s + n * i / b.split_n;  // first entry with neighbour >= v
+        while (lo < hi) {
+            const i64 m = (lo + hi) >> 1;
+            if (MVG_ENTRY(g.m.e_nbr + m) < v) lo = m + 1; else hi = m;
+        }
+        return lo;
+    };
+    const i64 lo = cut(b.split_i);
+    *len = (int)(cut(b.split_i + 1) - lo);
+    *st = lo;
 }
 
 // Does the query hold time constraints (a span or an order pair)?
@@ -279,13 +312,20 @@ __device__ bool take_roots(const View& g, QueryTable* Q, Level* lv, WarpState* w
         }
         i64 start = 0;
         int size = 0, piv = 0;
+        bool dealt = false;
         const Query qc = query_of(b, Q, ws->q);
         if constexpr (View::versioned) {
             i64 lo, hi;  // a seed's own constraints (an order between the two arcs of its pair)
             if (have && constrained(qc)) have = in_time(g, qc, lv, pool_m - 1, v, lane, &lo, &hi);
         }
         if (have) node_range(g, qc, lv, pool_m - 1, v, lane, &start, &size, &piv);
-        if (build_level(&lv[pool_m - 1], have && size > 0, v, lane, start, size, piv, lane)) {
+        if constexpr (View::versioned) {
+            if (have && size > 0 && deal_at(b, Q, emit, pool_m, size)) {
+                my_share(g, b, &start, &size);
+                dealt = true;
+            }
+        }
+        if (build_level(&lv[pool_m - 1], have && size > 0, v, lane, start, size, piv, dealt, lane)) {
             start_work(lv, ws, pool_m, lane);
             return true;
         }
@@ -631,7 +671,6 @@ __device__ __forceinline__ void search(const View& g, const Batch& b, const Run&
             piv = L->piv[s];
             const i64 pos = L->start[s] + (idx - L->off[s]);
             pass = g.candidate(qc, pos, d, g.check_el ? qc.el[d * MAXQ + piv] : 0, &c);
-            if (pass && d == 2 && below_seed(b, Q, emit)) pass = mine_at_depth_2(b, c);
             if (pass) pass = check_path(g, qc, lv, d, c, s, piv);
         }
         i64 tlo = 0, thi = 0;  // under event time: the match's smallest and largest ts (emitted rows)
@@ -687,7 +726,16 @@ __device__ __forceinline__ void search(const View& g, const Batch& b, const Run&
                 node_range(g, qc, lv, d, c, s, &start, &size, &npiv);
                 pass = size > 0;
             }
-            const int k = build_level(&lv[d], pass, c, s, start, size, npiv, lane);
+            bool dealt = false;
+            if constexpr (View::versioned) {
+                dealt = (L->dealt >> s) & 1u;
+                if (pass && !dealt && deal_at(b, Q, emit, d + 1, size)) {
+                    my_share(g, b, &start, &size);
+                    pass = size > 0;
+                    dealt = true;
+                }
+            }
+            const int k = build_level(&lv[d], pass, c, s, start, size, npiv, dealt, lane);
             __syncwarp();
             if (lane == 0) {
                 L->cursor = cursor + 32;
@@ -711,7 +759,7 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
                                  i64 out_cap, i64 limit_left, u64 count_limit, i64 budget_ns, i64 offload_ns) {
     const StaticView g{indptr, adj, adj_el, gadj, gadj_el, vlabel, {hub_of, hub_tab, num_labels, single_label},
                        check_el};
-    const Batch b{qtabs, cbits, qel, last_prefix, prefix_at, chunk_q, nullptr, n, 0, nullptr, nullptr, 0, 0};
+    const Batch b{qtabs, cbits, qel, last_prefix, prefix_at, chunk_q, nullptr, n, 0, nullptr, nullptr, 0, 0, 0};
     search(g, b, Run{nmax, pool, pool_n, pool_m, ctl, queue, ready, queue_cap, state, counts, resume, emit, out,
                      out_cap, limit_left, count_limit, budget_ns, offload_ns});
 }
@@ -722,14 +770,15 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
 // smallest and largest ts (4 columns before it). A table's `fast` (count-only searches) is the
 // number of last depths count_suffix_at counts at once, plain says that no edge has a label;
 // tt and tspan (null: no event time) the tables' time words and spans; split_n > 1: the part
-// split_i of a search split over split_n devices (below_seed).
+// split_i of a search split over split_n devices, dealing ranges of split_range entries (deal_at).
 extern "C" __global__ void match_at(MVGView mvg, int plain, int nmax, const QueryTable* __restrict__ qtabs,
                                     const int* qel, const i64* seeds, i64 n_seeds, u64* ctl, Task* queue, int* ready,
                                     i64 queue_cap, u64* state, u64* counts, int resume, int emit, int* out,
                                     i64 out_cap, i64 budget_ns, i64 offload_ns, const int* tt, const i64* tspan,
-                                    int split_n, int split_i) {
+                                    int split_n, int split_i, int split_range) {
     const VersionedView g{mvg, plain};
-    const Batch b{qtabs, nullptr, qel, nullptr, nullptr, nullptr, seeds, 0, n_seeds, tt, tspan, split_n, split_i};
+    const Batch b{qtabs, nullptr, qel, nullptr, nullptr, nullptr, seeds, 0, n_seeds, tt, tspan, split_n, split_i,
+                  split_range};
     search(g, b, Run{nmax, nullptr, 32 * n_seeds, 2, ctl, queue, ready, queue_cap, state, counts, resume, emit, out,
                      out_cap, (i64)1 << 62, 0, budget_ns, offload_ns});
 }

@@ -3,15 +3,17 @@ batch applied on all of them, and each batch's search split over them.
 
 The host work of a batch (sequencing, its seeds, its deltas) is done once; what the devices
 share is the search, below the seed: every device takes every seed (one side of an update
-with one anchor's table) and keeps, at the seed's first free depth (2), the candidates whose
-hash names it (matcher.cu below_seed), so that the work under a heavy seed, a hub's or a dense
-query's, is dealt out too. On the LiveJournal-sized workload (2 H200s, bench/README.md) that
-gave 1.90x on sparse_6 where dealing out whole seeds (device i searching seeds i, i + N, ...)
-gave 1.82x. A seed whose depth 2 is its last, or counted with the rest of its tail at once
-(count_suffix_at), goes to one device whole, seeds dealt out in turn: every device would scan
-its depth 2 in full. Ranges of seeds handed out as devices finished were measured first and
-lost: every range's launch ends in a tail where most of the device waits for a few warps, and
-the tails add up (the yeast stream at batch 4096: 0.074 s on one H200, 0.118 s on two). A
+with one anchor's table), searches the prefixes above the last depth it enumerates as one
+device would, and keeps its share of each prefix's candidates for that depth, a range of
+neighbour ids cut at evenly spaced entries (matcher.cu deal_at), so that the work under a hub
+is dealt out wherever it is met. On the LiveJournal-sized workload (4 H200s, bench/README.md)
+tree_6 went 3.47x one GPU's speed that way, against 1.18x when each seed's depth-2 candidates
+were dealt out (a hub among them took its whole subtree to one device). A seed whose depth 2
+is its last, or counted with the rest of its tail at once (count_suffix_at), goes to one
+device whole, seeds dealt out in turn: every device would scan its depth 2 in full. Ranges
+of seeds handed out as devices finished were measured first and lost: every range's launch
+ends in a tail where most of the device waits for a few warps, and the tails add up (the
+yeast stream at batch 4096: 0.074 s on one H200, 0.118 s on two). A
 search of fewer than SPLIT_SEEDS seeds stays on the first device unless, at its group's last
 search's seconds a seed, it would take more than SPLIT_SECONDS: a part costs a launch, a
 read-back and a hand-off to the device's thread, more than a small search gains. The parts'
@@ -20,10 +22,11 @@ the canonical delta order as it does one device's: the deltas are the same bytes
 the split.
 
 The replicas apply the same ops in the same order; the versions a batch replaced on all of
-them are one entry of the GC (each replica's list), released together. The latest-state reads (the sequencer's) come from
-the first replica. CuPy's current device is per thread: every call into a replica runs
-under its device, and each device but the first searches on a thread of its own (the first
-on the executor's, which waits for the others).
+them are one entry of the GC (each replica's list), released together: a version's entries
+are the same on every replica, which the shares of a range rest on. The latest-state reads
+(the sequencer's) come from the first replica. CuPy's current device is per thread: every
+call into a replica runs under its device, and each device but the first searches on a
+thread of its own (the first on the executor's, which waits for the others).
 """
 
 from __future__ import annotations
@@ -176,7 +179,7 @@ class MultiGpuEngine(ContinuousEngine):
         return self._part(split, *args), time.perf_counter() - t
 
     def _part(self, split: tuple[int, int], per, g: int, seeds: tuple, emit: bool, ts, bits: int):
-        """Replica i's part (i, N) of the search (matcher.cu below_seed): Executor.searched's answer."""
+        """Replica i's part (i, N) of the search (matcher.cu deal_at): Executor.searched's answer."""
         r = self.replicas[split[0]]
         return r.executor.searched(r.mvg, r.executor.groups(per[split[0]])[g][1], *seeds, emit, ts, bits, split)
 

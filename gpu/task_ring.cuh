@@ -38,6 +38,7 @@ __device__ bool take_group(Level* lv, WarpState* ws, u64* ctl, const Task* queue
     gsize = __shfl_sync(FULL_MASK, gsize, 0);
     bool have = lane < gsize;
     int m = 0, v = 0, piv = 0, size = 0, q = 0;
+    bool dealt = false;
     i64 start = 0;
     if (have) {
         const u64 slot = (h + lane) % queue_cap;
@@ -54,12 +55,13 @@ __device__ bool take_group(Level* lv, WarpState* ws, u64* ctl, const Task* queue
         start = t->start;
         size = t->size;
         piv = t->piv;
+        dealt = t->dealt;
         __threadfence();
         atomicExch(&ready[slot], 0);
     }
     m = __shfl_sync(FULL_MASK, m, 0);
     switch_to(__shfl_sync(FULL_MASK, q, 0));
-    build_level(&lv[m - 1], have, v, lane, start, size, piv, lane);
+    build_level(&lv[m - 1], have, v, lane, start, size, piv, dealt, lane);
     start_work(lv, ws, m, lane);
     return true;
 }
@@ -118,6 +120,7 @@ __device__ void offload(Level* lv, WarpState* ws, u64* ctl, Task* queue, int* re
         task->piv = L->piv[lane];
         task->group = r == 0 ? k : 0;
         task->q = ws->q;
+        task->dealt = (L->dealt >> lane) & 1u;
         int node = lane;
         for (int j = l; j >= 0; --j) {
             task->v[j] = lv[j].v[node];

@@ -22,10 +22,12 @@ __device__ __forceinline__ int find_node(const Level* L, i64 idx) {
 }
 
 // Make level k's nodes from the lanes with `keep` (rank = order among them); returns the count.
+// dealt: the node's subtree is this device's part of a split search (Level.dealt).
 __device__ __forceinline__ int build_level(Level* L, bool keep, int v, int parent, i64 start, int size, int piv,
-                                           int lane) {
+                                           bool dealt, int lane) {
     const unsigned b = __ballot_sync(FULL_MASK, keep);
     const int r = __popc(b & ((1u << lane) - 1));
+    const unsigned dealt_bits = __reduce_or_sync(FULL_MASK, keep && dealt ? 1u << r : 0u);
     i64 x = keep ? size : 0;
     for (int o = 1; o < 32; o <<= 1) {
         i64 y = __shfl_up_sync(FULL_MASK, x, o);
@@ -42,6 +44,7 @@ __device__ __forceinline__ int build_level(Level* L, bool keep, int v, int paren
     const i64 total = __shfl_sync(FULL_MASK, x, 31);
     if (lane == 0) {
         L->cnt = __popc(b);
+        L->dealt = dealt_bits;
         L->total = total;
         L->cursor = 0;
     }
