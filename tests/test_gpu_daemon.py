@@ -32,8 +32,19 @@ def _final_graph(lines) -> Graph:
                             np.concatenate([lab, np.zeros(len(new), np.int32)]))
 
 
-def test_auto_runs_the_daemon_on_the_gpu_and_its_deltas_equal_the_cpu_replay(tmp_path, kafka_bootstrap, reference):
-    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, pipeline={"backend": "auto"})
+def skip_unless(gpus: int) -> None:
+    from csmd.gpu.replicas import device_ids
+
+    if gpus > len(device_ids("all")):
+        pytest.skip(f"{gpus} GPUs: this host has {len(device_ids('all'))}")
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_auto_runs_the_daemon_on_the_gpu_and_its_deltas_equal_the_cpu_replay(tmp_path, kafka_bootstrap, reference,
+                                                                             gpus):
+    """With `gpus = 2` one daemon drives two devices (gpu/replicas.py), its admin match too."""
+    skip_unless(gpus)
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, pipeline={"backend": "auto", "gpus": gpus})
     d = DaemonProcess(cfg, tmp_path / "d.log", port)
     lines = human_lines()
     t.produce(t.input, lines)
@@ -52,16 +63,19 @@ def test_auto_runs_the_daemon_on_the_gpu_and_its_deltas_equal_the_cpu_replay(tmp
     assert d.stop() == 0
 
 
+@pytest.mark.parametrize("gpus", [1, 2])
 def test_device_out_of_memory_stops_the_daemon_without_a_commit_and_a_restart_delivers_everything(
-        tmp_path, kafka_bootstrap, reference):
-    """CuPy's pool limited to less than the executor's search needs: the device fails, at the
-    start's warm-up (which runs a search before the stream) or in the first batch. The daemon
-    must exit 1 with a log line naming the failure, commit nothing (nothing was delivered), and
-    a restart with the memory it needs delivers every delta."""
+        tmp_path, kafka_bootstrap, reference, gpus):
+    """CuPy's pool limited to less than the executor's search needs: a device fails, at the
+    start's warm-up (which runs a search before the stream) or in the first batch; with
+    `gpus = 2`, whichever of the two fails first. The daemon must exit 1 with a log line naming
+    the failure, commit nothing (nothing was delivered), and a restart with the memory it needs
+    delivers every delta."""
     import os
     import subprocess
 
-    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, pipeline={"backend": "gpu"})
+    skip_unless(gpus)
+    t, cfg, port = daemon_config(tmp_path, kafka_bootstrap, pipeline={"backend": "gpu", "gpus": gpus})
     lines = human_lines()
     t.produce(t.input, lines)
     with open(tmp_path / "d1.log", "ab") as log:  # not DaemonProcess: it may never be healthy
