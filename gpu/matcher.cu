@@ -131,9 +131,9 @@ __device__ __forceinline__ Query query_of(const Batch& b, const QueryTable* t, i
 // (my_share), and the subtrees of its candidates are the device's alone (Level.dealt, inherited
 // by every node under it; an offloaded node carries it in its task). The ranges above D are
 // searched on every device: dealing out an earlier range sends a hub in it, and its whole subtree,
-// to one device (executor.py DEAL_RANGE). Seeds with no such depth (fewer than 4 vertices, or a
-// counted tail from depth 2: every device would scan it in full) are dealt out whole, seed q to
-// device q % split_n.
+// to one device (executor.py DEAL_RANGE). Seeds of a query of fewer than 4 vertices, or with a
+// tail counted at once from depth 2, are dealt out whole, seed q to device q % split_n: their work
+// is one range or less a seed.
 __device__ __forceinline__ int deal_depth(const QueryTable* Q, int emit) {
     return emit || !Q->fast ? Q->n - 1 : Q->n - Q->fast - 1;
 }
@@ -770,7 +770,8 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
 // smallest and largest ts (4 columns before it). A table's `fast` (count-only searches) is the
 // number of last depths count_suffix_at counts at once, plain says that no edge has a label;
 // tt and tspan (null: no event time) the tables' time words and spans; split_n > 1: the part
-// split_i of a search split over split_n devices, dealing ranges of split_range entries (deal_at).
+// split_i of a search split over split_n devices, which deals out each prefix's range for the last
+// depth it enumerates, or an earlier one of split_range entries or more (deal_at).
 extern "C" __global__ void match_at(MVGView mvg, int plain, int nmax, const QueryTable* __restrict__ qtabs,
                                     const int* qel, const i64* seeds, i64 n_seeds, u64* ctl, Task* queue, int* ready,
                                     i64 queue_cap, u64* state, u64* counts, int resume, int emit, int* out,

@@ -7,10 +7,10 @@ with one anchor's table), searches the prefixes above the last depth it enumerat
 device would, and keeps its share of each prefix's candidates for that depth, a range of
 neighbour ids cut at evenly spaced entries (matcher.cu deal_at), so that the work under a hub
 is dealt out wherever it is met. On the LiveJournal-sized workload (4 H200s, bench/README.md)
-tree_6 went 3.47x one GPU's speed that way, against 1.18x when each seed's depth-2 candidates
-were dealt out (a hub among them took its whole subtree to one device). A seed whose depth 2
-is its last, or counted with the rest of its tail at once (count_suffix_at), goes to one
-device whole, seeds dealt out in turn: every device would scan its depth 2 in full. Ranges
+tree_6 went 3.47x one GPU's speed that way, where dealing out each seed's depth-2 candidates
+gave 1.19x (a hub among them took its whole subtree to one device). A seed of a query of
+fewer than 4 vertices, or whose tail is counted at once from depth 2 (count_suffix_at), goes
+to one device whole, seeds dealt out in turn: its work is one range or less. Ranges
 of seeds handed out as devices finished were measured first and lost: every range's launch
 ends in a tail where most of the device waits for a few warps, and the tails add up (the
 yeast stream at batch 4096: 0.074 s on one H200, 0.118 s on two). A

@@ -27,7 +27,8 @@ __device__ __forceinline__ int build_level(Level* L, bool keep, int v, int paren
                                            bool dealt, int lane) {
     const unsigned b = __ballot_sync(FULL_MASK, keep);
     const int r = __popc(b & ((1u << lane) - 1));
-    const unsigned dealt_bits = __reduce_or_sync(FULL_MASK, keep && dealt ? 1u << r : 0u);
+    unsigned dealt_bits = keep && dealt ? 1u << r : 0u;  // OR over the warp (__reduce_or_sync needs sm_80)
+    for (int o = 16; o > 0; o >>= 1) dealt_bits |= __shfl_xor_sync(FULL_MASK, dealt_bits, o);
     i64 x = keep ? size : 0;
     for (int o = 1; o < 32; o <<= 1) {
         i64 y = __shfl_up_sync(FULL_MASK, x, o);

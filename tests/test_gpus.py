@@ -34,18 +34,19 @@ def devices_here() -> int:
 @pytest.fixture(params=[2, 3])
 def replicas(request, monkeypatch):
     """Every GPU engine replay makes in the test is n replicas, device ids 0, 1, ... wrapped round
-    the devices there are; every search of one seed or more is split over them. With 2, a prefix
-    deals out its range for the last depth it enumerates; with 3, its first range, at depth 2
-    (DEAL_RANGE 1), and warps hand their nodes to the task queue at once, so that dealt nodes
-    travel as tasks (matcher.cu deal_at)."""
+    the devices there are; every search of one seed or more is split over them, and warps hand
+    their nodes to the task queue at once, so that nodes travel as tasks with their dealt bit
+    (matcher.cu deal_at). With 2, a prefix deals out its range for the last depth it enumerates
+    (tasks of nodes dealt and not yet dealt side by side); with 3, its first range, at depth 2
+    (DEAL_RANGE 1)."""
     from csmd.backends import continuous_engine
     import csmd.jobs.replay as replay_module
     from csmd.gpu import executor, replicas as mod
 
     n, have = request.param, devices_here()
+    monkeypatch.setitem(executor.EX_TUNING, "offload_us", 0.001)
     if n == 3:
         monkeypatch.setattr(executor, "DEAL_RANGE", 1)
-        monkeypatch.setitem(executor.EX_TUNING, "offload_us", 0.001)
 
     def engine(backend, g0, *args, timed=False, **kwargs):
         if backend == "gpu":
