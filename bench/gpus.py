@@ -15,10 +15,12 @@ of each of github's Q_0..Q_21 alone and of all 22 in one search (what `csmd matc
 does), the median of --runs runs, the graph on every device beforehand.
 
 `--alone N`: on `lj`, each of a set's first N queries registered alone (a row each), not the set.
+`--materialised`: every match a delta row (a split search enumerates its last depth's share: the
+depths above it are searched on every device). `--stream mixed`: lj's stream with deletions.
 
     python bench/gpus.py [--parts lj,human,yeast,github] [--workload DIR] [--sets dense_8,sparse_8,tree_8]
                          [--gpus 1,2,4] [--seconds 30] [--batch-size 4096] [--runs 1] [--alone N] [--progress]
-                         [--deal-range N]
+                         [--materialised] [--stream insertion|mixed] [--deal-range N]
 """
 
 from __future__ import annotations
@@ -55,9 +57,10 @@ def pieces(items: list, size: int = PIECE) -> list:
     return out
 
 
-def run(g0, items: list, queries, gpus: int, batch_size: int, seconds: float | None = None, progress: bool = False):
-    """One pipeline over items (all of them, or those taken within `seconds`): (seconds, updates,
-    seconds in submit, {query: positive})."""
+def run(g0, items: list, queries, gpus: int, batch_size: int, seconds: float | None = None, progress: bool = False,
+        materialised: bool = False):
+    """One pipeline over items (all of them, or those taken within `seconds`), count-only unless
+    `materialised`: (seconds, updates, seconds in submit, {query: positive})."""
     engine = continuous_engine("gpu", g0, gpus=gpus)
     in_submit = [0.0]
     submit = engine.submit
@@ -72,7 +75,7 @@ def run(g0, items: list, queries, gpus: int, batch_size: int, seconds: float | N
     engine.submit = timed_submit
     pipe = Pipeline(g0, engine=engine, batch_size=batch_size)
     for name, q in queries:
-        pipe.add_query(name, q, True)
+        pipe.add_query(name, q, not materialised)
     pipe.warm()
     totals = dict.fromkeys((n for n, _ in queries), 0)
     taken = [0]
@@ -107,14 +110,16 @@ def table(label: str, g0, items: list, queries, args, limit: float | None = None
     """One row per GPU count, the median of --runs runs; the counts must agree. limit: the updates
     one GPU streams in that many seconds (a run first, not reported), not all."""
     if limit is not None:
-        items = upto(items, run(g0, items, queries, args.gpus[0], args.batch_size, limit, args.progress)[1])
+        items = upto(items, run(g0, items, queries, args.gpus[0], args.batch_size, limit, args.progress,
+                                args.materialised)[1])
         # a device's first use in a process loads its kernels: paid here, not by a timed run
-        sec = run(g0, upto(items, args.batch_size), queries, max(args.gpus), args.batch_size)[0]
+        sec = run(g0, upto(items, args.batch_size), queries, max(args.gpus), args.batch_size,
+                  materialised=args.materialised)[0]
         print(f"  (the first batch on {max(args.gpus)} cold devices: {sec:.2f} s)", file=sys.stderr, flush=True)
     base = None
     for n in args.gpus:
-        runs = sorted((run(g0, items, queries, n, args.batch_size, progress=args.progress) for _ in range(args.runs)),
-                      key=lambda r: r[0])
+        runs = sorted((run(g0, items, queries, n, args.batch_size, progress=args.progress,
+                           materialised=args.materialised) for _ in range(args.runs)), key=lambda r: r[0])
         sec, taken, search, totals = runs[len(runs) // 2]
         if base is None:
             base = (sec, totals)
@@ -194,6 +199,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--progress", action="store_true", help="each batch's time, on standard error")
     ap.add_argument("--alone", type=int, default=0, help="lj: each of a set's first N queries alone, not the set")
+    ap.add_argument("--materialised", action="store_true", help="every match a delta row, not counts")
+    ap.add_argument("--stream", default="insertion", choices=("insertion", "mixed"),
+                    help="lj: the insertion stream, or the mixed one with deletions")
     ap.add_argument("--deal-range", type=int, default=None,
                     help="a split search also deals out ranges of this many entries (gpu/executor.py DEAL_RANGE)")
     args = ap.parse_args()
@@ -209,7 +217,7 @@ def main() -> None:
         static(read_graph(root / "data.graph"),
                [(f"Q_{i}", read_query(root / "queries" / f"Q_{i}.graph")) for i in range(22)], args)
     if set(parts) - {"github"}:
-        print(f"count-only, batch {args.batch_size}; median of {args.runs} runs; search: the share of the run in "
+        print(f"{'materialised' if args.materialised else 'count-only'}, batch {args.batch_size}; median of {args.runs} runs; search: the share of the run in "
               f"the engine's submit; speed-up against {args.gpus[0]} GPU")
         print(f"{'workload':<22} {'queries':>7} {'gpus':>4} {'updates':>9} {'seconds':>8} {'updates/s':>11} "
               f"{'search':>7} {'speed-up':>9} {'counts':>6}")
@@ -234,7 +242,7 @@ def main() -> None:
             print(f"(built {wl} in {time.perf_counter() - t:.0f} s)", flush=True)
         t = time.perf_counter()
         g0 = read_graph(wl / "data.graph")
-        items = pieces(read_stream(wl / "insertion.graph"))
+        items = pieces(read_stream(wl / f"{args.stream}.graph"))
         print(f"(lj: {g0.n} vertices, {g0.num_edges} edges read in {time.perf_counter() - t:.0f} s)", flush=True)
         for name in args.sets.split(","):
             queries = [(p.stem, read_query(p)) for p in query_files([wl / "queries" / name])]
