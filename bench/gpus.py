@@ -203,10 +203,10 @@ def main() -> None:
     ap.add_argument("--stream", default="insertion", choices=("insertion", "mixed"),
                     help="lj: the insertion stream, or the mixed one with deletions")
     ap.add_argument("--deal-range", type=int, default=None,
-                    help="a split search also deals out ranges of this many entries (gpu/executor.py DEAL_RANGE)")
+                    help="a split search also deals out ranges of this many entries (gpu/matcher.py DEAL_RANGE)")
     args = ap.parse_args()
-    from csmd.gpu import executor
-    executor.DEAL_RANGE = args.deal_range
+    from csmd.gpu import matcher
+    matcher.DEAL_RANGE = args.deal_range
     args.gpus = [int(x) for x in args.gpus.split(",")]
     for n in args.gpus:
         warm_once("gpu", n)

@@ -60,7 +60,7 @@ def on_devices(devices: list[int] | None, g, limit, sink, time_limit, search, sp
     """search(share, sink, time_limit) -> [SearchResult per query] on the current device, or split
     over several: device i of N runs search((i, N), ...) on a thread of its own (the first on the
     caller's), filtering and planning as one device does and searching its share of every
-    query's roots or depth-1 prefixes (_search). A query's matches are the sum of the shares', it is
+    query's partial matches (_search). A query's matches are the sum of the shares', it is
     complete where every share is; the shares' rows go to sink one piece at a time. seconds: the
     whole split's.
 
@@ -113,10 +113,9 @@ def on_devices(devices: list[int] | None, g, limit, sink, time_limit, search, sp
 def _search(g, queries, *, distinct, time_limit, tuning, limit=None, sink=None, balance=None, share=(0, 1)
             ) -> list[SearchResult]:
     """One device's search of the queries; share (i, n): its part of a search split over n
-    devices (on_devices): of a query searched alone, the depth-1 prefixes that every device
-    widens its roots to alike and filtering.share_roots deals out (the roots themselves where
-    they are not widened, as in a batch of several queries: WarpSearch.widen_pool), and the
-    one-vertex queries where i is 0."""
+    devices (on_devices): every device filters, plans and takes every root alike, and keeps its
+    share of each partial match's candidates for the last depth it enumerates (matcher.cu
+    deal_at); the one-vertex queries where i is 0."""
     t0 = time.monotonic()
     deadline = None if time_limit is None else t0 + time_limit
     dg = g if isinstance(g, DeviceGraph) else device_graph(g)

@@ -37,7 +37,7 @@ from .drains import id_bits, sorted_drain
 from .launch import DirectLaunch
 from .layout import (CTL_IDLE, CTL_OUTN, CTL_STARTED, CTL_STOP, MAXQ, STOP_FULL, TMAXE, TT_EDGES, TT_EEND, TT_ORDERS,
                      TT_WORDS, structs)
-from .matcher import WARPS_PER_BLOCK, Tuning, _grid, _warp_words, query_tables
+from .matcher import WARPS_PER_BLOCK, Tuning, _grid, _warp_words, query_tables, split_args
 from .module import kernel
 
 _SEQ_BITS = 40  # (query, seq) in one int64 key: sequence numbers stay below 2^40
@@ -57,11 +57,6 @@ DEVICE_HOLD_ROWS = 1 << 22  # drains held on the device for one sort, at most (s
 # Up to this many updates, a batch's anchor keys come from a dict, side by side: a look-up costs
 # a fraction of a microsecond, the vectorized keys some 30 numpy calls of about one each.
 FEW_UPDATES = 32
-# A search split over devices deals out each prefix's candidate range for the last depth it
-# enumerates, or an earlier range of at least DEAL_RANGE entries (None: none; matcher.cu deal_at).
-# The LJ-sized workload's tree_6 (12,288 updates, 4 H200s): 3.47x one GPU dealing at the last depth,
-# 1.18x dealing ranges of 64 (a hub in such a range takes its whole subtree to one device)
-DEAL_RANGE: int | None = None
 
 
 def time_words(q, order: list[int], name: str) -> tuple[np.ndarray, int]:
@@ -429,8 +424,7 @@ class Executor:
                         int(not mvg.has_edge_labels), grp.nmax, grp.tables.data.ptr, grp.el.data.ptr, seeds.data.ptr, S,
                         ctl, self._queue.data.ptr, self._ready.data.ptr, tn.queue_tasks, state.data.ptr,
                         counts, int(resume), int(emit), 0 if out is None else out.data.ptr, out_cap, 0,
-                        int(tn.offload_us * 1e3), tt, tspan, split[1], split[0],
-                        0x7FFFFFFF if DEAL_RANGE is None else DEAL_RANGE), mvg.view_words(), smem)
+                        int(tn.offload_us * 1e3), tt, tspan, *split_args(split)), mvg.view_words(), smem)
                 if not emit:
                     back = self._seeds.read_back(R * S, 8 + S, self.stream)
                     if back[CTL_STOP]:

@@ -129,32 +129,3 @@ def pool_chunks(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     at = np.zeros(len(chunks), np.int64)
     at[1:] = np.cumsum(chunks[:-1]) * 32
     return at, np.repeat(np.arange(len(chunks), dtype=np.int32), chunks)
-
-
-def share_roots(dg: DeviceGraph, pool: cp.ndarray, chunk_q: cp.ndarray, queries: int, i: int, n: int, m: int = 1
-                ) -> tuple[cp.ndarray, cp.ndarray]:
-    """The part of a root pool (pool, chunk_q: rows of m vertices, 32 rows a chunk, as root_pool
-    packs roots and WarpSearch.widen_pool depth-1 prefixes) that device i of n searches: each
-    query's rows ordered by the degree of their last vertex (highest first: the largest
-    subtrees below them), then by their vertices, and dealt out i, i + n, ..., so that every
-    device has its share of the hubs; repacked alike (a query left without rows has no chunk).
-    Every device computes the same order from the same candidates, so the shares partition
-    the pool."""
-    rows = pool.reshape(-1, m)
-    keep = rows[:, 0] >= 0
-    if not bool(keep.any()):
-        return pool[:0], chunk_q[:0]
-    rows = rows[keep].astype(cp.int64)
-    q = cp.repeat(chunk_q, 32)[keep].astype(cp.int64)
-    last = rows[:, -1]
-    keys = [rows[:, j] for j in reversed(range(m))] + [dg.indptr[last] - dg.indptr[last + 1], q]
-    order = cp.lexsort(cp.stack(keys))  # by query, -degree, vertices
-    rows, q = rows[order], q[order]
-    first = cp.searchsorted(q, cp.arange(queries), side="left")
-    rank = cp.arange(len(q)) - first[q]
-    mine = rank % n == i
-    rows, q, rank = rows[mine], q[mine], rank[mine] // n
-    at, chunk_q = pool_chunks(cp.bincount(q, minlength=queries).get())
-    shared = cp.full((len(chunk_q) * 32, m), -1, cp.int32)
-    shared[cp.asarray(at)[q] + rank] = rows.astype(cp.int32)
-    return shared.reshape(-1), cp.asarray(chunk_q)

@@ -70,6 +70,7 @@ struct StaticView {
     __device__ __forceinline__ bool edge(const Query&, int v, int w, int el) const {
         return has_edge(indptr, adj, adj_el, check_el, v, w, el);
     }
+    __device__ __forceinline__ int nbr(i64 pos) const { return __ldg(gadj + pos); }
 };
 
 // Edge labels are always compared (the MVG stores 0 where the graph has none); plain: no
@@ -91,6 +92,7 @@ struct VersionedView {
     __device__ __forceinline__ bool edge(const Query& qc, int v, int w, int el) const {
         return edge_at(m, v, w, qc.T, el, true) >= 0;
     }
+    __device__ __forceinline__ int nbr(i64 pos) const { return MVG_ENTRY(m.e_nbr + pos); }
 };
 
 struct Batch {
@@ -105,8 +107,8 @@ struct Batch {
     i64 n, n_seeds;
     const int* __restrict__ tt;         // versioned, under event time: TT_WORDS per table (else null)
     const i64* __restrict__ tspan;      // and the span of each table (-1: none)
-    int split_n, split_i;               // versioned, a search split over split_n > 1 devices: this one's
-    int split_range;                    // part, and the ranges it deals out where it can (deal_at)
+    int split_n, split_i;               // a search split over split_n > 1 devices: this one's part, and
+    int split_range;                    // the ranges it deals out where it can (deal_at)
 };
 
 enum { SEED_A, SEED_B, SEED_T, SEED_TAB, SEED_TS_OUT, SEED_TS_BACK };
@@ -124,16 +126,17 @@ __device__ __forceinline__ Query query_of(const Batch& b, const QueryTable* t, i
             tt ? seed(b, SEED_TS_OUT, q) : 0, tt ? seed(b, SEED_TS_BACK, q) : 0};
 }
 
-// A search split over devices (gpu/replicas.py) deals out the subtrees under each seed. Every
-// device takes the seed; along each prefix, the first node whose candidate range is for depth D
+// A search split over devices (gpu/replicas.py, and the static one of gpu/engine.py on_devices)
+// deals out the subtrees under each seed or root. Every device takes every seed and root (the
+// same pool on every device); along each prefix, the first node whose candidate range is for depth D
 // (the last depth enumerated: n - 1, or the last before the tail that count_suffix_at counts at
 // once), or holds at least split_range entries, keeps only this device's share of the range
 // (my_share), and the subtrees of its candidates are the device's alone (Level.dealt, inherited
 // by every node under it; an offloaded node carries it in its task). The ranges above D are
 // searched on every device: dealing out an earlier range sends a hub in it, and its whole subtree,
-// to one device (executor.py DEAL_RANGE). Seeds of a query of fewer than 4 vertices, or with a
-// tail counted at once from depth 2, are dealt out whole, seed q to device q % split_n: their work
-// is one range or less a seed.
+// to one device (matcher.py DEAL_RANGE). Seeds and roots of a query of fewer than 4 vertices, or
+// with a tail counted at once from depth 2, are dealt out whole (mine_whole): their work is one
+// range or less a seed.
 __device__ __forceinline__ int deal_depth(const QueryTable* Q, int emit) {
     return emit || !Q->fast ? Q->n - 1 : Q->n - Q->fast - 1;
 }
@@ -151,23 +154,36 @@ __device__ __forceinline__ bool deal_at(const Batch& b, const QueryTable* Q, int
 // This device's share of a candidate range [*st, *st + *len): the entries whose vertex lies in its
 // share of the range's values, cut before the entries at evenly spaced positions. A range is a
 // label range of a version, sorted by neighbour (a re-inserted pair's entries side by side), with
-// the same entries on every replica: the shares of all devices partition it.
-__device__ void my_share(const VersionedView& g, const Batch& b, i64* st, int* len) {
+// the same entries on every replica: the shares of all devices partition it. The static graph's
+// label ranges are sorted by id, and the same on every device.
+template <class View>
+__device__ void my_share(const View& g, const Batch& b, i64* st, int* len) {
     const i64 s = *st, n = *len;
     auto cut = [&](int i) -> i64 {
         if (i == 0) return s;
         if (i == b.split_n) return s + n;
-        const int v = MVG_ENTRY(g.m.e_nbr + s + n * i / b.split_n);
+        const int v = g.nbr(s + n * i / b.split_n);
         i64 lo = s, hi = s + n * i / b.split_n;  // first entry with neighbour >= v
         while (lo < hi) {
             const i64 m = (lo + hi) >> 1;
-            if (MVG_ENTRY(g.m.e_nbr + m) < v) lo = m + 1; else hi = m;
+            if (g.nbr(m) < v) lo = m + 1; else hi = m;
         }
         return lo;
     };
     const i64 lo = cut(b.split_i);
     *len = (int)(cut(b.split_i + 1) - lo);
     *st = lo;
+}
+
+// Is a seed or root row dealt out whole this device's? Seed q is device q % split_n's (the seeds'
+// order is the host's, the same for every device); a root row, whose place in the pool may differ
+// between devices (the widening pre-pass writes its rows in no set order), goes by a hash of its
+// vertices.
+__device__ __forceinline__ bool mine_whole(const Batch& b, int q, const int* pool, i64 i, int m) {
+    if (b.seeds) return q % b.split_n == b.split_i;
+    unsigned h = 0;
+    for (int j = 0; j < m; ++j) h = (h ^ (unsigned)__ldg(pool + i * m + j)) * 0x9E3779B1u;
+    return (int)__umulhi(h, (unsigned)b.split_n) == b.split_i;
 }
 
 // Does the query hold time constraints (a span or an order pair)?
@@ -287,7 +303,7 @@ __device__ void node_range(const View& g, const Query& qc, const Level* lv, int 
 // Take a chunk of 32 prefixes from the root pool (pool_m vertices each; -1 pads a query's
 // last chunk); false when it is empty. The versioned search's pool is its seeds: chunk q
 // (32 positions of pool_n) is seed q, its prefix (a, b) in lane 0; a search split over
-// devices skips the seeds that another device takes whole (below_seed).
+// devices skips the seeds and roots that another device takes whole (below_seed).
 template <class View>
 __device__ bool take_roots(const View& g, QueryTable* Q, Level* lv, WarpState* ws, const Batch& b, u64* ctl,
                            const int* pool, i64 pool_n, int pool_m, int emit, int lane) {
@@ -301,7 +317,7 @@ __device__ bool take_roots(const View& g, QueryTable* Q, Level* lv, WarpState* w
         const i64 i = (i64)p + lane;
         auto root = [&](int j) { return b.seeds ? (int)seed(b, SEED_A + j, q) : pool[i * pool_m + j]; };
         bool have = b.seeds ? lane == 0 : __ldg(pool + i * pool_m) >= 0;
-        if (b.split_n > 1 && !below_seed(b, Q, emit) && q % b.split_n != b.split_i) have = false;  // another's seed
+        if (have && b.split_n > 1 && !below_seed(b, Q, emit) && !mine_whole(b, q, pool, i, pool_m)) have = false;
         int v = 0;
         if (have) {
             for (int j = 0; j < pool_m - 1; ++j) {
@@ -319,11 +335,9 @@ __device__ bool take_roots(const View& g, QueryTable* Q, Level* lv, WarpState* w
             if (have && constrained(qc)) have = in_time(g, qc, lv, pool_m - 1, v, lane, &lo, &hi);
         }
         if (have) node_range(g, qc, lv, pool_m - 1, v, lane, &start, &size, &piv);
-        if constexpr (View::versioned) {
-            if (have && size > 0 && deal_at(b, Q, emit, pool_m, size)) {
-                my_share(g, b, &start, &size);
-                dealt = true;
-            }
+        if (have && size > 0 && deal_at(b, Q, emit, pool_m, size)) {
+            my_share(g, b, &start, &size);
+            dealt = true;
         }
         if (build_level(&lv[pool_m - 1], have && size > 0, v, lane, start, size, piv, dealt, lane)) {
             start_work(lv, ws, pool_m, lane);
@@ -726,14 +740,11 @@ __device__ __forceinline__ void search(const View& g, const Batch& b, const Run&
                 node_range(g, qc, lv, d, c, s, &start, &size, &npiv);
                 pass = size > 0;
             }
-            bool dealt = false;
-            if constexpr (View::versioned) {
-                dealt = (L->dealt >> s) & 1u;
-                if (pass && !dealt && deal_at(b, Q, emit, d + 1, size)) {
-                    my_share(g, b, &start, &size);
-                    pass = size > 0;
-                    dealt = true;
-                }
+            bool dealt = (L->dealt >> s) & 1u;
+            if (pass && !dealt && deal_at(b, Q, emit, d + 1, size)) {
+                my_share(g, b, &start, &size);
+                pass = size > 0;
+                dealt = true;
             }
             const int k = build_level(&lv[d], pass, c, s, start, size, npiv, dealt, lane);
             __syncwarp();
@@ -756,10 +767,12 @@ extern "C" __global__ void match(const i64* indptr, const int* adj, const int* a
                                  const int* last_prefix, const i64* prefix_at, const int* __restrict__ pool,
                                  const int* __restrict__ chunk_q, i64 pool_n, int pool_m, u64* ctl, Task* queue,
                                  int* ready, i64 queue_cap, u64* state, u64* counts, int resume, int emit, int* out,
-                                 i64 out_cap, i64 limit_left, u64 count_limit, i64 budget_ns, i64 offload_ns) {
+                                 i64 out_cap, i64 limit_left, u64 count_limit, i64 budget_ns, i64 offload_ns,
+                                 int split_n, int split_i, int split_range) {
     const StaticView g{indptr, adj, adj_el, gadj, gadj_el, vlabel, {hub_of, hub_tab, num_labels, single_label},
                        check_el};
-    const Batch b{qtabs, cbits, qel, last_prefix, prefix_at, chunk_q, nullptr, n, 0, nullptr, nullptr, 0, 0, 0};
+    const Batch b{qtabs, cbits, qel, last_prefix, prefix_at, chunk_q, nullptr, n, 0, nullptr, nullptr, split_n, split_i,
+                  split_range};
     search(g, b, Run{nmax, pool, pool_n, pool_m, ctl, queue, ready, queue_cap, state, counts, resume, emit, out,
                      out_cap, limit_left, count_limit, budget_ns, offload_ns});
 }

@@ -20,7 +20,7 @@ import cupy as cp
 import numpy as np
 
 from .device_graph import DeviceGraph
-from .filtering import QueryBatch, bitmask, pool_chunks, share_roots
+from .filtering import QueryBatch, bitmask, pool_chunks
 from .launch import THREADS, flat_grid, i32, i64, or_dummy, u64
 from .layout import (CTL_GCOUNT, CTL_HEAD, CTL_IDLE, CTL_OUTN, CTL_POOL, CTL_STARTED, CTL_STOP, CTL_TAIL, MAXQ,
                      STOP_LIMIT, STOP_TIME, structs)
@@ -28,6 +28,17 @@ from .module import kernel
 
 WARPS_PER_BLOCK = 4
 SPLIT_WIDEN_ROOTS = 1 << 17  # a search split over devices widens fewer roots (one H200: 4 x 32 x 1056 warps)
+# A search split over devices deals out each prefix's candidate range for the last depth it
+# enumerates, or an earlier range of at least DEAL_RANGE entries (None: none; matcher.cu deal_at).
+# The LJ-sized workload's tree_6 (12,288 updates, 4 H200s): 3.47x one GPU dealing at the last depth,
+# 1.18x dealing ranges of 64 (a hub in such a range takes its whole subtree to one device)
+DEAL_RANGE: int | None = None
+
+
+def split_args(share: tuple[int, int]) -> tuple:
+    """The search kernels' last three arguments for part i of a search split over n devices."""
+    i, n = share
+    return i32(n if n > 1 else 0), i32(i), i32(0x7FFFFFFF if DEAL_RANGE is None else DEAL_RANGE)
 
 
 @dataclass
@@ -125,6 +136,7 @@ class WarpSearch:
         self.ready = cp.zeros(tuning.queue_tasks, cp.int32)
         self.counts = cp.zeros(self.nb, cp.uint64)
         self.pool, self.pool_m, self.chunk_q = pool, 1, chunk_q
+        self.share = (0, 1)  # this device's part of a split search (widen_pool)
         if dg.has_edge_labels and el is None:  # the kernel compares every edge's label: 0 in these queries
             el = np.zeros((self.nb, MAXQ * MAXQ), np.int32)
         self.el_host = el if dg.has_edge_labels else None
@@ -163,7 +175,7 @@ class WarpSearch:
         self.dev_tables = cp.asarray(fast)
 
     def _launch(self, tables, emit: bool, out, out_cap: int, limit_left: int, count_limit: int,
-                budget_s: float | None, resume: bool) -> np.ndarray:
+                budget_s: float | None, resume: bool, share: tuple[int, int] = (0, 1)) -> np.ndarray:
         self.ctl[CTL_IDLE:CTL_OUTN + 1] = 0
         self.ctl[CTL_STARTED] = 0
         dg = self.dg
@@ -174,18 +186,19 @@ class WarpSearch:
             i32(self.nmax), tables, self.cbits, self.el, self.prefix, self.prefix_at, self.pool, self.chunk_q,
             i64(len(self.pool) // self.pool_m), i32(self.pool_m), self.ctl, self.queue, self.ready,
             i64(self.tuning.queue_tasks), self.state, self.counts, i32(resume), i32(emit), out, i64(out_cap),
-            i64(limit_left), u64(count_limit), i64(budget_ns), i64(int(self.tuning.offload_us * 1e3))),
-            shared_mem=self.smem)
+            i64(limit_left), u64(count_limit), i64(budget_ns), i64(int(self.tuning.offload_us * 1e3)),
+            *split_args(share)), shared_mem=self.smem)
         return self.ctl.get()
 
     def widen_pool(self, deadline: float | None, share: tuple[int, int] = (0, 1)) -> bool:
         """Breadth-first pre-pass for a batch of one query: replace the roots by their valid
         depth-1 extensions when there are too few roots to occupy every warp and the
-        extensions fit the pool cap. share (i, n): a search split over n devices then keeps
-        its part of the pool (filtering.share_roots), of the prefixes where the pool was
-        widened (every device widens all the roots alike, so a hub root's prefixes are dealt
-        out too), else of the roots. False if the deadline passed."""
-        # a split's devices must all widen or all not: a bound of their own warps could differ
+        extensions fit the pool cap. share (i, n): the search's part on a device of n, which
+        run() searches (matcher.cu deal_at: every device takes the whole pool). False if the
+        deadline passed."""
+        self.share = share
+        # a split's devices must all widen or all not (a root row dealt out whole goes by its
+        # vertices, matcher.cu mine_whole): a bound of their own warps could differ
         few = 4 * 32 * self.nwarps if share[1] == 1 else SPLIT_WIDEN_ROOTS
         if self.nb == 1 and self.nmax >= 3 and len(self.pool) < few:
             cap = self.tuning.bfs_rows
@@ -205,8 +218,6 @@ class WarpSearch:
             self.ctl.fill(0)  # the pre-pass may have used the task queue
             self.ready.fill(0)
             self.counts.fill(0)
-        if share[1] > 1:
-            self.pool, self.chunk_q = share_roots(self.dg, self.pool, self.chunk_q, self.nb, *share, m=self.pool_m)
         return True
 
     def run(self, *, limit: int | None, deadline: float | None, sink) -> tuple[np.ndarray, np.ndarray]:
@@ -229,7 +240,7 @@ class WarpSearch:
             if left is not None and left <= 0:
                 return self._counts(drained, emit, count_limit), self._finished()
             limit_left = (1 << 62) if limit is None else limit - drained
-            ctl = self._launch(self.dev_tables, emit, out, out_cap, limit_left, count_limit, left, resume)
+            ctl = self._launch(self.dev_tables, emit, out, out_cap, limit_left, count_limit, left, resume, self.share)
             if emit and ctl[CTL_OUTN]:
                 k = int(ctl[CTL_OUTN])
                 sink(out[: k * width].reshape(k, width).get())

@@ -41,12 +41,12 @@ def replicas(request, monkeypatch):
     (DEAL_RANGE 1)."""
     from csmd.backends import continuous_engine
     import csmd.jobs.replay as replay_module
-    from csmd.gpu import executor, replicas as mod
+    from csmd.gpu import executor, matcher, replicas as mod
 
     n, have = request.param, devices_here()
     monkeypatch.setitem(executor.EX_TUNING, "offload_us", 0.001)
     if n == 3:
-        monkeypatch.setattr(executor, "DEAL_RANGE", 1)
+        monkeypatch.setattr(matcher, "DEAL_RANGE", 1)
 
     def engine(backend, g0, *args, timed=False, **kwargs):
         if backend == "gpu":
@@ -182,10 +182,13 @@ def test_the_human_stream_on_several_gpus(tmp_path, gpus, monkeypatch):
 @pytest.fixture(params=[2, 3])
 def split(request, monkeypatch):
     """n device ids for a static search, wrapped round the devices there are; every count is split
-    (not first tried on one device: SPECULATE_S)."""
-    from csmd.gpu import engine
+    (not first tried on one device: SPECULATE_S). With 3, every partial match deals out its first
+    range (DEAL_RANGE 1), not the one for the last depth enumerated (matcher.cu deal_at)."""
+    from csmd.gpu import engine, matcher
 
     monkeypatch.setattr(engine, "SPECULATE_S", 0)
+    if request.param == 3:
+        monkeypatch.setattr(matcher, "DEAL_RANGE", 1)
     return [i % devices_here() for i in range(request.param)]
 
 
