@@ -145,10 +145,10 @@ def _search(g, queries, *, distinct, time_limit, tuning, limit=None, sink=None, 
         tables, el = query_tables(sub, orders, sym)
         pool, chunk_q = root_pool(dg, cb, sub, orders, sizes[idx, orders[:, 0]])
         if len(pool):
-            search = WarpSearch(dg, tables, el, cb, pool, chunk_q, tuning or Tuning())
-            if not search.widen_pool(deadline, share):
+            search = WarpSearch(dg, tables, el, cb, pool, chunk_q, tuning or Tuning(), share)
+            if not search.widen_pool(deadline):
                 complete[idx] = False
-            elif len(search.pool):  # a share may have no roots at all
+            elif len(search.pool):  # a widening may find no prefix at all
                 counts[idx], complete[idx] = search.run(limit=limit, deadline=deadline, sink=sink)
                 if balance is not None:
                     balance.update(search.balance())

@@ -84,7 +84,7 @@ def filter_candidates(dg: DeviceGraph, batch: QueryBatch, converge: bool = False
     REFINE_ROUNDS rounds leave depends on the threads' timing (a superset of the matches'
     vertices all the same). `converge` refines until a round changes nothing: the one
     arc-consistent fixpoint, the same on every run and device, which a search split over
-    devices needs (they must deal out the same roots, planned in the same order)."""
+    devices needs (they must take the same roots, planned in the same order)."""
     nb = len(batch)
     cbits = cp.empty((nb, dg.n), cp.uint32)
     grid, n = _grid(dg, nb), i64(dg.n)

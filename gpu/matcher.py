@@ -120,7 +120,9 @@ class WarpSearch:
     (cbits, bits by depth) from a root pool with the query of each chunk (chunk_q)."""
 
     def __init__(self, dg: DeviceGraph, tables: np.ndarray, el: np.ndarray | None, cbits: cp.ndarray,
-                 pool: cp.ndarray, chunk_q: cp.ndarray, tuning: Tuning):
+                 pool: cp.ndarray, chunk_q: cp.ndarray, tuning: Tuning, share: tuple[int, int] = (0, 1)):
+        """share (i, n): this device's part of a search split over n (matcher.cu deal_at: every
+        device takes the whole pool)."""
         self.dg, self.cbits, self.tuning = dg, cbits, tuning
         self.tables = tables
         self.nb = len(tables)
@@ -136,7 +138,7 @@ class WarpSearch:
         self.ready = cp.zeros(tuning.queue_tasks, cp.int32)
         self.counts = cp.zeros(self.nb, cp.uint64)
         self.pool, self.pool_m, self.chunk_q = pool, 1, chunk_q
-        self.share = (0, 1)  # this device's part of a split search (widen_pool)
+        self.share = share
         if dg.has_edge_labels and el is None:  # the kernel compares every edge's label: 0 in these queries
             el = np.zeros((self.nb, MAXQ * MAXQ), np.int32)
         self.el_host = el if dg.has_edge_labels else None
@@ -190,16 +192,14 @@ class WarpSearch:
             *split_args(share)), shared_mem=self.smem)
         return self.ctl.get()
 
-    def widen_pool(self, deadline: float | None, share: tuple[int, int] = (0, 1)) -> bool:
+    def widen_pool(self, deadline: float | None) -> bool:
         """Breadth-first pre-pass for a batch of one query: replace the roots by their valid
         depth-1 extensions when there are too few roots to occupy every warp and the
-        extensions fit the pool cap. share (i, n): the search's part on a device of n, which
-        run() searches (matcher.cu deal_at: every device takes the whole pool). False if the
-        deadline passed."""
-        self.share = share
+        extensions fit the pool cap (run unsplit: every device of a split widens alike). False
+        if the deadline passed."""
         # a split's devices must all widen or all not (a root row dealt out whole goes by its
         # vertices, matcher.cu mine_whole): a bound of their own warps could differ
-        few = 4 * 32 * self.nwarps if share[1] == 1 else SPLIT_WIDEN_ROOTS
+        few = 4 * 32 * self.nwarps if self.share[1] == 1 else SPLIT_WIDEN_ROOTS
         if self.nb == 1 and self.nmax >= 3 and len(self.pool) < few:
             cap = self.tuning.bfs_rows
             out = cp.empty(2 * cap, cp.int32)

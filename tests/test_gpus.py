@@ -183,7 +183,8 @@ def test_the_human_stream_on_several_gpus(tmp_path, gpus, monkeypatch):
 def split(request, monkeypatch):
     """n device ids for a static search, wrapped round the devices there are; every count is split
     (not first tried on one device: SPECULATE_S). With 3, every partial match deals out its first
-    range (DEAL_RANGE 1), not the one for the last depth enumerated (matcher.cu deal_at)."""
+    range (DEAL_RANGE 1: a root's, or a widened prefix's), not the one for the last depth
+    enumerated (matcher.cu deal_at)."""
     from csmd.gpu import engine, matcher
 
     monkeypatch.setattr(engine, "SPECULATE_S", 0)
@@ -202,9 +203,9 @@ def split_rows(g, q, devices, **kw):
 
 @pytest.mark.parametrize("seed", range(60))
 def test_a_split_static_search_equals_brute_force(seed, split):
-    """Counts, rows and --distinct of a search whose roots are dealt out over the devices (small
-    graphs: a share often has no roots at all), and limits (searched on the first device): the
-    brute-force matcher's matches."""
+    """Counts, rows and --distinct of a search split over the devices (small graphs: a share
+    often has no matches at all; queries of 2 and 3 vertices deal out whole roots), and limits
+    (searched on the first device): the brute-force matcher's matches."""
     from csmd.gpu.engine import match
     from csmd.gpu.matcher import Tuning
     from static_cases import make_case, to_graph
@@ -232,9 +233,9 @@ def test_a_split_static_search_equals_brute_force(seed, split):
 
 @pytest.mark.parametrize("seed", range(0, 40, 8))
 def test_a_split_batch_on_a_hub_graph_equals_one_device(seed, split):
-    """Many queries in one search on a graph with hubs of thousands of neighbours (the heaviest
-    roots, dealt to different devices), a one-vertex query (counted once) and one with no
-    candidates among them: one device's counts, --distinct too."""
+    """Many queries in one search on a graph with hubs of thousands of neighbours (whose ranges
+    are dealt out), a one-vertex query (counted once) and one with no candidates among them:
+    one device's counts, --distinct too."""
     import cupy
 
     from csmd.gpu.device_graph import device_graph

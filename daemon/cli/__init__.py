@@ -389,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--data", required=True, type=Path, help="data graph (text format, .arrow or .parquet)")
     m.add_argument("--query", required=True, nargs="+", type=Path, help="query files or directories of them")
     m.add_argument("--backend", choices=BACKENDS, default="auto", help="engine (default auto: GPU if CuPy sees one)")
-    _gpus_option(m, "searches a share of every query's roots")
+    _gpus_option(m, "searches a share of every query's partial matches")
     m.add_argument("--distinct", action="store_true", help="count each subgraph instance once (symmetry breaking)")
     m.add_argument("--limit", type=_positive_int, help="stop after N matches per query (complete: false)")
     m.add_argument("--time-limit", type=_positive_float, help="stop a query after S seconds (complete: false)")
