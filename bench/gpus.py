@@ -217,7 +217,8 @@ def main() -> None:
         static(read_graph(root / "data.graph"),
                [(f"Q_{i}", read_query(root / "queries" / f"Q_{i}.graph")) for i in range(22)], args)
     if set(parts) - {"github"}:
-        print(f"{'materialised' if args.materialised else 'count-only'}, batch {args.batch_size}; median of {args.runs} runs; search: the share of the run in "
+        mode = "materialised" if args.materialised else "count-only"
+        print(f"{mode}, batch {args.batch_size}; median of {args.runs} runs; search: the share of the run in "
               f"the engine's submit; speed-up against {args.gpus[0]} GPU")
         print(f"{'workload':<22} {'queries':>7} {'gpus':>4} {'updates':>9} {'seconds':>8} {'updates/s':>11} "
               f"{'search':>7} {'speed-up':>9} {'counts':>6}")
