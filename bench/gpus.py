@@ -6,9 +6,8 @@ Workloads (--parts): `lj`, bench/workloads.py's LiveJournal-sized graph and inse
 into --workload if it is not there), each query set of --sets registered at once; `human`, the
 human stream with Q_1..Q_100; `yeast`, bench/replay_yeast.py's mixed stream with its 17 queries.
 Each run streams the same updates, decoded beforehand, through a fresh pipeline and engine (the
-graph's upload to every device is set-up, not timed). On `lj` the one-GPU run streams for
---seconds and the others take the same updates, after a run of the first batch on every device
-(its time on standard error: a device's first use in a process loads its kernels).
+graph's upload to every device is set-up, not timed; every device's kernels are loaded first,
+warm_once). On `lj` the one-GPU run streams for --seconds and the others take the same updates.
 `search`: the seconds in the engine's submit (seeds, the devices' search, the counts), of the
 run's seconds. `github` (static): plan + search
 of each of github's Q_0..Q_21 alone and of all 22 in one search (what `csmd match --gpus N`
@@ -112,10 +111,6 @@ def table(label: str, g0, items: list, queries, args, limit: float | None = None
     if limit is not None:
         items = upto(items, run(g0, items, queries, args.gpus[0], args.batch_size, limit, args.progress,
                                 args.materialised)[1])
-        # a device's first use in a process loads its kernels: paid here, not by a timed run
-        sec = run(g0, upto(items, args.batch_size), queries, max(args.gpus), args.batch_size,
-                  materialised=args.materialised)[0]
-        print(f"  (the first batch on {max(args.gpus)} cold devices: {sec:.2f} s)", file=sys.stderr, flush=True)
     base = None
     for n in args.gpus:
         runs = sorted((run(g0, items, queries, n, args.batch_size, progress=args.progress,
