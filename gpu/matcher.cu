@@ -145,12 +145,6 @@ __device__ __forceinline__ bool below_seed(const Batch& b, const QueryTable* Q, 
     return b.split_n > 1 && Q->n >= 4 && deal_depth(Q, emit) >= 2;
 }
 
-// Does a node whose prefix is not dealt yet deal out its range, of `size` entries, for depth d?
-__device__ __forceinline__ bool deal_at(const Batch& b, const QueryTable* Q, int emit, int d, int size) {
-    const int D = deal_depth(Q, emit);
-    return below_seed(b, Q, emit) && d <= D && (d == D || size >= b.split_range);
-}
-
 // This device's share of a candidate range [*st, *st + *len): the entries whose vertex lies in its
 // share of the range's values, cut before the entries at evenly spaced positions. A range is a
 // label range of a version, sorted by neighbour (a re-inserted pair's entries side by side), with
@@ -173,6 +167,17 @@ __device__ void my_share(const View& g, const Batch& b, i64* st, int* len) {
     const i64 lo = cut(b.split_i);
     *len = (int)(cut(b.split_i + 1) - lo);
     *st = lo;
+}
+
+// A node whose prefix is not dealt yet, with the range [*st, *st + *size) for depth d: deal it out
+// here (keeping this device's share) or not. Returns whether it did.
+template <class View>
+__device__ __forceinline__ bool deal_at(const View& g, const Batch& b, const QueryTable* Q, int emit, int d, i64* st,
+                                        int* size) {
+    const int D = deal_depth(Q, emit);
+    if (!below_seed(b, Q, emit) || d > D || (d < D && *size < b.split_range)) return false;
+    my_share(g, b, st, size);
+    return true;
 }
 
 // Is a seed or root row dealt out whole this device's? Seed q is device q % split_n's (the seeds'
@@ -335,10 +340,7 @@ __device__ bool take_roots(const View& g, QueryTable* Q, Level* lv, WarpState* w
             if (have && constrained(qc)) have = in_time(g, qc, lv, pool_m - 1, v, lane, &lo, &hi);
         }
         if (have) node_range(g, qc, lv, pool_m - 1, v, lane, &start, &size, &piv);
-        if (have && size > 0 && deal_at(b, Q, emit, pool_m, size)) {
-            my_share(g, b, &start, &size);
-            dealt = true;
-        }
+        if (have && size > 0) dealt = deal_at(g, b, Q, emit, pool_m, &start, &size);
         if (build_level(&lv[pool_m - 1], have && size > 0, v, lane, start, size, piv, dealt, lane)) {
             start_work(lv, ws, pool_m, lane);
             return true;
@@ -741,10 +743,9 @@ __device__ __forceinline__ void search(const View& g, const Batch& b, const Run&
                 pass = size > 0;
             }
             bool dealt = (L->dealt >> s) & 1u;
-            if (pass && !dealt && deal_at(b, Q, emit, d + 1, size)) {
-                my_share(g, b, &start, &size);
+            if (pass && !dealt) {
+                dealt = deal_at(g, b, Q, emit, d + 1, &start, &size);
                 pass = size > 0;
-                dealt = true;
             }
             const int k = build_level(&lv[d], pass, c, s, start, size, npiv, dealt, lane);
             __syncwarp();
