@@ -18,7 +18,7 @@ does), the median of --runs runs, the graph on every device beforehand.
 depths above it are searched on every device). `--stream mixed`: lj's stream with deletions.
 
     python bench/gpus.py [--parts lj,human,yeast,github] [--workload DIR] [--sets dense_8,sparse_8,tree_8]
-                         [--gpus 1,2,4] [--seconds 30] [--batch-size 4096] [--runs 1] [--alone N] [--progress]
+                         [--gpus 1,2,4] [--seconds 30 | --updates N] [--batch-size 4096] [--runs 1] [--alone N] [--progress]
                          [--materialised] [--stream insertion|mixed] [--deal-range N]
 """
 
@@ -108,7 +108,9 @@ def run(g0, items: list, queries, gpus: int, batch_size: int, seconds: float | N
 def table(label: str, g0, items: list, queries, args, limit: float | None = None) -> None:
     """One row per GPU count, the median of --runs runs; the counts must agree. limit: the updates
     one GPU streams in that many seconds (a run first, not reported), not all."""
-    if limit is not None:
+    if args.updates:
+        items = upto(items, args.updates)
+    elif limit is not None:
         items = upto(items, run(g0, items, queries, args.gpus[0], args.batch_size, limit, args.progress,
                                 args.materialised)[1])
     base = None
@@ -190,6 +192,8 @@ def main() -> None:
     ap.add_argument("--sets", default="dense_8,sparse_8,tree_8")
     ap.add_argument("--gpus", default="1,2,4")
     ap.add_argument("--seconds", type=float, default=30.0, help="the lj one-GPU run's limit")
+    ap.add_argument("--updates", type=int, default=0,
+                    help="lj: the first N updates (rounded up to a piece) in place of --seconds' run, to compare calls")
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--progress", action="store_true", help="each batch's time, on standard error")
