@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from csmd.cpu.arena import edge_labels, find_entry, graph_view, group_range
+from csmd.cpu.arena import edge_labels, find_entry, graph_view, group_range, hot
 from csmd.cpu.mvg import INF, MultiVersionGraph
 
 
@@ -95,7 +95,7 @@ def _by_vertex(labels, a, b):
     return order, own, nbr, key
 
 
-@njit(cache=True, nogil=True)
+@hot
 def _copy(ar, i, e, dt):
     """Entry i to position e, closed at dt."""
     ar.e_nbr[e], ar.e_el[e], ar.e_ct[e], ar.e_dt[e] = ar.e_nbr[i], ar.e_el[i], ar.e_ct[i], dt
@@ -103,7 +103,8 @@ def _copy(ar, i, e, dt):
         ar.e_ts[e], ar.e_tsin[e] = ar.e_ts[i], ar.e_tsin[i]
 
 
-@njit(cache=True, nogil=True)
+@hot  # without reference counting: a call that passes the arena's 19 arrays counted each
+      # (in and out), 10x the merge's own work (human, batch 64: 42 ms -> 4 ms for the stream)
 def _version(ar, old, v, e, g, first, order, nbr, key, seq, label, label_b, ts, x, xe):
     """Write a vertex's new version v from entry e and group g: the live entries of its old
     version merged, label group by label group, with the ops order[x:xe] at or after `first`
