@@ -365,7 +365,7 @@ class MultiVersionGraph:
         self.v_ee.extend(v_es + counts)
         self.v_live.extend(np.ones(len(vs), bool))
         self.cur.a[vs] = vids
-        return self._token(old[has_old], ts0[has_old])
+        return self._token(old[has_old], ts0[has_old].max(initial=-1))
 
     def _live_entry(self, v: np.ndarray, nbr: np.ndarray) -> np.ndarray:
         """Positions of the live (dt == INF) entries v -> nbr in v's newest version."""
@@ -378,14 +378,14 @@ class MultiVersionGraph:
 
     # ---- garbage collection ------------------------------------------------------------------------
     def _token(self, replaced: np.ndarray, at) -> list:
-        """apply's answer for versions replaced at `at`: one token, held (and renumbered by
+        """apply's answer for versions replaced by `at` at the latest: one token, held (and renumbered by
         compactions) until freed. A version is released at most one batch later than its own
         replacement allows, and the GC and the release handle one item per batch."""
         if not len(replaced):
             return []
         token = np.ascontiguousarray(replaced, np.int64)
         self._held[id(token)] = token
-        return [(token, int(np.max(at)))]
+        return [(token, int(at))]
 
     def free(self, tokens) -> bool:
         """Release apply's tokens whose versions no pending read can reach (the GC decided that);
