@@ -7,8 +7,9 @@ per input record in one run:
   (b) the broker's own hop: the same records produced at the same rate to a topic and consumed
       back with the consumer settings the daemon uses, no daemon between;
   (c) the daemon's own time: from a record's arrival at its consumer to its deltas acknowledged
-      by the broker (its latency histogram, every record; `csmd admin stats`).
-(a) holds two hops of (b) and (c): a daemon that adds nothing of its own has a <= c + 2b.
+      by the broker (its latency histogram, every record; `csmd admin stats`);
+  (d) the same for the records with deltas alone (its delta latency histogram): (a)'s records.
+(a) holds two hops of (b) and (d): a daemon that adds nothing of its own has a <= d + 2b.
 Within (c), from the daemon's stats: (m) from an update's batch forming to its deltas ready,
 (p) to its deltas handed to the producer; (c) less (p) is the wait for the batch to form and
 for the broker's acknowledgement.
@@ -135,6 +136,7 @@ def paced(bootstrap: str, queries, backend: str, rate: float, workdir: Path) -> 
     b = [hop_seen[o] - hop_handed[o] for o in hop_seen if o in hop_handed]
     q = lambda x: (float(np.percentile(x, 50)), float(np.percentile(x, 99)))  # noqa: E731
     return {"a": q(a), "b": q(b), "c": (own["latency_p50_s"], own["latency_p99_s"]),
+            "d": (own["delta_latency_p50_s"], own["delta_latency_p99_s"]),
             "m": (own["matched_p50_s"], own["matched_p99_s"]), "p": (own["produced_p50_s"], own["produced_p99_s"]),
             "with_deltas": len(a)}
 
@@ -172,7 +174,7 @@ def main() -> None:
         try:
             for backend in args.backend:
                 runs = [paced(broker.bootstrap, queries, backend, args.rate, work) for _ in range(args.runs)]
-                med = {k: tuple(statistics.median(r[k][i] for r in runs) for i in (0, 1)) for k in "abcmp"}
+                med = {k: tuple(statistics.median(r[k][i] for r in runs) for i in (0, 1)) for k in "abcdmp"}
                 rates = [burst(broker.bootstrap, queries, backend, args.rounds, args.per_record, work)
                          for _ in range(args.runs)]
                 rows.append((backend, med, runs[0]["with_deltas"], statistics.median(r[0] for r in rates),
@@ -184,19 +186,19 @@ def main() -> None:
     print(f"\nhuman stream, Q_1..Q_{args.queries} count-only; embedded Tansu broker; median of {args.runs} runs")
     print(f"paced: {n} records of one update at {args.rate:.0f}/s; (a) handed to the producer -> first delta "
           f"consumed, (b) the same records through one topic, no daemon, (c) the daemon's own: arrival -> "
-          f"deltas acknowledged")
+          f"deltas acknowledged, (d) the same for the records with deltas")
     print(f"burst: {args.rounds} rounds, {args.per_record} updates a record, produced at once; daemon's producer "
           f"settings: {PRODUCER or 'the defaults'}\n")
     print(f"{'engine':<7} {'(a) p50':>8} {'(a) p99':>8} {'(b) p50':>8} {'(b) p99':>8} {'(c) p50':>8} {'(c) p99':>8} "
-          f"{'(m) p50':>8} {'(m) p99':>8} {'(p) p50':>8} {'(p) p99':>8} "
-          f"{'c+2b p50':>9} {'records w/ deltas':>18} {'burst upd/s':>12} {'updates':>10}")
+          f"{'(d) p50':>8} {'(d) p99':>8} {'(m) p50':>8} {'(m) p99':>8} {'(p) p50':>8} {'(p) p99':>8} "
+          f"{'d+2b p50':>9} {'records w/ deltas':>18} {'burst upd/s':>12} {'updates':>10}")
     for backend, med, with_deltas, rate, updates in rows:
         ms = {k: (v[0] * 1000, v[1] * 1000) for k, v in med.items()}
         print(f"{backend:<7} {ms['a'][0]:>8.1f} {ms['a'][1]:>8.1f} {ms['b'][0]:>8.1f} {ms['b'][1]:>8.1f} "
-              f"{ms['c'][0]:>8.2f} {ms['c'][1]:>8.2f} {ms['m'][0]:>8.2f} {ms['m'][1]:>8.2f} {ms['p'][0]:>8.2f} "
-              f"{ms['p'][1]:>8.2f} {ms['c'][0] + 2 * ms['b'][0]:>9.1f} {with_deltas:>18} "
+              f"{ms['c'][0]:>8.2f} {ms['c'][1]:>8.2f} {ms['d'][0]:>8.2f} {ms['d'][1]:>8.2f} {ms['m'][0]:>8.2f} {ms['m'][1]:>8.2f} {ms['p'][0]:>8.2f} "
+              f"{ms['p'][1]:>8.2f} {ms['d'][0] + 2 * ms['b'][0]:>9.1f} {with_deltas:>18} "
               f"{rate:>12.0f} {updates:>10}")
-    print("\nms; (a) and (b) per record, (c), (m) and (p) from the daemon's histograms (bucketed)")
+    print("\nms; (a) and (b) per record, (c), (d), (m) and (p) from the daemon's histograms (bucketed)")
 
 
 if __name__ == "__main__":

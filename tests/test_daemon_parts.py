@@ -227,8 +227,8 @@ def test_records_that_make_the_parsers_fail_are_refused_not_fatal():
 
 # ---- delivery -------------------------------------------------------------------------------------------
 def test_offsets_commit_only_past_records_whose_deltas_are_all_acknowledged():
-    done = []
-    t = DeliveryTracker(on_done=done.extend)
+    done, sent = [], []
+    t = DeliveryTracker(on_done=lambda arrived, had: (done.extend(arrived), sent.extend(had)))
     o = [("in", 0, i) for i in range(5)]
     t.submitted(o[0], 2, arrived=0.0)
     t.submitted(o[1], 1, arrived=1.0)
@@ -247,6 +247,7 @@ def test_offsets_commit_only_past_records_whose_deltas_are_all_acknowledged():
     t.executed(1)  # its delta record is never acknowledged (a failed delivery): never committed
     assert t.committable() == {("in", 0): 3}
     assert t.pending() == 1 and done == [0.0, 1.0, 2.0]
+    assert sent == [True, False, False]  # only 0 had deltas (2's record is its dead letter)
 
 
 def test_a_lone_dead_letter_is_pending_until_acknowledged():
@@ -298,11 +299,12 @@ def test_random_interleavings_never_commit_a_record_with_unacknowledged_deltas()
 def test_the_tracker_follows_the_rule_record_by_record():
     """Against the rule itself, one record at a time: several partitions, offsets with gaps,
     records of 0 to 3 updates, runs, dead letters; enough records that the tracker's arrays
-    drop their done front and grow; every record's arrival reported once, when passed."""
+    drop their done front and grow; every record's arrival reported once, when passed, and
+    whether a delta record covered it."""
     rng = random.Random(7)
     for trial in range(6):
-        done = []
-        t = DeliveryTracker(on_done=done.extend)
+        done, sent = [], []
+        t = DeliveryTracker(on_done=lambda arrived, had: (done.extend(arrived), sent.extend(had)))
         waits: dict[tuple, list[int]] = {}  # origin -> [updates left, acks outstanding]
         order: list[tuple] = []  # origins with updates, in submission order, one per update
         next_offset = {("in", 0): 0, ("in", 1): 5, ("dl", 0): 100}
@@ -317,7 +319,7 @@ def test_the_tracker_follows_the_rule_record_by_record():
                     prefix[key] += 1
             return {key: logs[key][prefix[key] - 1] + 1 for key in logs if prefix[key]}
 
-        committed = {}
+        had = set()  # the origins a delta record covered
         for _step in range(1500 if trial < 2 else 300):
             r = rng.random()
             if r < 0.35 and submitted < 4000:
@@ -346,6 +348,7 @@ def test_the_tracker_follows_the_rule_record_by_record():
                 t.sending(covered)
                 for o in covered:
                     waits[o][1] += 1
+                had.update(covered)
                 flights.append(covered)
                 t.executed(step)
                 for o in order[executed:executed + step]:
@@ -359,6 +362,7 @@ def test_the_tracker_follows_the_rule_record_by_record():
             assert t.committable() == model_committable()
             assert t.pending() == len(waits) - sum(prefix.values())
         assert len(done) == sum(prefix.values()) and sum(prefix.values()) > 1000 * (trial < 2)
+        assert sum(sent) == sum(key + (o,) in had for key, offs in logs.items() for o in offs[:prefix[key]])
 
 
 # ---- metrics --------------------------------------------------------------------------------------------

@@ -48,9 +48,12 @@ def test_end_to_end_totals_match_expected_counts(tmp_path, kafka_bootstrap, refe
     # the way of an update in parts (bucketed alike): matched, then handed to the producer, then acknowledged
     assert 0 < stats["matched_p50_s"] <= stats["produced_p50_s"] <= stats["latency_p50_s"]
     assert stats["matched_p99_s"] <= stats["produced_p99_s"]
+    # the records with deltas alone: a tenth of the records, their median within the whole's tail
+    assert 0 < stats["delta_latency_p50_s"] <= stats["latency_p99_s"]
     metrics = d.get("/metrics")
     assert metric(metrics, "csmd_updates_total") == len(lines)
     assert 'csmd_update_latency_seconds_bucket{le="+Inf"}' in metrics
+    assert 0 < metric(metrics, "csmd_delta_latency_seconds_count") < metric(metrics, "csmd_update_latency_seconds_count")
     assert metric(metrics, "csmd_publish_latency_seconds_count") > 0
     assert d.stop() == 0
 

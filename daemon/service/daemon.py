@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 
-import numpy as np
 
 from csmd.connectors.kafka import KafkaSink, KafkaSource, client_config, ensure_topics
 from csmd.connectors.records import load_scanner
@@ -169,8 +168,7 @@ class Daemon:
         if clock is not None:
             self.metrics.bind("csmd_expired_updates_total", lambda: {(): clock.expired})
             self.metrics.bind("csmd_watermark", lambda: {(): math.nan if clock.watermark is None else clock.watermark})
-        tracker = self.tracker = DeliveryTracker(
-            on_done=lambda t0: self.metrics.latency.observe(time.monotonic() - np.asarray(t0)))
+        tracker = self.tracker = DeliveryTracker(on_done=self.metrics.records_done)
         sink = self.sink = KafkaSink(conf, t.output, t.max_message_bytes, ctx.fail, cfg.delivery.timeout_s,
                                      k.transactional_id if k.transactions else None, k.producer)
         source = self.source = KafkaSource(conf, t.input, k.group, start, k.offset_reset, k.consumer,
@@ -271,6 +269,8 @@ class Daemon:
             "updates_per_s": round(self.metrics.updates_rate.per_second(), 3),
             "deltas_per_s": round(self.metrics.deltas_rate.per_second(), 3),
             "latency_p50_s": lat.quantile(0.5), "latency_p99_s": lat.quantile(0.99),
+            # the records with deltas alone (most records have none): what a consumer of alerts waits
+            **{f"delta_latency_p{q}_s": self.metrics.delta_latency.quantile(q / 100) for q in (50, 99)},
             # per update, from its batch's forming: matched (deltas ready), produced (handed to the producer)
             **{f"{k}_p{q}_s": h.quantile(q / 100) for k, h in (("matched", pipe.stats.latency),
                                                               ("produced", self.metrics.produced)) for q in (50, 99)},

@@ -29,10 +29,11 @@ class _Log:
 
     A record has an absolute position (its number in the log since the start); arrays hold
     positions `base` .. `tail` - 1, of which `head` .. `tail` - 1 are pending. `wait` is what a
-    record still waits for: its unexecuted updates plus its unacknowledged Kafka records.
-    The consumer reads each partition forward, so offsets increase along the log."""
+    record still waits for: its unexecuted updates plus its unacknowledged Kafka records;
+    `sent`: whether a delta record covering it was produced. The consumer reads each partition
+    forward, so offsets increase along the log."""
 
-    __slots__ = ("key", "base", "head", "tail", "offset", "wait", "arrived")
+    __slots__ = ("key", "base", "head", "tail", "offset", "wait", "arrived", "sent")
 
     def __init__(self, key: tuple[str, int]):
         self.key = key
@@ -40,6 +41,7 @@ class _Log:
         self.offset = np.zeros(1024, np.int64)
         self.wait = np.zeros(1024, np.int64)
         self.arrived = np.zeros(1024, np.float64)
+        self.sent = np.zeros(1024, bool)
 
     def append(self, offsets: np.ndarray, wait: int, arrived: float) -> int:
         """Add records (all waiting for `wait`); the position of the first."""
@@ -51,6 +53,7 @@ class _Log:
         self.offset[at:at + k] = offsets
         self.wait[at:at + k] = wait
         self.arrived[at:at + k] = arrived
+        self.sent[at:at + k] = False
         self.tail += k
         return self.tail - k
 
@@ -60,7 +63,7 @@ class _Log:
         size = len(self.offset)
         while n + k > size // 2:
             size *= 2
-        for name in ("offset", "wait", "arrived"):
+        for name in ("offset", "wait", "arrived", "sent"):
             old = getattr(self, name)
             new = np.zeros(size, old.dtype) if size != len(old) else old
             new[:n] = old[lo:lo + n]
@@ -78,8 +81,8 @@ class _Log:
                 return i
         raise KeyError(offset)
 
-    def advance(self) -> np.ndarray | None:
-        """Pass the done records at the head; their arrival times (None if none was passed)."""
+    def advance(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Pass the done records at the head; their arrival times and `sent` (None if none was passed)."""
         h, t = self.head - self.base, self.tail - self.base
         if h == t or self.wait[h]:
             return None
@@ -91,7 +94,7 @@ class _Log:
                 break
             end, step = min(t, end + step), step * 4
         self.head = self.base + end
-        return self.arrived[h:end]
+        return self.arrived[h:end], self.sent[h:end]
 
     @property
     def committable(self) -> int:
@@ -110,7 +113,8 @@ class DeliveryTracker:
         # end position, updates left of the first]; a run of several records holds one update each
         self._unexecuted: deque[list] = deque()
         self._committable: dict[tuple[str, int], int] = {}
-        self._on_done = on_done  # called with the finished records' arrival times (latency metric)
+        # called with the finished records' arrival times and whether each had deltas (latency metrics)
+        self._on_done = on_done
 
     def _log(self, key: tuple[str, int]) -> _Log:
         log = self._logs.get(key)
@@ -151,7 +155,9 @@ class DeliveryTracker:
         with self._lock:
             for o in origins:
                 log = self._logs[o[:2]]
-                log.wait[log.find(o[2])] += 1
+                i = log.find(o[2])
+                log.wait[i] += 1
+                log.sent[i] = True
 
     def acked(self, origins) -> None:
         """The broker has a Kafka record covering these input records. A failed delivery is
@@ -191,16 +197,16 @@ class DeliveryTracker:
             self._advance(touched)
 
     def _advance(self, touched: set[_Log]) -> None:
-        """Move the done prefix of the touched logs; on_done gets the arrival
-        times of all the records it passed at once (one metric update, not one per record)."""
+        """Move the done prefix of the touched logs; on_done gets the arrival times of all the
+        records it passed at once, and which had deltas (one metric update, not one per record)."""
         passed = []
         for log in touched:
-            arrived = log.advance()
-            if arrived is not None:
-                passed.append(arrived)
+            done = log.advance()
+            if done is not None:
+                passed.append(done)
                 self._committable[log.key] = log.committable
         if passed and self._on_done is not None:
-            self._on_done(np.concatenate(passed))
+            self._on_done(*(np.concatenate(x) for x in zip(*passed)))
 
     def committable(self) -> dict[tuple[str, int], int]:
         """(input, partition) -> next offset, for every partition with a done prefix so far."""

@@ -147,6 +147,10 @@ class Metrics:
         self.latency = LatencyHistogram()
         self.registry.register(_LatencyCollector(self.latency, "csmd_update_latency_seconds",
                                                  "Per update record: arrival at the daemon to its deltas acknowledged"))
+        self.delta_latency = LatencyHistogram()
+        self.registry.register(_LatencyCollector(self.delta_latency, "csmd_delta_latency_seconds",
+                                                 "Per update record with deltas: arrival at the daemon to its deltas "
+                                                 "acknowledged"))
         # the same records' way in parts: taken into a batch to its deltas handed to the producer (the
         # rest of the above is the wait for the pipeline before, and for the broker's acknowledgement after)
         self.produced = LatencyHistogram()
@@ -167,6 +171,12 @@ class Metrics:
         if child is None:  # prometheus-client's labels() costs some 8 us: once per series, not per batch
             child = self._children[key] = self._series[name].labels(**labels)
         return child
+
+    def records_done(self, arrived: np.ndarray, with_deltas: np.ndarray) -> None:
+        """Input records done (DeliveryTracker's on_done): their arrival times and which had deltas."""
+        waited = time.monotonic() - arrived
+        self.latency.observe(waited)
+        self.delta_latency.observe(waited[with_deltas])
 
     def inc(self, name: str, n: float = 1, **labels) -> None:
         self._child(name, labels).inc(n)
