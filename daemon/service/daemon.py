@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 
-
 from csmd.connectors.kafka import KafkaSink, KafkaSource, client_config, ensure_topics
 from csmd.connectors.records import load_scanner
 from csmd.backends import continuous_engine, resolve_backend, warm_once
