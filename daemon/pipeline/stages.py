@@ -62,7 +62,7 @@ from csmd.pipeline.queries import canonical, continuous_query, vertex_matches
 from csmd.pipeline.sequencer import Sequencer, Vertices
 
 DEFAULT_BATCH_SIZE = 64
-DEFAULT_BATCH_WAIT = 0.000125  # seconds: 0.125 ms
+DEFAULT_BATCH_WAIT = 0.0  # seconds a forming batch waits for more records: none (bench/README.md, "The host path")
 # fixed-size batches of at most this many records run on the updater's thread (module docstring);
 # batch 1, human, a query with no candidates: 83 -> 54 us a batch on the CPU engine (2-core VM)
 INLINE_RECORDS = 64
