@@ -56,7 +56,7 @@ def blocks(stream: Path) -> tuple[list, int]:
     return items, sum(len(x) if isinstance(x, UpdateBlock) else 1 for x in items)
 
 
-POLL = 0.00005  # seconds: how long the paced source's poll waits, like the daemon's, below batch_wait
+POLL = 0.00005  # seconds: how long the paced source waits between its polls (each None closes a forming batch)
 
 
 def paced(updates: list, rate: float, due: list):
