@@ -18,8 +18,8 @@ does), the median of --runs runs, the graph on every device beforehand.
 depths above it are searched on every device). `--stream mixed`: lj's stream with deletions.
 
     python bench/gpus.py [--parts lj,human,yeast,github] [--workload DIR] [--sets dense_8,sparse_8,tree_8]
-                         [--gpus 1,2,4] [--seconds 30 | --updates N] [--batch-size 4096] [--runs 1] [--alone N] [--progress]
-                         [--materialised] [--stream insertion|mixed] [--deal-range N]
+                         [--gpus 1,2,4] [--seconds 30 | --updates N] [--batch-size 4096] [--runs 1] [--alone N]
+                         [--progress] [--materialised] [--stream insertion|mixed] [--deal-range N]
 """
 
 from __future__ import annotations

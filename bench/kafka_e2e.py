@@ -195,8 +195,8 @@ def main() -> None:
     for backend, med, with_deltas, rate, updates in rows:
         ms = {k: (v[0] * 1000, v[1] * 1000) for k, v in med.items()}
         print(f"{backend:<7} {ms['a'][0]:>8.1f} {ms['a'][1]:>8.1f} {ms['b'][0]:>8.1f} {ms['b'][1]:>8.1f} "
-              f"{ms['c'][0]:>8.2f} {ms['c'][1]:>8.2f} {ms['d'][0]:>8.2f} {ms['d'][1]:>8.2f} {ms['m'][0]:>8.2f} {ms['m'][1]:>8.2f} {ms['p'][0]:>8.2f} "
-              f"{ms['p'][1]:>8.2f} {ms['d'][0] + 2 * ms['b'][0]:>9.1f} {with_deltas:>18} "
+              + "".join(f"{ms[k][i]:>8.2f} " for k in "cdmp" for i in (0, 1))
+              + f"{ms['d'][0] + 2 * ms['b'][0]:>9.1f} {with_deltas:>18} "
               f"{rate:>12.0f} {updates:>10}")
     print("\nms; (a) and (b) per record, (c), (d), (m) and (p) from the daemon's histograms (bucketed)")
 
