@@ -108,7 +108,7 @@ def run(g0, items: list, queries, gpus: int, batch_size: int, seconds: float | N
 def table(label: str, g0, items: list, queries, args, limit: float | None = None) -> None:
     """One row per GPU count, the median of --runs runs; the counts must agree. limit: the updates
     one GPU streams in that many seconds (a run first, not reported), not all."""
-    if args.updates:
+    if args.updates and limit is not None:  # lj's tables only (they pass a limit)
         items = upto(items, args.updates)
     elif limit is not None:
         items = upto(items, run(g0, items, queries, args.gpus[0], args.batch_size, limit, args.progress,

@@ -164,7 +164,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=128, help="rounds of the human stream in the burst")
     ap.add_argument("--per-record", type=int, default=64, help="updates a record in the burst")
     ap.add_argument("--producer", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="the daemon's [kafka] producer settings (e.g. linger.ms=0)")
+                    help="the daemon's [kafka] producer settings (e.g. linger.ms=2)")
     args = ap.parse_args()
     PRODUCER.update(kv.split("=", 1) for kv in args.producer)
     queries = [args.datasets.resolve() / "human" / "queries" / f"Q_{i}.graph" for i in range(1, args.queries + 1)]

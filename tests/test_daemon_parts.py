@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 
 import numpy as np
 import pyarrow as pa
@@ -319,7 +320,7 @@ def test_the_tracker_follows_the_rule_record_by_record():
                     prefix[key] += 1
             return {key: logs[key][prefix[key] - 1] + 1 for key in logs if prefix[key]}
 
-        had = set()  # the origins a delta record covered
+        had, single = set(), {}  # the origins a delta record covered; those submitted alone -> arrival
         for _step in range(1500 if trial < 2 else 300):
             r = rng.random()
             if r < 0.35 and submitted < 4000:
@@ -334,7 +335,8 @@ def test_the_tracker_follows_the_rule_record_by_record():
                 else:
                     offs = [first]
                     k, sends = rng.choice([(0, 0), (0, 1), (1, 0), (2, 0), (3, 0)])
-                    t.submitted(key + (first,), k, sends=sends, arrived=float(first))
+                    t.submitted(key + (first,), k, sends=sends, arrived=-1.0 - first)  # < 0: told apart
+                    single[key + (first,)] = -1.0 - first
                     waits[key + (first,)] = [k, sends]
                     order.extend([key + (first,)] * k)
                     if sends:
@@ -362,7 +364,11 @@ def test_the_tracker_follows_the_rule_record_by_record():
             assert t.committable() == model_committable()
             assert t.pending() == len(waits) - sum(prefix.values())
         assert len(done) == sum(prefix.values()) and sum(prefix.values()) > 1000 * (trial < 2)
-        assert sum(sent) == sum(key + (o,) in had for key, offs in logs.items() for o in offs[:prefix[key]])
+        passed = [key + (o,) for key, offs in logs.items() for o in offs[:prefix[key]]]
+        assert sum(sent) == sum(o in had for o in passed)
+        # record by record where the arrival names it: its flag is whether a delta record covered it
+        assert Counter((a, bool(s)) for a, s in zip(done, sent) if a < 0) == \
+            Counter((single[o], o in had) for o in passed if o in single)
 
 
 # ---- metrics --------------------------------------------------------------------------------------------
@@ -582,7 +588,6 @@ def test_a_client_that_hangs_up_before_the_answer_leaves_no_traceback(capsys):
     request is answered."""
     import socket
     import struct
-    import threading
     import time
     import urllib.request
 
