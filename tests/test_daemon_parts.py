@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections import Counter
 
@@ -580,6 +581,19 @@ def test_delta_ids_number_each_records_deltas_per_query_across_batches(seed):
             assert got["count"] == d.counts.tolist() and got["seq"] == d.seq.tolist()
             assert got["sign"] == d.sign.tolist() and got["vertices"] == [[]] * len(d.seq)
             assert origins == want_origins
+
+
+def test_the_admin_endpoint_answers_strict_json_with_null_for_an_empty_histogram():
+    """/stats before any record (or, for the delta latency, before any deltas): an empty
+    histogram's quantile is NaN, which json.dumps writes and strict parsers refuse."""
+    from csmd.service.admin import strict_json
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    body = {"latency_p50_s": LatencyHistogram().quantile(0.5), "ok": 1.5, "q": {"a": [math.inf, 2, "x"]}}
+    assert json.loads(strict_json(body), parse_constant=refuse) == \
+        {"latency_p50_s": None, "ok": 1.5, "q": {"a": [None, 2, "x"]}}
 
 
 def test_a_client_that_hangs_up_before_the_answer_leaves_no_traceback(capsys):

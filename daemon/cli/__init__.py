@@ -301,7 +301,8 @@ def cmd_admin(args) -> int:
             print(f"{kind:<{width}}  {q['name']}")
     else:
         for key, value in res.items():
-            print(f"{key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+            shown = json.dumps(value) if isinstance(value, (dict, list)) else "-" if value is None else value
+            print(f"{key:<20} {shown}")  # null: nothing measured yet (an empty latency histogram)
     return 0
 
 

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 import urllib.error
 import urllib.request
@@ -54,6 +55,20 @@ class AdminServer:
         self.httpd.server_close()
 
 
+def strict_json(body) -> bytes:
+    """The body as JSON that strict parsers read: a number that is not finite (the quantile of a
+    latency histogram with nothing in it yet, NaN) is null. json.dumps writes NaN, which is no JSON."""
+    def finite(x):
+        if isinstance(x, float):
+            return x if math.isfinite(x) else None
+        if isinstance(x, dict):
+            return {k: finite(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [finite(v) for v in x]
+        return x
+    return json.dumps(finite(body), allow_nan=False).encode()
+
+
 class _Handler(BaseHTTPRequestHandler):
     daemon = None  # set per server
     protocol_version = "HTTP/1.1"
@@ -62,7 +77,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _send(self, code: int, body, content_type: str = "application/json") -> None:
-        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        data = body.encode() if isinstance(body, str) else strict_json(body)
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))

@@ -235,6 +235,10 @@ CSMD = [sys.executable, "-m", "csmd"]
 HOLD_PROGRESS = [sys.executable, "-m", "csmd.testing.hold_progress"]
 
 
+def _not_json(constant: str):
+    raise AssertionError(f"the admin endpoint answered {constant}, which is not JSON")
+
+
 class DaemonProcess:
     """`csmd run` in a child process, with its admin endpoint; command: what runs `csmd` (a wrapper
     that times its stages, in bench/cluster.py)."""
@@ -256,7 +260,9 @@ class DaemonProcess:
             self.proc.send_signal(signal.SIGUSR1)
             time.sleep(1)
             raise AssertionError(f"{path} timed out; daemon threads:\n{self.log.read_text()[-6000:]}") from None
-        return json.loads(body) if r.headers.get("Content-Type", "").startswith("application/json") else body.decode()
+        if not r.headers.get("Content-Type", "").startswith("application/json"):
+            return body.decode()
+        return json.loads(body, parse_constant=_not_json)  # strict: NaN or Infinity is no JSON
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         t0 = time.monotonic()
