@@ -300,9 +300,10 @@ def cmd_admin(args) -> int:
         for kind, q in zip(kinds, res["queries"]):  # the name last: a wide (CJK) or long name cannot misalign it
             print(f"{kind:<{width}}  {q['name']}")
     else:
+        from csmd.cli.live import shown  # null: nothing measured yet (an empty latency histogram), "-"
+
         for key, value in res.items():
-            shown = json.dumps(value) if isinstance(value, (dict, list)) else "-" if value is None else value
-            print(f"{key:<20} {shown}")  # null: nothing measured yet (an empty latency histogram)
+            print(f"{key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else shown(value, '{}')}")
     return 0
 
 
