@@ -176,10 +176,11 @@ def warm_up(backend: str) -> tuple[float, dict[str, int]]:
     the CUDA modules) loads here, at start, instead of in the first batch of the real stream
     (some 0.3 s on the compiled CPU engine), and the graph's compaction, instead of in the
     first one (compiled there, it held the updater stage 0.45 s on a busy device host).
-    On the GPU it also applies one batch too large for the one-block updater, and returns
+    On the GPU it also applies one batch too large for the one-block updater, sorts its
+    materialised rows on the device (gpu/drains.py, a large search's path), and returns
     replaced versions to the pool: CuPy compiles (or loads from its disk cache) each of its
     own kernels that those paths use (sorts, prefix sums, gathers, masks) on first use, 10 to
-    100 ms each. Returns the seconds it took and the deltas per query (proof that the
+    100 ms each (with none cached, the drains' three held a stream's first materialised batch). Returns the seconds it took and the deltas per query (proof that the
     matching paths ran)."""
     from csmd.cpu.numpy_engine import CpuEngine
     from csmd.model.formats import UpdateBlock, parse_update
@@ -206,7 +207,11 @@ def warm_up(backend: str) -> tuple[float, dict[str, int]]:
         pipe.engine.stats()  # returns the freed versions to the pool (the GPU's release path)
         if isinstance(pipe.engine, CpuEngine):  # a stream compacts once it freed 64K entries: not this one
             pipe.engine.mvg.compact()
-        if big:  # the edges among the label-1 vertices, in one batch of more rows than small_rows
+        if big:
+            # a triangle's edge out and back in, its rows sorted on the device as a large search's are
+            pipe.engine.executor.sort_rows = 1
+            pipe.run((parse_update(line, "warm-up", i) for i, line in enumerate(("-e 0 3 0", "e 0 3 0"))), tally)
+            # the edges among the label-1 vertices, in one batch of more rows than small_rows
             k = pipe.engine.mvg.small_rows // 2 + 1
             u, v = (x[:k] + 100 for x in np.triu_indices(big, 1))
             assert len(u) == k, "the warm-up's large batch needs more vertices"

@@ -241,6 +241,7 @@ class Executor:
         self._state = cp.empty(0, cp.uint64)  # the warps' stacks, reused from batch to batch
         self._seeds = Staging()  # a search's one upload, and its read-back
         self._match_at = kernel("matcher", "match_at")
+        self.sort_rows = DEVICE_SORT_ROWS  # a search's rows sorted on the device from this many on (a warm-up's: 1)
         self._launch = None  # match_at's DirectLaunch, made with the first MVG's view
 
     def prepare(self, query: ContinuousQuery, timed: bool = False) -> PreparedQuery:
@@ -387,7 +388,7 @@ class Executor:
     def _search(self, mvg, grp: _Group, a, b, seq, tab, emit: bool, ts=None, bits: int | None = None, split=(0, 1)):
         """Search the seeds (ts: under event time, the ts of their arcs a -> b and b -> a): (matches
         per seed, valid until the next search; per drain (rows, seed index), or with bits (the
-        graph's id_bits), where the search's rows are DEVICE_SORT_ROWS or more, its rows sorted
+        graph's id_bits), where the search's rows are sort_rows or more, its rows sorted
         on the device (drains.sorted_drain), in one piece up to DEVICE_HOLD_ROWS rows)."""
         S = len(seq)
         smem, blocks = self._shape(self._match_at, grp.nmax)
@@ -432,7 +433,7 @@ class Executor:
                     return back[8:], found
                 c = self._seeds.read_back(R * S, 8, self.stream)
                 k, done = int(c[CTL_OUTN]), c[CTL_STOP] == 0
-                if bits is not None and (k >= DEVICE_SORT_ROWS or held):
+                if bits is not None and (k >= self.sort_rows or held):
                     # kept on the device until the search ends (or DEVICE_HOLD_ROWS), then sorted at once: a
                     # query's rows in one sorted piece, none left to merge on the host
                     held.append(out[: k * grp.width].reshape(k, grp.width))

@@ -12,7 +12,7 @@ from csmd.jobs.progress import Progress
 from csmd.model.formats import MAX_ID_BYTES, UpdateBlock
 from csmd.model.graph import Graph
 from csmd.model.labels import NO_NAMES, LabelNames
-from csmd.pipeline.deltas import DeltaEncoder
+from csmd.pipeline.deltas import DeltaEncoder, warm_encoder
 from csmd.pipeline.event_time import EventTime
 from csmd.pipeline.sequencer import LATE
 from csmd.pipeline.stages import Pipeline
@@ -92,6 +92,8 @@ def replay(g0: Graph, stream, queries: list[tuple[str, Graph]], *, batch_size: i
     source = None if in_memory else FileSource(stream)
     encoder = DeltaEncoder(pipe.vertices)
     sink = FileSink(output, encoder.schema) if output else None
+    if output:  # what the first batch's encoding would load, loaded in the set-up
+        warm_encoder(pipe.vertices)
 
     def on_result(result):  # replay's source yields no markers
         for d in result.deltas:

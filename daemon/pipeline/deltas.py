@@ -283,6 +283,25 @@ def _side_by_side(rows: int, makers) -> list:
     return [f.result() for f in [_pool().submit(make) for make in makers]]
 
 
+def warm_encoder(vertices) -> list[pa.RecordBatch]:
+    """A throwaway encoder's record batches, by query and by update, for a batch of two records with
+    a count-only query's deltas and (where there is a vertex to name) a materialised one's: what
+    the first batch's encoding would load on first use loads here (the compiled column fills:
+    numba's cache, or its compiler where there is none, 0.1-0.2 s each; pyarrow's lazy imports)."""
+    from csmd.engine import QueryDeltas, UpdateBatch
+    from csmd.model.formats import Update
+    from csmd.pipeline.stages import BatchResult
+
+    z, seq, ones = np.zeros(0, np.int64), np.arange(2, dtype=np.int64), np.ones(2, np.int8)
+    records = {i: Update("e", i, i + 1, source=f"warm-up {i}", origin=("warm-up", 0, i)) for i in range(2)}
+    batch = UpdateBatch(0, 2, z, z, z, z, z, z, z, z, np.zeros(0, np.int32), 0, records, np.zeros(2), 2)
+    deltas = [QueryDeltas("warm-up", seq, ones, None, 2, 0, np.ones(2, np.int64))]
+    if len(vertices.ext_ids):  # a match's rows name vertex 0
+        deltas.append(QueryDeltas("warm-up rows", seq, ones, np.zeros((2, 2), np.int32), 2, 0))
+    result = BatchResult(batch, deltas, 0.0)
+    return [rb for by_update in (False, True) for _q, rb, _o in DeltaEncoder(vertices).encode(result, by_update)]
+
+
 def _run_starts(seq: np.ndarray) -> np.ndarray:
     """Where each run of equal values of seq starts."""
     new = np.empty(len(seq), bool)

@@ -15,10 +15,8 @@ import numpy as np
 
 from csmd.connectors.kafka import KafkaSink, arrow_messages
 from csmd.connectors.records import Record
-from csmd.engine import QueryDeltas, UpdateBatch
-from csmd.model.formats import Update
-from csmd.pipeline.deltas import DeltaEncoder
-from csmd.pipeline.stages import BatchResult, Marker, Pipeline
+from csmd.pipeline.deltas import DeltaEncoder, warm_encoder
+from csmd.pipeline.stages import Marker, Pipeline
 from csmd.service.context import STOP, DaemonContext, Intake
 from csmd.service.control import Queries
 from csmd.service.delivery import DeliveryTracker, unwatched
@@ -177,15 +175,13 @@ class Output:
 
 
 def warm_output(vertices, max_bytes: int) -> float:
-    """Encode one count delta with a throwaway encoder and serialize it as the output does: what
-    the first batch's publish would load on first use loads now (pyarrow's lazy imports pull in
-    pandas where it is installed: 0.5 s of the first batch's latency on the device host, on every
-    instance of a cluster). Returns the seconds it took."""
+    """Encode a batch's deltas with a throwaway encoder and serialize them as the output does
+    (warm_encoder): what the first batch's publish would load on first use loads now (pyarrow's
+    lazy imports pull in pandas where it is installed: 0.5 s of the first batch's latency on the
+    device host, on every instance of a cluster; with no numba cache, the column fills compiled
+    in the stream held a GPU daemon's first records 140-280 ms). Returns the seconds it took."""
     t0 = time.monotonic()
-    z = np.zeros(0, np.int64)
-    batch = UpdateBatch(0, 1, z, z, z, z, z, z, z, z, np.zeros(0, np.int32), 0, {0: Update("e", 0, 1)}, np.array([t0]), 1)
-    delta = QueryDeltas("warm-up", np.zeros(1, np.int64), np.ones(1, np.int8), None, 1, 0, np.ones(1, np.int64))
-    for _query, record_batch, _origins in DeltaEncoder(vertices).encode(BatchResult(batch, [delta], t0)):
+    for record_batch in warm_encoder(vertices):
         record_batch.column("sign").to_numpy()
         arrow_messages(record_batch, max_bytes)
     return time.monotonic() - t0
