@@ -42,7 +42,11 @@ QUIET = {"log_level": 0}
 CONSUMER = {"fetch.wait.max.ms": 5, **QUIET}  # what the daemon's input consumer uses (connectors/kafka.py)
 
 
-def produce(bootstrap: str, topic: str, values: list[bytes], rate: float | None) -> dict[int, float]:
+READY = b"bench-ready"  # the key (and value) of FirstSeen's first record, its own
+
+
+def produce(bootstrap: str, topic: str, values: list[bytes], rate: float | None, key: bytes | None = None
+            ) -> dict[int, float]:
     """Each record's offset -> when it was handed to the producer (paced at `rate`, or all at once)."""
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0 if rate else 5, **QUIET})
     handed: dict[int, float] = {}
@@ -58,7 +62,7 @@ def produce(bootstrap: str, topic: str, values: list[bytes], rate: float | None)
             if delay > 0:
                 time.sleep(delay)
         now = time.time()
-        p.produce(topic, v, on_delivery=lambda err, msg, t=now: delivered(err, msg, t))
+        p.produce(topic, v, key, on_delivery=lambda err, msg, t=now: delivered(err, msg, t))
         p.poll(0)
     p.flush(60)
     return handed
@@ -70,9 +74,14 @@ class FirstSeen:
 
     def __init__(self, bootstrap: str, topic: str, deltas: bool):
         self.seen: dict[int, float] = {}
-        self._stop = threading.Event()
+        self._stop, self._ready = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, args=(bootstrap, topic, deltas), daemon=True)
         self._thread.start()
+        # consuming before the first record is produced: a consumer's start (bootstrap, metadata, the
+        # leader's connection, its first fetches) put 100-300 ms into the first records' (a)
+        produce(bootstrap, topic, [READY], None, key=READY)
+        if not self._ready.wait(30):
+            raise RuntimeError(f"{topic}: the consumer did not receive a record in 30 s")
 
     def _run(self, bootstrap, topic, deltas):
         c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-" + topic, **CONSUMER})
@@ -81,7 +90,9 @@ class FirstSeen:
             # what is fetched already, else the first record to come: consume(n, t) waits for all n
             # (or t), which alone put 25 ms into every hop measured
             for m in c.consume(1000, 0) or c.consume(1, 0.05):
-                if m.error() is None:
+                if m.error() is None and m.key() == READY:
+                    self._ready.set()
+                elif m.error() is None:
                     now = time.time()
                     offs = np.unique(ipc.open_stream(m.value()).read_all().column("offset").to_numpy()).tolist() \
                         if deltas else [m.offset()]
