@@ -180,8 +180,9 @@ def warm_up(backend: str) -> tuple[float, dict[str, int]]:
     materialised rows on the device (gpu/drains.py, a large search's path), and returns
     replaced versions to the pool: CuPy compiles (or loads from its disk cache) each of its
     own kernels that those paths use (sorts, prefix sums, gathers, masks) on first use, 10 to
-    100 ms each (with none cached, the drains' three held a stream's first materialised batch). Returns the seconds it took and the deltas per query (proof that the
-    matching paths ran)."""
+    100 ms each (with none cached, the drains' three held a stream's first materialised
+    batch). Returns the seconds it took and the deltas per query (proof that the matching
+    paths ran)."""
     from csmd.cpu.numpy_engine import CpuEngine
     from csmd.model.formats import UpdateBlock, parse_update
     from csmd.pipeline.stages import Pipeline
