@@ -77,11 +77,11 @@ for _ in range(4):
     assert first < max(0.1, 3 * later[1]), (first, later)
 
 
-def _compiled_in_streams(tmp_path, backend: str, runs) -> tuple[list, list]:
+def _compiled_in_streams(tmp_path, backend: str, runs) -> str:
     """In a fresh process, after warm_once(backend): replays of runs (batch size, count-only, number
     of queries) over the human stream inserted and then deleted (in_rounds), a materialised one to
-    an Arrow file; (numba functions compiled or loaded from its cache in a stream, CuPy kernels its
-    cache gained from the warm-up's end on: CUPY_CACHE_DIR empty at the start)."""
+    an Arrow file. Returns "[numba functions compiled or loaded from its cache in a stream] [CuPy
+    kernels its cache gained from the warm-up's end on]" (CUPY_CACHE_DIR empty at the start)."""
     from csmd.testing.kafka import human_lines
     from csmd.testing.streams import in_rounds
 
